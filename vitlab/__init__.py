@@ -1,0 +1,10 @@
+"""vitlab: Vision Transformers on one shared attention core.
+
+Public API: ``VisionTransformer``, ``create_model``, ``list_models``; submodules ``attention``
+(the attention core), ``layers``, ``vit``, ``interop`` (timm / torch.nn converters).
+"""
+from .registry import create_model, list_models
+from .vit import VisionTransformer
+
+__version__ = "0.1.0"
+__all__ = ["VisionTransformer", "create_model", "list_models", "__version__"]

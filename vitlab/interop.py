@@ -1,0 +1,118 @@
+"""Converters between vitlab and the references: timm's ViT and ``torch.nn.MultiheadAttention``.
+
+Conversions copy weights exactly; outputs agree to float32 rounding (tested to 1e-5).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import MultiHeadAttention
+from .vit import VisionTransformer
+
+__all__ = ["from_timm", "to_timm", "mha_from_torch"]
+
+
+def _timm_vit_args(model: nn.Module) -> dict:
+    """vitlab ``VisionTransformer`` arguments equivalent to a timm ViT; raise on what vitlab lacks."""
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    if not isinstance(model, TimmViT):
+        raise ValueError(f"expected a timm.models.vision_transformer.VisionTransformer, got {type(model).__name__}")
+    unsupported = {
+        "no class token": model.cls_token is None,
+        "register tokens": model.reg_token is not None,
+        "no_embed_class": model.no_embed_class,
+        "no positional embedding": model.pos_embed is None,
+        "dynamic_img_size": model.dynamic_img_size,
+        "pre_norm": not isinstance(model.norm_pre, nn.Identity),
+        "attention pooling": model.attn_pool is not None,
+        f"global_pool={model.global_pool!r}": model.global_pool not in ("token", "avg"),
+        "patch-embed norm": not isinstance(model.patch_embed.norm, nn.Identity),
+        "final_norm=False": isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.Identity),
+    }
+    if len(model.blocks):
+        block = model.blocks[0]
+        unsupported.update({
+            "layer scale (init_values)": not isinstance(block.ls1, nn.Identity),
+            "qk_norm": not isinstance(block.attn.q_norm, nn.Identity),
+            "attention/MLP scale norms": not (isinstance(block.attn.norm, nn.Identity)
+                                              and isinstance(block.mlp.norm, nn.Identity)),
+            "MLP without GELU": type(block.mlp.act) is not nn.GELU or block.mlp.act.approximate != "none",
+            "no attention proj bias": block.attn.proj.bias is None,
+            "norm other than LayerNorm(eps=1e-6)": not (isinstance(block.norm1, nn.LayerNorm)
+                                                       and block.norm1.eps == 1e-6),
+        })
+    found = [name for name, present in unsupported.items() if present]
+    if found:
+        raise ValueError(f"this timm ViT uses features vitlab's VisionTransformer does not have: {', '.join(found)}")
+    embed_dim = model.embed_dim
+    blocks = list(model.blocks)
+    return dict(
+        img_size=tuple(model.patch_embed.img_size),
+        patch_size=tuple(model.patch_embed.patch_size),
+        in_chans=model.patch_embed.proj.in_channels,
+        num_classes=model.num_classes,
+        embed_dim=embed_dim,
+        depth=len(blocks),
+        num_heads=blocks[0].attn.num_heads if blocks else 1,
+        mlp_ratio=blocks[0].mlp.fc1.out_features / embed_dim if blocks else 4.0,
+        qkv_bias=blocks[0].attn.qkv.bias is not None if blocks else True,
+        global_pool=model.global_pool,
+        fc_norm=not isinstance(model.fc_norm, nn.Identity),
+    )
+
+
+def from_timm(model: nn.Module) -> VisionTransformer:
+    """A vitlab ``VisionTransformer`` with the architecture and weights of a timm ViT.
+
+    Dropout rates are not carried over (they do not change eval outputs); pass them to
+    ``VisionTransformer`` yourself if you fine-tune.
+    """
+    vit = VisionTransformer(**_timm_vit_args(model))
+    vit.load_state_dict(model.state_dict(), strict=True)
+    return vit.train(model.training)
+
+
+def to_timm(model: VisionTransformer) -> nn.Module:
+    """A ``timm.models.vision_transformer.VisionTransformer`` with ``model``'s architecture and weights."""
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    cfg = model.config
+    use_fc_norm = not isinstance(model.fc_norm, nn.Identity)
+    timm_model = TimmViT(
+        img_size=model.patch_embed.img_size, patch_size=model.patch_embed.patch_size, in_chans=cfg["in_chans"],
+        num_classes=cfg["num_classes"], global_pool=cfg["global_pool"], embed_dim=cfg["embed_dim"],
+        depth=cfg["depth"], num_heads=cfg["num_heads"], mlp_ratio=cfg["mlp_ratio"], qkv_bias=cfg["qkv_bias"],
+        fc_norm=use_fc_norm, drop_rate=cfg["drop_rate"], pos_drop_rate=cfg["pos_drop_rate"],
+        proj_drop_rate=cfg["proj_drop_rate"], attn_drop_rate=cfg["attn_drop_rate"],
+        drop_path_rate=cfg["drop_path_rate"],
+    )
+    timm_model.load_state_dict(model.state_dict(), strict=True)
+    return timm_model.train(model.training)
+
+
+def mha_from_torch(module: nn.MultiheadAttention) -> MultiHeadAttention:
+    """A vitlab ``MultiHeadAttention`` with the weights of a ``torch.nn.MultiheadAttention``.
+
+    The result is batch first, ``(B, L, E)``, whatever ``module.batch_first`` says, and uses
+    vitlab's mask convention (True = may attend): PyTorch's boolean ``attn_mask`` and
+    ``key_padding_mask`` translate as ``mask=~attn_mask`` and ``key_mask=~key_padding_mask``.
+    """
+    if not isinstance(module, nn.MultiheadAttention):
+        raise ValueError(f"expected torch.nn.MultiheadAttention, got {type(module).__name__}")
+    if not module._qkv_same_embed_dim:
+        raise ValueError("kdim/vdim different from embed_dim are not supported (vitlab projects from embed_dim)")
+    if module.bias_k is not None or module.add_zero_attn:
+        raise ValueError("add_bias_kv and add_zero_attn are not supported by vitlab's MultiHeadAttention")
+    has_bias = module.in_proj_bias is not None
+    mha = MultiHeadAttention(module.embed_dim, module.num_heads, qkv_bias=has_bias, attn_drop=module.dropout,
+                             proj_bias=module.out_proj.bias is not None)
+    with torch.no_grad():
+        mha.qkv.weight.copy_(module.in_proj_weight)
+        mha.proj.weight.copy_(module.out_proj.weight)
+        if has_bias:
+            mha.qkv.bias.copy_(module.in_proj_bias)
+        if module.out_proj.bias is not None:
+            mha.proj.bias.copy_(module.out_proj.bias)
+    return mha.to(module.in_proj_weight.device, module.in_proj_weight.dtype).train(module.training)

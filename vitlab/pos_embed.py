@@ -1,0 +1,43 @@
+"""Positional embeddings: resampling learned ViT grids to new image sizes."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["resample_pos_embed"]
+
+
+def resample_pos_embed(
+    pos_embed: Tensor,
+    new_grid: tuple[int, int],
+    old_grid: tuple[int, int],
+    num_prefix_tokens: int = 1,
+) -> Tensor:
+    """Resample a learned positional embedding to another patch grid, as timm does.
+
+    The prefix (CLS) positions are kept; the grid positions are interpolated bicubically
+    (antialiased when shrinking), in float32.
+
+    Args:
+        pos_embed: ``(1, num_prefix_tokens + old_h * old_w, E)``.
+        new_grid: Target grid ``(h, w)`` in patches.
+        old_grid: Source grid ``(h, w)`` in patches.
+        num_prefix_tokens: Leading non-grid tokens (1 for the CLS token).
+
+    Returns:
+        ``(1, num_prefix_tokens + h * w, E)`` in the dtype of ``pos_embed``.
+    """
+    expected = num_prefix_tokens + old_grid[0] * old_grid[1]
+    if pos_embed.dim() != 3 or pos_embed.shape[1] != expected:
+        raise ValueError(
+            f"pos_embed of shape {tuple(pos_embed.shape)} does not fit a {old_grid[0]}x{old_grid[1]} grid "
+            f"with {num_prefix_tokens} prefix token(s): expected (1, {expected}, embed_dim)")
+    if tuple(new_grid) == tuple(old_grid):
+        return pos_embed
+    prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
+    dim = pos_embed.shape[-1]
+    grid = grid.float().reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2)
+    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False, antialias=True)
+    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(pos_embed.dtype)
+    return torch.cat([prefix, grid], dim=1)

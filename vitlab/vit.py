@@ -1,0 +1,212 @@
+"""The Vision Transformer (Dosovitskiy et al., 2021), with timm's argument and parameter names.
+
+One image's path through the model::
+
+    (B, C, H, W) --patch_embed--> (B, N, E) --cat CLS, + pos_embed--> (B, 1 + N, E)
+      --blocks (pre-norm attention + MLP)--> --norm--> forward_features
+      --pool (CLS token or mean of patches)--> --fc_norm, head--> (B, num_classes)
+
+Running at another image size: ``model.set_input_size(64)`` resamples the learned positional
+embedding (bicubic, as timm does) in place; ``load_state_dict(checkpoint_filter_fn(sd, model))``
+loads weights trained at one size into a model built for another.
+"""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+from torch.nn.init import trunc_normal_
+
+from .layers import Block, LayerNorm, drop_path_rates
+from .pos_embed import resample_pos_embed
+
+__all__ = ["PatchEmbed", "VisionTransformer", "checkpoint_filter_fn"]
+
+
+def _pair(x: int | tuple[int, int]) -> tuple[int, int]:
+    return (x, x) if isinstance(x, int) else (int(x[0]), int(x[1]))
+
+
+class PatchEmbed(nn.Module):
+    """Image to patch tokens: a conv with kernel = stride = patch size, ``(B, C, H, W) -> (B, N, E)``."""
+
+    def __init__(self, img_size: int | tuple[int, int], patch_size: int | tuple[int, int], in_chans: int,
+                 embed_dim: int) -> None:
+        super().__init__()
+        self.patch_size = _pair(patch_size)
+        self.in_chans = in_chans
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+        self.set_input_size(img_size)
+
+    def set_input_size(self, img_size: int | tuple[int, int]) -> None:
+        img_size = _pair(img_size)
+        for side, (size, patch) in zip(("height", "width"), zip(img_size, self.patch_size)):
+            if size <= 0 or size % patch != 0:
+                raise ValueError(
+                    f"img_size {img_size} is not divisible by patch_size {self.patch_size} ({side} {size} "
+                    f"vs patch {patch}); use an image size that is a multiple of the patch size")
+        self.img_size = img_size
+        self.grid_size = (img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1])
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+
+    def forward(self, x: Tensor) -> Tensor:
+        expected = (self.in_chans, *self.img_size)
+        if x.dim() != 4 or tuple(x.shape[1:]) != expected:
+            raise ValueError(
+                f"expected an image batch (batch, {expected[0]}, {expected[1]}, {expected[2]}), got "
+                f"{tuple(x.shape)}; resize the images, or call model.set_input_size(...) to run at "
+                f"another resolution")
+        return self.proj(x).flatten(2).transpose(1, 2)  # (B, E, h, w) -> (B, N, E)
+
+
+class VisionTransformer(nn.Module):
+    """Vision Transformer for image classification.
+
+    Args:
+        img_size: Input image size (int or ``(H, W)``); must be a multiple of ``patch_size``.
+        patch_size: Patch size (int or ``(h, w)``).
+        in_chans: Number of input channels.
+        num_classes: Classifier outputs; 0 gives no head (``forward`` returns pooled features).
+        embed_dim: Token width; must be divisible by ``num_heads``.
+        depth: Number of blocks.
+        num_heads: Attention heads per block.
+        mlp_ratio: MLP hidden width as a multiple of ``embed_dim``.
+        qkv_bias: Bias on the query/key/value projections.
+        drop_rate: Dropout on the pooled features before the head.
+        pos_drop_rate: Dropout after adding the positional embedding.
+        proj_drop_rate: Dropout after the attention projection and in the MLP.
+        attn_drop_rate: Dropout on attention weights.
+        drop_path_rate: Stochastic depth, rising linearly to this rate at the last block.
+        global_pool: ``'token'`` (CLS token) or ``'avg'`` (mean of the patch tokens).
+        fc_norm: Apply the final norm after pooling instead of before (timm's ``fc_norm``);
+            None means True for ``'avg'`` pooling and False for ``'token'``, as in timm.
+    """
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int | tuple[int, int] = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        drop_rate: float = 0.0,
+        pos_drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        global_pool: Literal["token", "avg"] = "token",
+        fc_norm: bool | None = None,
+    ) -> None:
+        super().__init__()
+        if global_pool not in ("token", "avg"):
+            raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+        if embed_dim % num_heads != 0:
+            raise ValueError(
+                f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; choose num_heads "
+                f"among the divisors of embed_dim")
+        self.config: dict[str, Any] = dict(
+            img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
+            embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
+            drop_rate=drop_rate, pos_drop_rate=pos_drop_rate, proj_drop_rate=proj_drop_rate,
+            attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate, global_pool=global_pool,
+            fc_norm=fc_norm)
+        use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.num_features = self.embed_dim = embed_dim
+        self.num_prefix_tokens = 1
+
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + self.patch_embed.num_patches, embed_dim))
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+        self.blocks = nn.Sequential(*[
+            Block(embed_dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop_rate,
+                  attn_drop=attn_drop_rate, drop_path=rate)
+            for rate in drop_path_rates(drop_path_rate, depth)
+        ])
+        self.norm = nn.Identity() if use_fc_norm else LayerNorm(embed_dim)
+        self.fc_norm = LayerNorm(embed_dim) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        """timm's default ViT initialisation: truncated normal (std 0.02) for linears and pos_embed."""
+        trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.normal_(self.cls_token, std=1e-6)
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                trunc_normal_(m.weight, std=0.02)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Parameter names that the optimizer should not decay (besides norms and biases)."""
+        return {"pos_embed", "cls_token"}
+
+    def set_input_size(self, img_size: int | tuple[int, int]) -> None:
+        """Run at another image size: resample ``pos_embed`` (bicubic) to the new patch grid."""
+        old_grid = self.patch_embed.grid_size
+        self.patch_embed.set_input_size(img_size)
+        new_pos = resample_pos_embed(self.pos_embed.data, self.patch_embed.grid_size, old_grid,
+                                     self.num_prefix_tokens)
+        self.pos_embed = nn.Parameter(new_pos, requires_grad=self.pos_embed.requires_grad)
+        self.config["img_size"] = self.patch_embed.img_size
+
+    def _embed(self, x: Tensor) -> Tensor:
+        x = self.patch_embed(x)  # (B, N, E)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, E)
+        return self.pos_drop(x + self.pos_embed)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images ``(B, C, H, W)`` to normed tokens ``(B, 1 + N, E)``, CLS token first."""
+        return self.norm(self.blocks(self._embed(x)))
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        """Tokens ``(B, 1 + N, E)`` to logits ``(B, num_classes)`` (or pooled ``(B, E)`` if ``pre_logits``)."""
+        x = x[:, self.num_prefix_tokens:].mean(dim=1) if self.global_pool == "avg" else x[:, 0]
+        x = self.head_drop(self.fc_norm(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Images ``(B, C, H, W)`` to logits ``(B, num_classes)``."""
+        return self.forward_head(self.forward_features(x))
+
+    @torch.no_grad()
+    def get_attention_maps(self, x: Tensor) -> list[Tensor]:
+        """Every block's attention weights for images ``x``: one ``(B, heads, 1 + N, 1 + N)`` per block.
+
+        Index 0 along the last two axes is the CLS token; rows are queries and sum to 1.
+        """
+        x = self._embed(x)
+        maps = []
+        for block in self.blocks:
+            x, weights = block(x, need_weights=True)
+            maps.append(weights)
+        return maps
+
+
+def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: VisionTransformer) -> dict[str, Tensor]:
+    """Adapt a ViT state dict to ``model``: resample ``pos_embed`` if the patch grid differs.
+
+    Example: ``model.load_state_dict(checkpoint_filter_fn(torch_or_safetensors_sd, model))``.
+    """
+    state_dict = dict(state_dict)
+    pos = state_dict.get("pos_embed")
+    if pos is not None and pos.shape != model.pos_embed.shape:
+        old_n = pos.shape[1] - model.num_prefix_tokens
+        side = int(round(old_n ** 0.5))
+        if side * side != old_n:
+            raise ValueError(
+                f"cannot infer the patch grid of a pos_embed with {old_n} grid positions (not square); "
+                f"build the model at the checkpoint's img_size and call model.set_input_size(...) instead")
+        state_dict["pos_embed"] = resample_pos_embed(pos, model.patch_embed.grid_size, (side, side),
+                                                     model.num_prefix_tokens)
+    return state_dict
