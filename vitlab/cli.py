@@ -1,23 +1,128 @@
-"""The ``vitlab`` command."""
+"""The ``vitlab`` command: ``train``, ``eval``, ``predict``, ``models``. Thin: each parses its
+arguments and calls the library; user errors print one line and exit non-zero."""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable
 
-from .registry import create_model, list_models
+from .errors import ConfigError, VitlabError
+
+__all__ = ["main", "run_command"]
+
+
+def run_command(fn: Callable[[], None]) -> None:
+    """Run ``fn``; print a user error as one line and exit 2 (config) or 1 (other), no traceback."""
+    try:
+        fn()
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except VitlabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+def _eval(args: argparse.Namespace) -> None:
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    from .checkpoint import load_model, resolve_checkpoint, write_json
+    from .config import load_config
+    from .data import TensorImageDataset, image_transform, load_split
+    from .evaluation import evaluate, plot_confusion_matrix
+
+    directory = resolve_checkpoint(args.checkpoint)
+    cfg = load_config(directory / "run_config.yaml", args.overrides)
+    model = load_model(directory, use_ema=not args.no_ema)
+    info = model.pretrained_cfg
+    size = tuple(info["input_size"][1:])
+    d = cfg.data
+    data = load_split(d.dataset, d.root, args.split, download=d.download,
+                      subset=d.test_subset if args.split == "test" else d.train_subset, seed=cfg.train.seed, size=size)
+    if data.classes != info["label_names"]:
+        raise ConfigError(f"data.root={d.root!r} has classes {data.classes}, the model was trained on "
+                          f"{info['label_names']}")
+    accelerator = Accelerator(mixed_precision=cfg.train.mixed_precision)
+    loader = DataLoader(TensorImageDataset(data, image_transform(size, info["mean"], info["std"])),
+                        batch_size=args.batch_size, num_workers=d.num_workers)
+    metrics = evaluate(accelerator.prepare(model), accelerator.prepare(loader), accelerator, len(data.classes))
+    if not accelerator.is_main_process:
+        return
+    print(f"checkpoint {directory} | {args.split} split: {metrics['num_images']} images")
+    print(f"top1 {metrics['top1']:.4f}  top5 {metrics['top5']:.4f}  loss {metrics['loss']:.4f}")
+    for name, acc in zip(data.classes, metrics["per_class"]):
+        print(f"  {name:>12s} {acc:.4f}")
+    out_dir = Path(args.output).parent if args.output else directory
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / "confusion_matrix.json", {"classes": data.classes, "matrix": metrics["confusion"]})
+    plot_confusion_matrix(metrics["confusion"], data.classes, out_dir / "confusion_matrix.png")
+    print(f"confusion matrix: {out_dir / 'confusion_matrix.json'}, {out_dir / 'confusion_matrix.png'}")
+    if args.output:
+        per_class = dict(zip(data.classes, metrics["per_class"]))
+        write_json(Path(args.output), {"top1": metrics["top1"], "top5": metrics["top5"], "loss": metrics["loss"],
+                                       "per_class": per_class, "num_images": metrics["num_images"],
+                                       "checkpoint": str(directory), "split": args.split})
+
+
+def _predict(args: argparse.Namespace) -> None:
+    import torch
+
+    from .checkpoint import load_model
+    from .data import create_transform, read_image
+
+    model = load_model(args.checkpoint)
+    transform = create_transform(model)
+    names = model.pretrained_cfg["label_names"]
+    images = torch.stack([transform(read_image(path)) for path in args.images])  # all read before any output
+    with torch.no_grad():
+        probs = model(images).softmax(-1)
+    k = min(args.topk, len(names))
+    for path, p in zip(args.images, probs):
+        top = p.topk(k)
+        print(f"{path}: " + ", ".join(f"{names[i]} {v:.3f}" for v, i in zip(top.values.tolist(), top.indices.tolist())))
+
+
+def _models(args: argparse.Namespace) -> None:
+    from .registry import create_model, list_models
+
+    for name in list_models(args.pattern):
+        model = create_model(name)
+        params = sum(p.numel() for p in model.parameters())
+        print(f"{name:28s} {params / 1e6:8.2f}M params  img {model.patch_embed.img_size[0]:3d}  "
+              f"tokens {model.pos_embed.shape[1]:3d}")
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:  # same arguments as train.py
+        from .training import main as train_main
+
+        return train_main(argv[1:])
     parser = argparse.ArgumentParser(prog="vitlab", description="Vision Transformers on one attention core.")
     sub = parser.add_subparsers(dest="command", required=True)
-    models = sub.add_parser("models", help="list the model presets with their sizes")
-    models.add_argument("pattern", nargs="?", default="*")
+    sub.add_parser("train", help="train (same arguments as train.py: --config FILE [--resume DIR] [key=value ...])")
+    ev = sub.add_parser("eval", help="evaluate a checkpoint: top-1/top-5, loss, per-class accuracy, confusion matrix")
+    ev.add_argument("--checkpoint", required=True, help="run directory (its best checkpoint) or checkpoint directory")
+    ev.add_argument("--output", help="write the metrics as JSON here (keys top1, top5, loss, per_class)")
+    ev.add_argument("--split", choices=("test", "train"), default="test")
+    ev.add_argument("--batch-size", type=int, default=256)
+    ev.add_argument("--no-ema", action="store_true", help="evaluate the raw weights even if the run kept an EMA")
+    ev.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. data.root=... data.test_subset=1000")
+    pr = sub.add_parser("predict", help="print the top-k classes of image files")
+    pr.add_argument("--checkpoint", required=True)
+    pr.add_argument("--topk", type=int, default=5)
+    pr.add_argument("images", nargs="+")
+    mo = sub.add_parser("models", help="list the model presets with their sizes")
+    mo.add_argument("pattern", nargs="?", default="*")
     args = parser.parse_args(argv)
-    if args.command == "models":
-        for name in list_models(args.pattern):
-            model = create_model(name)
-            params = sum(p.numel() for p in model.parameters())
-            print(f"{name:28s} {params / 1e6:8.2f}M params  img {model.patch_embed.img_size[0]:3d}  "
-                  f"tokens {model.pos_embed.shape[1]:3d}")
+    command = {"eval": _eval, "predict": _predict, "models": _models}[args.command]
+    run_command(lambda: command(args))
 
 
 if __name__ == "__main__":

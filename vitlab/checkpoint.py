@@ -1,0 +1,200 @@
+"""Checkpoints: safetensors for tensors, JSON/YAML for everything else — nothing is unpickled.
+
+A checkpoint directory (``<run>/checkpoints/last`` or ``<run>/checkpoints/best``) holds::
+
+    model.safetensors      the model's weights          config.json         how to rebuild the model
+    ema.safetensors        EMA weights (if EMA is on)   run_config.yaml     the resolved run config
+    optimizer.safetensors  + optimizer.json             trainer_state.json  epoch, step, best metric,
+    rng_<rank>.safetensors + rng_<rank>.json            scheduler, RNG of Python and NumPy
+
+Directories are written under a temporary name and swapped in by rename, so a crash mid-write
+never leaves a half-written checkpoint in place of a good one (see :func:`replace_dir`).
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from .errors import CheckpointError
+from .registry import model_args
+from .vit import VisionTransformer
+
+__all__ = ["resolve_checkpoint", "replace_dir", "save_model", "load_model", "save_optimizer", "load_optimizer",
+           "save_rng", "load_rng", "read_json", "write_json", "load_tensors"]
+
+_OLD_SUFFIX = ".old"
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint file {str(path)!r} is missing; the checkpoint is incomplete") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt: {e}") from None
+
+
+def load_tensors(path: Path) -> dict[str, Tensor]:
+    """A safetensors file's tensors; a missing or corrupt file raises :class:`CheckpointError`."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {str(path)!r} is missing; the checkpoint is incomplete")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt: {e}") from None
+
+
+def replace_dir(tmp: Path, final: Path) -> None:
+    """Swap a fully written directory ``tmp`` in as ``final``.
+
+    ``final`` is first renamed to ``final.old`` and removed only after ``tmp`` took its place; if a
+    crash falls between the two renames, :func:`resolve_checkpoint` finds ``final.old``.
+    """
+    old = final.with_name(final.name + _OLD_SUFFIX)
+    if old.exists() and final.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def resolve_checkpoint(path: str | Path, which: str = "best") -> Path:
+    """A checkpoint directory from a run directory (its ``which`` checkpoint) or a checkpoint directory.
+
+    Raises:
+        CheckpointError: if there is no checkpoint there.
+    """
+    path = Path(path)
+    candidates = [path, path / "checkpoints" / which, path / "checkpoints" / "last"]
+    for c in candidates:
+        for d in (c, c.with_name(c.name + _OLD_SUFFIX)):
+            if (d / "config.json").is_file():
+                return d
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    raise CheckpointError(f"no checkpoint in {str(path)!r}: expected a run directory with checkpoints/{which}/ "
+                          f"or a checkpoint directory with config.json and model.safetensors")
+
+
+def _state_dict(model: nn.Module) -> dict[str, Tensor]:
+    # torch.compile wraps the model; checkpoints always hold the plain names.
+    model = getattr(model, "_orig_mod", model)
+    return {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+
+
+def save_model(model: VisionTransformer, directory: Path, preset: str, classes: list[str],
+               mean: tuple[float, ...], std: tuple[float, ...], ema: nn.Module | None = None) -> None:
+    """Write the weights (and EMA weights) with ``config.json``, enough to rebuild the model alone."""
+    save_file(_state_dict(model), str(directory / "model.safetensors"))
+    if ema is not None:
+        save_file(_state_dict(ema), str(directory / "ema.safetensors"))
+    config = getattr(model, "_orig_mod", model).config
+    write_json(directory / "config.json", {
+        "architecture": "VisionTransformer", "preset": preset,
+        "model_args": {k: list(v) if isinstance(v, tuple) else v for k, v in config.items()},
+        "classes": classes, "mean": list(mean), "std": list(std), "has_ema": ema is not None,
+    })
+
+
+def load_model(path: str | Path, use_ema: bool = True, map_location: str | torch.device = "cpu") -> VisionTransformer:
+    """Load a trained ViT from a run directory (its best checkpoint) or a checkpoint directory.
+
+    The model comes back in eval mode with ``model.pretrained_cfg`` holding its input size, the
+    normalization and the class names; ``vitlab.create_transform(model)`` gives its preprocessing.
+
+    Args:
+        path: Run directory or checkpoint directory.
+        use_ema: Load the EMA weights when the run kept them.
+        map_location: Device for the weights.
+
+    Raises:
+        CheckpointError: if the checkpoint is missing, incomplete or corrupt.
+    """
+    directory = resolve_checkpoint(path)
+    meta = read_json(directory / "config.json")
+    if meta.get("architecture") != "VisionTransformer" or "model_args" not in meta:
+        raise CheckpointError(f"{str(directory / 'config.json')!r} does not describe a vitlab VisionTransformer")
+    args = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["model_args"].items()}
+    try:
+        model = VisionTransformer(**model_args(meta["preset"], **args))
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{str(directory / 'config.json')!r} holds invalid model arguments: {e}") from None
+    weights = directory / ("ema.safetensors" if use_ema and meta.get("has_ema") else "model.safetensors")
+    state = load_tensors(weights)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise CheckpointError(f"weights in {str(weights)!r} do not fit the model in config.json: "
+                              f"{str(e).splitlines()[0]}") from None
+    model.pretrained_cfg = {
+        "input_size": (model.patch_embed.in_chans, *model.patch_embed.img_size),
+        "mean": tuple(meta["mean"]), "std": tuple(meta["std"]), "label_names": list(meta["classes"]),
+        "checkpoint": str(directory),
+    }
+    return model.to(map_location).eval()
+
+
+def save_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:
+    """Optimizer state as safetensors (per-parameter tensors) + JSON (hyper-parameters)."""
+    state = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for idx, per_param in state["state"].items():
+        for name, value in per_param.items():
+            if isinstance(value, Tensor):
+                tensors[f"{idx}.{name}"] = value.detach().cpu().contiguous()
+            else:
+                scalars[f"{idx}.{name}"] = value
+    save_file(tensors, str(directory / "optimizer.safetensors"))
+    write_json(directory / "optimizer.json", {"param_groups": state["param_groups"], "scalars": scalars})
+
+
+def load_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:
+    meta = read_json(directory / "optimizer.json")
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in {**load_tensors(directory / "optimizer.safetensors"), **meta["scalars"]}.items():
+        idx, name = key.split(".", 1)
+        state.setdefault(int(idx), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def save_rng(directory: Path, rank: int) -> None:
+    """This process's RNG states: torch (CPU and CUDA), NumPy (timm's Mixup uses it), Python."""
+    tensors = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, s in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda.{i}"] = s
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    tensors["numpy"] = torch.from_numpy(keys.astype(np.int64))
+    version, py_state, gauss = random.getstate()
+    save_file(tensors, str(directory / f"rng_{rank}.safetensors"))
+    write_json(directory / f"rng_{rank}.json", {"numpy": [kind, pos, has_gauss, cached],
+                                                "python": [version, list(py_state), gauss]})
+
+
+def load_rng(directory: Path, rank: int) -> None:
+    tensors = load_tensors(directory / f"rng_{rank}.safetensors")
+    meta = read_json(directory / f"rng_{rank}.json")
+    torch.set_rng_state(tensors["torch"])
+    cuda = [tensors[f"cuda.{i}"] for i in range(torch.cuda.device_count()) if f"cuda.{i}" in tensors]
+    if cuda:
+        torch.cuda.set_rng_state_all(cuda)
+    kind, pos, has_gauss, cached = meta["numpy"]
+    np.random.set_state((kind, tensors["numpy"].numpy().astype(np.uint32), pos, has_gauss, cached))
+    version, py_state, gauss = meta["python"]
+    random.setstate((version, tuple(py_state), gauss))

@@ -1,0 +1,260 @@
+"""Run configuration: YAML files mapped onto typed dataclasses, with ``key.sub=value`` overrides.
+
+Every key is checked before anything runs: unknown keys (with close matches), wrong types and
+invalid values raise :class:`ConfigError`, whose message names the key, the value and what is
+allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from .errors import ConfigError
+from .registry import list_models
+from .vit import VisionTransformer
+
+__all__ = ["ConfigError", "Config", "ModelConfig", "DataConfig", "OptimConfig", "TrainConfig",
+           "load_config", "config_to_dict", "save_config"]
+
+
+@dataclass
+class ModelConfig:
+    """``name``: a preset (``vitlab.list_models()``); ``args``: overrides of its VisionTransformer
+    arguments, written in YAML beside ``name`` (``model.depth=4``)."""
+
+    name: str = "vit_cifar_small_patch4_32"
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    dataset: Literal["cifar10", "imagefolder"] = "cifar10"
+    root: str = "./data"
+    download: bool = True
+    train_subset: int = 0     # use only N training images, balanced across classes; 0 = all
+    test_subset: int = 0      # likewise for the test set
+    val_size: int = 0         # hold out N training images (balanced) for validation/best-checkpoint choice
+    crop_padding: int = 4     # random crop with this zero padding; 0 = no crop
+    hflip: bool = True
+    augment: Literal["none", "randaugment", "autoaugment"] = "none"
+    randaugment_ops: int = 2
+    randaugment_magnitude: int = 9
+    mixup_alpha: float = 0.0
+    cutmix_alpha: float = 0.0
+    num_workers: int = 2
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 1e-3          # peak learning rate, reached after warmup
+    min_lr: float = 1e-5      # end of the cosine decay
+    weight_decay: float = 0.05
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_epochs: float = 5.0
+    grad_clip: float = 1.0    # max global grad norm; 0 = no clipping
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 100
+    batch_size: int = 128     # global, across processes and accumulation steps
+    grad_accum_steps: int = 1
+    mixed_precision: Literal["no", "fp16", "bf16"] = "no"
+    label_smoothing: float = 0.1
+    ema_decay: float = 0.0    # 0 = no EMA; else timm ModelEmaV3 with this decay
+    save_every: int = 1       # epochs between checkpoints
+    eval_every: int = 1       # epochs between evaluations
+    output_dir: str = "runs/vit_cifar10"
+    seed: int = 0
+    log_every: int = 50       # optimizer steps between training-metric log lines
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+_SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
+_SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
+_MODEL_ARGS = {name: hint for name, hint in typing.get_type_hints(VisionTransformer.__init__).items()
+               if name != "return"}
+
+
+def _close(key: str, options: typing.Iterable[str]) -> str:
+    matches = difflib.get_close_matches(key, list(options), n=3, cutoff=0.5)
+    return f"; did you mean {', '.join(matches)}?" if matches else ""
+
+
+def _coerce(key: str, value: Any, annotation: Any) -> Any:
+    """Check ``value`` against a type annotation; accept ints for floats and lists for tuples."""
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        allowed = typing.get_args(annotation)
+        if value not in allowed:
+            raise ConfigError(f"{key}={value!r} is not allowed; expected one of {', '.join(map(repr, allowed))}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            try:
+                return _coerce(key, value, arg)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}={value!r} has the wrong type; expected {_type_name(annotation)}")
+    if origin is tuple:
+        args = typing.get_args(annotation)
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise ConfigError(f"{key}={value!r} has the wrong type; expected a list of {len(args)} numbers")
+        return tuple(_coerce(f"{key}[{i}]", v, a) for i, (v, a) in enumerate(zip(value, args)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}={value!r} has the wrong type; expected a mapping")
+        return value
+    if annotation is type(None):
+        if value is not None:
+            raise ConfigError(f"{key}={value!r}: expected null")
+        return None
+    if annotation is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if annotation is float and isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if annotation is int and isinstance(value, bool) or not isinstance(value, annotation):
+        raise ConfigError(f"{key}={value!r} has the wrong type; expected {_type_name(annotation)}, "
+                          f"got {type(value).__name__}")
+    return value
+
+
+def _type_name(annotation: Any) -> str:
+    return getattr(annotation, "__name__", None) or str(annotation).replace("typing.", "")
+
+
+def _check_values(cfg: Config) -> None:
+    def need(cond: bool, key: str, value: Any, allowed: str) -> None:
+        if not cond:
+            raise ConfigError(f"{key}={value!r} is invalid; expected {allowed}")
+
+    d, o, t = cfg.data, cfg.optim, cfg.train
+    for key in ("train_subset", "test_subset", "val_size", "crop_padding", "num_workers"):
+        need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "an integer >= 0")
+    need(0 <= d.randaugment_magnitude <= 30, "data.randaugment_magnitude", d.randaugment_magnitude, "0..30")
+    need(d.randaugment_ops >= 1, "data.randaugment_ops", d.randaugment_ops, "an integer >= 1")
+    for key in ("mixup_alpha", "cutmix_alpha"):
+        need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "a number >= 0 (0 = off)")
+    need(o.lr > 0, "optim.lr", o.lr, "a number > 0")
+    need(0 <= o.min_lr <= o.lr, "optim.min_lr", o.min_lr, f"a number in [0, optim.lr={o.lr}]")
+    need(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "a number >= 0")
+    need(all(0 <= b < 1 for b in o.betas), "optim.betas", list(o.betas), "two numbers in [0, 1)")
+    need(o.warmup_epochs >= 0, "optim.warmup_epochs", o.warmup_epochs, "a number >= 0")
+    need(o.grad_clip >= 0, "optim.grad_clip", o.grad_clip, "a number >= 0 (0 = off)")
+    need(t.epochs >= 1, "train.epochs", t.epochs, "an integer >= 1")
+    need(t.batch_size >= 1, "train.batch_size", t.batch_size, "an integer >= 1")
+    need(t.grad_accum_steps >= 1, "train.grad_accum_steps", t.grad_accum_steps, "an integer >= 1")
+    need(t.batch_size % t.grad_accum_steps == 0, "train.batch_size", t.batch_size,
+         f"a multiple of train.grad_accum_steps={t.grad_accum_steps}")
+    need(0 <= t.label_smoothing < 1, "train.label_smoothing", t.label_smoothing, "a number in [0, 1)")
+    need(0 <= t.ema_decay < 1, "train.ema_decay", t.ema_decay, "a number in [0, 1) (0 = no EMA)")
+    need(t.save_every >= 1, "train.save_every", t.save_every, "an integer >= 1")
+    need(t.eval_every >= 1, "train.eval_every", t.eval_every, "an integer >= 1")
+    need(t.log_every >= 1, "train.log_every", t.log_every, "an integer >= 1")
+    need(bool(t.output_dir), "train.output_dir", t.output_dir, "a directory path")
+    if cfg.model.name not in list_models():
+        raise ConfigError(f"model.name={cfg.model.name!r} is not a preset{_close(cfg.model.name, list_models())} "
+                          f"(available: {', '.join(list_models())})")
+
+
+def _build_section(name: str, raw: Any) -> Any:
+    cls = _SECTION_TYPES[name]
+    if raw is None:
+        return cls()
+    if not isinstance(raw, dict):
+        raise ConfigError(f"section {name!r} must be a mapping of keys to values, got {raw!r}")
+    if cls is ModelConfig:
+        raw = dict(raw)
+        model_name = raw.pop("name", ModelConfig.name)
+        args = dict(raw.pop("args", {}) or {})
+        args.update(raw)
+        for key, value in args.items():
+            if key not in _MODEL_ARGS:
+                raise ConfigError(f"unknown key model.{key}{_close(key, list(_MODEL_ARGS) + ['name'])} "
+                                  f"(model keys: name, {', '.join(_MODEL_ARGS)})")
+            args[key] = _coerce(f"model.{key}", value, _MODEL_ARGS[key])
+        return ModelConfig(name=_coerce("model.name", model_name, str), args=args)
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for key, value in raw.items():
+        if key not in hints:
+            raise ConfigError(f"unknown key {name}.{key}{_close(key, hints)} (allowed: {', '.join(hints)})")
+        values[key] = _coerce(f"{name}.{key}", value, hints[key])
+    return cls(**values)
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not of the form key.sub=value (e.g. train.epochs=5)")
+    key, text = item.split("=", 1)
+    path = key.strip().split(".")
+    if len(path) != 2 or not all(path):
+        raise ConfigError(f"override key {key!r} must be section.key (e.g. optim.lr=1e-3)")
+    return path, yaml.safe_load(text) if text.strip() else ""
+
+
+def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = (),
+                base: dict[str, Any] | None = None) -> Config:
+    """Read a YAML config (or ``base``, a dict of the same form), apply overrides, validate.
+
+    Raises:
+        ConfigError: on a missing file, unknown key, wrong type or invalid value.
+    """
+    raw: dict[str, Any] = {}
+    if base is not None:
+        raw = {k: dict(v) if isinstance(v, dict) else v for k, v in base.items()}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {str(path)!r} does not exist")
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}".splitlines()[0]) from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"config file {str(path)!r} must be a mapping of sections, got {type(raw).__name__}")
+    for item in overrides:
+        (section, key), value = _parse_override(item)
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raw[section] = {}
+        raw[section][key] = value
+    for section in raw:
+        if section not in _SECTIONS:
+            raise ConfigError(f"unknown section {section!r}{_close(section, _SECTIONS)} "
+                              f"(sections: {', '.join(_SECTIONS)})")
+    cfg = Config(**{name: _build_section(name, raw.get(name)) for name in _SECTIONS})
+    _check_values(cfg)
+    return cfg
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """The config as plain YAML-able data; the model section in its YAML form (name + arguments)."""
+    out = {name: dataclasses.asdict(getattr(cfg, name)) for name in _SECTIONS}
+    out["model"] = {"name": cfg.model.name, **cfg.model.args}
+    for section in out.values():
+        for key, value in section.items():
+            if isinstance(value, tuple):
+                section[key] = list(value)
+    return out
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

@@ -1,0 +1,196 @@
+"""CIFAR-10 and ImageFolder data, decoded once into memory, with torchvision v2 augmentation.
+
+Images are decoded a single time into one ``uint8`` tensor ``(N, C, H, W)``; every epoch then
+only indexes and augments it, so decoding never dominates CPU training. This module knows no
+model.
+"""
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import Dataset
+from torchvision.transforms import v2
+
+from .errors import DataError
+
+__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "load_split", "balanced_indices",
+           "train_transform", "eval_transform", "image_transform", "create_transform", "read_image"]
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".ppm", ".tif", ".tiff")
+
+
+@dataclass
+class ImageData:
+    """A decoded split: ``images`` uint8 ``(N, C, H, W)``, ``labels`` int64 ``(N,)``, class names."""
+
+    images: Tensor
+    labels: Tensor
+    classes: list[str]
+
+    def subset(self, index: Tensor) -> "ImageData":
+        return ImageData(self.images[index], self.labels[index], self.classes)
+
+
+class TensorImageDataset(Dataset):
+    """Indexes decoded images and applies a per-sample transform (uint8 CHW tensor in)."""
+
+    def __init__(self, data: ImageData, transform: v2.Transform | None = None) -> None:
+        self.data = data
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.data.labels)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        image = self.data.images[i]
+        return (self.transform(image) if self.transform is not None else image), self.data.labels[i]
+
+
+def balanced_indices(labels: Tensor, n: int, seed: int = 0) -> Tensor:
+    """``n`` indices spread evenly over the classes (the first classes get the remainder), random
+    within each class but fixed by ``seed``; sorted. ``n`` >= the data size returns everything."""
+    if n <= 0 or n >= len(labels):
+        return torch.arange(len(labels))
+    g = torch.Generator().manual_seed(seed)
+    classes = labels.unique()
+    per_class, extra = divmod(n, len(classes))
+    chosen = []
+    for i, c in enumerate(classes):
+        members = (labels == c).nonzero().flatten()
+        take = min(len(members), per_class + (1 if i < extra else 0))
+        chosen.append(members[torch.randperm(len(members), generator=g)[:take]])
+    return torch.cat(chosen).sort().values
+
+
+def read_image(path: str | Path, size: tuple[int, int] | None = None) -> Tensor:
+    """Decode one image file to uint8 RGB ``(3, H, W)``, resized (bicubic) to ``size`` if given.
+
+    Raises:
+        DataError: naming the file, if it cannot be read or decoded.
+    """
+    try:
+        with Image.open(path) as img:
+            img = img.convert("RGB")
+            if size is not None and img.size != (size[1], size[0]):
+                img = img.resize((size[1], size[0]), Image.BICUBIC)
+            array = np.asarray(img, dtype=np.uint8).copy()
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise DataError(f"cannot read image {str(path)!r}: {e}") from None
+    return torch.from_numpy(array).permute(2, 0, 1)
+
+
+def _imagefolder_files(split_dir: Path) -> tuple[list[Path], list[int], list[str]]:
+    classes = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
+    if not classes:
+        raise DataError(f"no class folders in {str(split_dir)!r}; expected {split_dir}/<class>/<image>.png")
+    files, labels = [], []
+    for label, name in enumerate(classes):
+        for f in sorted((split_dir / name).iterdir()):
+            if f.suffix.lower() in _EXTENSIONS:
+                files.append(f)
+                labels.append(label)
+    if not files:
+        raise DataError(f"no images ({', '.join(_EXTENSIONS)}) under {str(split_dir)!r}")
+    return files, labels, classes
+
+
+def _load_imagefolder(root: Path, split: str, subset: int, seed: int, size: tuple[int, int]) -> ImageData:
+    split_dir = root / split
+    if not split_dir.is_dir():
+        raise DataError(f"data.root={str(root)!r} has no {split!r} folder; data.dataset=imagefolder expects "
+                        f"{root}/train/<class>/*.png and {root}/test/<class>/*.png")
+    files, labels, classes = _imagefolder_files(split_dir)
+    label_t = torch.tensor(labels)
+    index = balanced_indices(label_t, subset, seed)  # choose before decoding: decode only what is used
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        images = list(pool.map(lambda i: read_image(files[i], size), index.tolist()))
+    return ImageData(torch.stack(images), label_t[index], classes)
+
+
+def _load_cifar10(root: Path, split: str, download: bool, subset: int, seed: int) -> ImageData:
+    from torchvision.datasets import CIFAR10
+
+    try:
+        ds = CIFAR10(str(root), train=split == "train", download=download)
+    except RuntimeError as e:
+        raise DataError(f"CIFAR-10 not found under data.root={str(root)!r} ({e}); set data.download=true to "
+                        f"download it, or use data.dataset=imagefolder for a copy in ImageFolder layout") from None
+    images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()  # (N, 32, 32, 3) -> (N, 3, 32, 32)
+    data = ImageData(images, torch.tensor(ds.targets), list(ds.classes))
+    return data.subset(balanced_indices(data.labels, subset, seed))
+
+
+def load_split(dataset: str, root: str | Path, split: str, *, download: bool = False, subset: int = 0,
+               seed: int = 0, size: tuple[int, int] = (32, 32)) -> ImageData:
+    """Decode one split into memory.
+
+    Args:
+        dataset: ``'cifar10'`` (``torchvision.datasets.CIFAR10`` under ``root``) or ``'imagefolder'``
+            (``root/<split>/<class>/*.png``; class folders sorted give the labels).
+        root: Data root.
+        split: ``'train'`` or ``'test'``.
+        download: Download CIFAR-10 if absent.
+        subset: Keep only this many images, balanced across classes (0 = all); for ImageFolder
+            data only the kept files are decoded.
+        seed: Seed of the subset choice.
+        size: ``(H, W)`` ImageFolder images are resized to (once, at decode time) if they differ.
+    """
+    root = Path(root).expanduser()
+    if dataset == "cifar10":
+        return _load_cifar10(root, split, download, subset, seed)
+    if not root.is_dir():
+        raise DataError(f"data.root={str(root)!r} does not exist; point it at a folder with train/ and test/ "
+                        f"class folders")
+    return _load_imagefolder(root, split, subset, seed, size)
+
+
+def _normalize() -> list[v2.Transform]:
+    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
+
+
+def train_transform(size: tuple[int, int], crop_padding: int = 4, hflip: bool = True, augment: str = "none",
+                    randaugment_ops: int = 2, randaugment_magnitude: int = 9) -> v2.Compose:
+    """Random crop with zero padding, horizontal flip, ``augment`` (``'none'``, ``'randaugment'``,
+    ``'autoaugment'`` with the CIFAR-10 policy), then normalization; uint8 ``(C, H, W)`` in."""
+    ops: list[v2.Transform] = []
+    if crop_padding > 0:
+        ops.append(v2.RandomCrop(size, padding=crop_padding))
+    if hflip:
+        ops.append(v2.RandomHorizontalFlip())
+    if augment == "randaugment":
+        ops.append(v2.RandAugment(num_ops=randaugment_ops, magnitude=randaugment_magnitude))
+    elif augment == "autoaugment":
+        ops.append(v2.AutoAugment(v2.AutoAugmentPolicy.CIFAR10))
+    elif augment != "none":
+        raise ValueError(f"augment={augment!r}; expected 'none', 'randaugment' or 'autoaugment'")
+    return v2.Compose(ops + _normalize())
+
+
+def eval_transform() -> v2.Compose:
+    """uint8 ``(C, H, W)`` -> normalized float32."""
+    return v2.Compose(_normalize())
+
+
+def image_transform(size: tuple[int, int], mean: tuple[float, ...] = CIFAR10_MEAN,
+                    std: tuple[float, ...] = CIFAR10_STD) -> v2.Compose:
+    """Any image (PIL, uint8 tensor or array; any size; gray or RGB) -> normalized float32 ``(3, *size)``."""
+    return v2.Compose([v2.ToImage(), v2.RGB(), v2.Resize(size, interpolation=v2.InterpolationMode.BICUBIC,
+                                                         antialias=True),
+                       v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+
+
+def create_transform(model: object) -> v2.Compose:
+    """The preprocessing of a model from :func:`vitlab.load_model` (its ``pretrained_cfg``)."""
+    cfg = getattr(model, "pretrained_cfg", None)
+    if not cfg:
+        raise ValueError("the model has no pretrained_cfg; load it with vitlab.load_model(path), or use "
+                         "vitlab.data.image_transform(size, mean, std)")
+    return image_transform(tuple(cfg["input_size"][1:]), tuple(cfg["mean"]), tuple(cfg["std"]))
