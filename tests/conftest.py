@@ -27,3 +27,47 @@ def cifar10_dir() -> Path:
     if not root or not (Path(root) / "train").is_dir():
         pytest.skip("real CIFAR-10 not available: set VITLAB_CIFAR10_DIR to its ImageFolder root")
     return Path(root)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerator_state():
+    """Accelerate keeps process-wide singletons; each in-process training run starts clean."""
+    yield
+    from accelerate.state import AcceleratorState, GradientState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+
+
+def make_imagefolder(root: Path, per_class: dict[str, int], size: int = 32, seed: int = 0) -> Path:
+    """Write a learnable ImageFolder set: each class a distinct colour plus noise, as PNGs."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for split, count in per_class.items():
+        for c in range(3):
+            folder = root / split / f"class_{c}"
+            folder.mkdir(parents=True, exist_ok=True)
+            base = np.zeros(3)
+            base[c] = 200
+            for i in range(count):
+                pixels = np.clip(base + rng.normal(0, 40, (size, size, 3)), 0, 255).astype(np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i:04d}.png")
+    return root
+
+
+@pytest.fixture(scope="session")
+def tiny_imagefolder(tmp_path_factory) -> Path:
+    """3 classes, 32 train and 12 test images each."""
+    return make_imagefolder(tmp_path_factory.mktemp("tiny"), {"train": 32, "test": 12})
+
+
+def tiny_overrides(data_root: Path, output_dir: Path, *extra: str) -> list[str]:
+    """A run that takes a few seconds on a CPU: a 1-block ViT on the tiny data set."""
+    return [
+        "model.name=vit_cifar_tiny_patch4_32", "model.depth=1", "model.embed_dim=32", "model.num_heads=2",
+        "model.num_classes=3", f"data.dataset=imagefolder", f"data.root={data_root}", "data.num_workers=0",
+        "train.batch_size=16", "train.epochs=2", "optim.warmup_epochs=1", "optim.lr=3e-3", "train.log_every=2",
+        f"train.output_dir={output_dir}", *extra,
+    ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import time
 from pathlib import Path
@@ -62,17 +63,21 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
 
 
 def _split_data(cfg: Config, size: tuple[int, int]) -> tuple[ImageData, ImageData | None, ImageData]:
-    d = cfg.data
-    train = load_split(d.dataset, d.root, "train", download=d.download, seed=cfg.train.seed, size=size)
+    """Decode train (minus a held-out validation set, if ``data.val_size``) and test, subsets applied."""
+    d, seed = cfg.data, cfg.train.seed
+    # Only the images used are decoded: the training subset plus the validation images.
+    wanted = d.train_subset + d.val_size if d.train_subset else 0
+    train = load_split(d.dataset, d.root, "train", download=d.download, subset=wanted, seed=seed, size=size)
     val = None
     if d.val_size > 0:
-        val_index = balanced_indices(train.labels, d.val_size, seed=cfg.train.seed + 1)
+        if d.val_size >= len(train.labels):
+            raise ConfigError(f"data.val_size={d.val_size} leaves no training images (the training set has "
+                              f"{len(train.labels)})")
+        val_index = balanced_indices(train.labels, d.val_size, seed=seed + 1)
         keep = torch.ones(len(train.labels), dtype=torch.bool)
         keep[val_index] = False
         val, train = train.subset(val_index), train.subset(keep.nonzero().flatten())
-    train = train.subset(balanced_indices(train.labels, d.train_subset, seed=cfg.train.seed))
-    test = load_split(d.dataset, d.root, "test", download=d.download, subset=d.test_subset,
-                      seed=cfg.train.seed, size=size)
+    test = load_split(d.dataset, d.root, "test", download=d.download, subset=d.test_subset, seed=seed, size=size)
     if test.classes != train.classes:
         raise ConfigError(f"data.root={d.root!r}: the test classes {test.classes} differ from the train classes "
                           f"{train.classes}")
@@ -123,8 +128,11 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     t = cfg.train
     set_seed(t.seed)  # the initial weights depend on train.seed only
     model = build_model(cfg)
+    # Several processes on a machine without GPUs: Accelerate's gloo (multi-CPU) path needs cpu=True,
+    # otherwise each process would silently train alone.
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
     accelerator = Accelerator(
-        mixed_precision=t.mixed_precision, gradient_accumulation_steps=t.grad_accum_steps,
+        cpu=launched and not torch.cuda.is_available(), mixed_precision=t.mixed_precision, gradient_accumulation_steps=t.grad_accum_steps,
         log_with="tensorboard", project_dir=str(run_dir),
         dataloader_config=DataLoaderConfiguration(split_batches=True, use_seedable_sampler=True, data_seed=t.seed),
     )

@@ -1,0 +1,72 @@
+"""Config files, overrides and their validation."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vitlab.config import load_config
+from vitlab.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_load_and_build_their_model(path):
+    from vitlab.training import build_model
+
+    cfg = load_config(path)
+    assert build_model(cfg).num_classes == 10
+
+
+def test_overrides_reach_their_keys_with_types():
+    cfg = load_config(ROOT / "configs/vit_cifar10.yaml",
+                      ["train.epochs=5", "optim.lr=1e-3", "model.depth=4", "data.hflip=false", "optim.betas=[0.9,0.95]"])
+    assert cfg.train.epochs == 5 and cfg.optim.lr == 1e-3 and isinstance(cfg.optim.lr, float)
+    assert cfg.model.args["depth"] == 4 and cfg.data.hflip is False and cfg.optim.betas == (0.9, 0.95)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.epoch=3", r"unknown key train\.epoch; did you mean epochs\?"),
+    ("model.dpth=2", r"unknown key model\.dpth; did you mean depth\?"),
+    ("optim.lr=fast", r"optim\.lr='fast' has the wrong type; expected float, got str"),
+    ("train.epochs=2.5", r"train\.epochs=2\.5 has the wrong type; expected int"),
+    ("train.mixed_precision=fp8", r"train\.mixed_precision='fp8' is not allowed; expected one of 'no', 'fp16', 'bf16'"),
+    ("data.dataset=imgfolder", r"data\.dataset='imgfolder' is not allowed"),
+    ("train.batch_size=0", r"train\.batch_size=0 is invalid; expected an integer >= 1"),
+    ("optim.lr=-1", r"optim\.lr=-1\.0 is invalid; expected a number > 0"),
+    ("model.name=vit_tiny", r"model\.name='vit_tiny' is not a preset; did you mean vit_tiny_patch16_224"),
+    ("trian.epochs=3", r"unknown section 'trian'; did you mean train\?"),
+    ("epochs=3", r"override key 'epochs' must be section\.key"),
+    ("train.epochs", r"not of the form key\.sub=value"),
+])
+def test_bad_keys_types_and_values_are_named(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(ROOT / "configs/vit_cifar10.yaml", [override])
+
+
+def test_missing_config_file_is_named():
+    with pytest.raises(ConfigError, match=r"config file 'nope\.yaml' does not exist"):
+        load_config("nope.yaml")
+
+
+def test_train_py_rejects_bad_config_with_exit_2_and_no_traceback(tmp_path):
+    result = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/vit_cifar10.yaml"),
+                             "optim.lr=fast", f"train.output_dir={tmp_path / 'run'}"],
+                            capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: optim.lr='fast' has the wrong type; expected float, got str"
+    assert not (tmp_path / "run").exists()
+
+
+def test_invalid_model_combination_is_a_config_error(tiny_imagefolder, tmp_path):
+    from conftest import tiny_overrides
+    from vitlab.training import train
+
+    cfg = load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "run", "model.num_heads=5"))
+    with pytest.raises(ConfigError, match="embed_dim=32 is not divisible by num_heads=5"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,77 @@
+"""Data loading on small generated data: decoding, subsets, transforms, bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vitlab.data import balanced_indices, eval_transform, image_transform, load_split, train_transform
+from vitlab.errors import DataError
+
+
+def test_imagefolder_decodes_once_into_uint8_with_sorted_class_labels(tiny_imagefolder):
+    data = load_split("imagefolder", tiny_imagefolder, "train")
+    assert data.images.shape == (96, 3, 32, 32) and data.images.dtype == torch.uint8
+    assert data.classes == ["class_0", "class_1", "class_2"]
+    assert data.labels.bincount().tolist() == [32, 32, 32]
+    # The colour of each class survives decoding: class c is brightest in channel c.
+    for c in range(3):
+        assert data.images[data.labels == c].float().mean((0, 2, 3)).argmax() == c
+
+
+def test_subsets_are_balanced_and_deterministic(tiny_imagefolder):
+    data = load_split("imagefolder", tiny_imagefolder, "train", subset=10, seed=3)
+    assert data.labels.bincount().tolist() == [4, 3, 3]
+    again = load_split("imagefolder", tiny_imagefolder, "train", subset=10, seed=3)
+    assert torch.equal(data.images, again.images)
+
+
+def test_balanced_indices_spread_over_classes():
+    labels = torch.arange(10).repeat_interleave(100)
+    index = balanced_indices(labels, 55)
+    assert labels[index].bincount().tolist() == [6] * 5 + [5] * 5
+    assert len(balanced_indices(labels, 0)) == 1000
+
+
+def test_images_of_another_size_are_resized_at_decode(tmp_path):
+    from conftest import make_imagefolder
+
+    make_imagefolder(tmp_path, {"train": 2}, size=40)
+    assert load_split("imagefolder", tmp_path, "train", size=(32, 32)).images.shape == (6, 3, 32, 32)
+
+
+def test_unreadable_image_is_named(tmp_path):
+    from conftest import make_imagefolder
+
+    make_imagefolder(tmp_path, {"train": 2})
+    bad = tmp_path / "train" / "class_1" / "broken.png"
+    bad.write_bytes(b"not a png")
+    with pytest.raises(DataError, match=f"cannot read image '{bad}'"):
+        load_split("imagefolder", tmp_path, "train")
+
+
+def test_missing_root_and_split_are_named(tmp_path):
+    with pytest.raises(DataError, match=r"data\.root='.*nowhere' does not exist"):
+        load_split("imagefolder", tmp_path / "nowhere", "train")
+    (tmp_path / "train").mkdir()
+    with pytest.raises(DataError, match=r"has no 'test' folder"):
+        load_split("imagefolder", tmp_path, "test")
+    with pytest.raises(DataError, match=r"CIFAR-10 not found under data\.root=.*set data\.download=true"):
+        load_split("cifar10", tmp_path, "train", download=False)
+
+
+def test_train_transform_crops_flips_and_normalizes():
+    image = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8)
+    out = train_transform((32, 32), crop_padding=4, hflip=True, augment="randaugment")(image)
+    assert out.shape == (3, 32, 32) and out.dtype == torch.float32
+    plain = train_transform((32, 32), crop_padding=0, hflip=False)(image)
+    assert torch.allclose(plain, eval_transform()(image))
+    mean = torch.tensor([0.4914, 0.4822, 0.4465])[:, None, None]
+    std = torch.tensor([0.2470, 0.2435, 0.2616])[:, None, None]
+    assert torch.allclose(plain, (image / 255 - mean) / std, atol=1e-6)
+
+
+def test_image_transform_takes_any_pil_image():
+    from PIL import Image
+
+    out = image_transform((32, 32))(Image.new("L", (50, 70), color=128))
+    assert out.shape == (3, 32, 32)
