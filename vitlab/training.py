@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate import Accelerator, DataLoaderConfiguration, PartialState
 from accelerate.utils import set_seed
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
@@ -348,7 +348,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.resume is not None:
             cfg.train.output_dir = str(args.resume)
         summary = train(cfg, resume=args.resume)
-        print(json.dumps({k: summary[k] for k in summary if "top1" in k or k in (
-            "best_metric", "best_epoch", "epochs_done", "wall_time", "run_dir")}))
+        if PartialState().is_main_process:
+            print(json.dumps({k: summary[k] for k in summary if "top1" in k or k in (
+                "best_metric", "best_epoch", "epochs_done", "wall_time", "run_dir")}))
 
     run_command(run)
