@@ -1,8 +1,11 @@
-"""Converters between vitlab and the references: timm's ViT and ``torch.nn.MultiheadAttention``.
+"""Converters between vitlab and the references: timm's ViT, ``torch.nn.MultiheadAttention`` and
+``torch.nn.Transformer``.
 
 Conversions copy weights exactly; outputs agree to float32 rounding (tested to 1e-5).
 """
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -10,7 +13,10 @@ from torch import nn
 from .attention import MultiHeadAttention
 from .vit import VisionTransformer
 
-__all__ = ["from_timm", "to_timm", "mha_from_torch"]
+if TYPE_CHECKING:
+    from .text.transformer import Transformer
+
+__all__ = ["from_timm", "to_timm", "mha_from_torch", "transformer_from_torch"]
 
 
 def _timm_vit_args(model: nn.Module) -> dict:
@@ -116,3 +122,55 @@ def mha_from_torch(module: nn.MultiheadAttention) -> MultiHeadAttention:
         if module.out_proj.bias is not None:
             mha.proj.bias.copy_(module.out_proj.bias)
     return mha.to(module.in_proj_weight.device, module.in_proj_weight.dtype).train(module.training)
+
+
+def transformer_from_torch(module: nn.Transformer) -> "Transformer":
+    """A vitlab :class:`~vitlab.text.Transformer` with the weights of a ``torch.nn.Transformer``.
+
+    The result is batch first whatever ``module.batch_first`` says; its key masks are True = real
+    token, so PyTorch's ``src_key_padding_mask=pad`` becomes ``src_key_mask=~pad``, and the decoder
+    is always causal (PyTorch's ``tgt_mask=generate_square_subsequent_mask(T)``).
+    """
+    import torch.nn.functional as F
+
+    from .text.transformer import Transformer
+
+    if not isinstance(module, nn.Transformer):
+        raise ValueError(f"expected torch.nn.Transformer, got {type(module).__name__}")
+    enc, dec = list(module.encoder.layers), list(module.decoder.layers)
+    first = (enc or dec)[0]
+    act = first.activation
+    if act is F.relu or isinstance(act, nn.ReLU):
+        activation = "relu"
+    elif act is F.gelu or (isinstance(act, nn.GELU) and act.approximate == "none"):
+        activation = "gelu"
+    else:
+        raise ValueError(f"activation {act} is not supported; vitlab has 'relu' and 'gelu'")
+    if module.encoder.norm is None or module.decoder.norm is None:
+        raise ValueError("a torch Transformer without final encoder/decoder norms is not supported")
+    if any(l.linear1.bias is None for l in enc + dec):
+        raise ValueError("a torch Transformer without biases (bias=False) is not supported")
+    ours = Transformer(d_model=module.d_model, num_heads=module.nhead, num_encoder_layers=len(enc),
+                       num_decoder_layers=len(dec), dim_feedforward=first.linear1.out_features,
+                       dropout=first.dropout.p, activation=activation, norm_first=first.norm_first,
+                       norm_eps=first.norm1.eps)
+
+    def copy_linear(dst: nn.Linear, src: nn.Linear) -> None:
+        dst.load_state_dict(src.state_dict())
+
+    for mine, theirs in zip(ours.encoder_layers, enc):
+        mine.attn.load_state_dict(mha_from_torch(theirs.self_attn).state_dict())
+        copy_linear(mine.mlp.fc1, theirs.linear1)
+        copy_linear(mine.mlp.fc2, theirs.linear2)
+        mine.norm1.load_state_dict(theirs.norm1.state_dict())
+        mine.norm2.load_state_dict(theirs.norm2.state_dict())
+    for mine, theirs in zip(ours.decoder_layers, dec):
+        mine.self_attn.load_state_dict(mha_from_torch(theirs.self_attn).state_dict())
+        mine.cross_attn.load_state_dict(mha_from_torch(theirs.multihead_attn).state_dict())
+        copy_linear(mine.mlp.fc1, theirs.linear1)
+        copy_linear(mine.mlp.fc2, theirs.linear2)
+        for i in (1, 2, 3):
+            getattr(mine, f"norm{i}").load_state_dict(getattr(theirs, f"norm{i}").state_dict())
+    ours.encoder_norm.load_state_dict(module.encoder.norm.state_dict())
+    ours.decoder_norm.load_state_dict(module.decoder.norm.state_dict())
+    return ours.to(first.linear1.weight.device).train(module.training)

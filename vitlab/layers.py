@@ -16,7 +16,7 @@ from .attention import MultiHeadAttention
 __all__ = ["LayerNorm", "Mlp", "DropPath", "Block", "get_activation"]
 
 #: LayerNorm as in timm's and Google's ViT: eps 1e-6 (PyTorch's default is 1e-5).
-LayerNorm: Callable[[int], nn.LayerNorm] = partial(nn.LayerNorm, eps=1e-6)
+LayerNorm: Callable[..., nn.LayerNorm] = partial(nn.LayerNorm, eps=1e-6)
 
 _ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"gelu": nn.GELU, "relu": nn.ReLU}
 
@@ -67,9 +67,24 @@ class DropPath(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm Transformer encoder block on ``(B, N, dim)``.
+    """Transformer encoder block on ``(B, N, dim)``: the ViT block and the text encoder layer.
 
-    ``x = x + drop_path(attn(norm1(x)))``, then ``x = x + drop_path(mlp(norm2(x)))``.
+    Pre-norm (``norm_first=True``, ViT): ``x = x + drop_path(attn(norm1(x)))``, then
+    ``x = x + drop_path(mlp(norm2(x)))``. Post-norm (the 2017 paper): ``x = norm1(x + attn(x))``,
+    then ``x = norm2(x + mlp(x))``.
+
+    Args:
+        dim: Token width.
+        num_heads: Attention heads.
+        mlp_ratio: MLP hidden width as a multiple of ``dim`` (ignored if ``mlp_hidden_dim`` is given).
+        qkv_bias: Bias on the query/key/value projections.
+        proj_drop: Dropout after the attention projection and in the MLP.
+        attn_drop: Dropout on attention weights.
+        drop_path: Stochastic depth rate.
+        act: MLP activation, ``'gelu'`` or ``'relu'``.
+        norm_first: Pre-norm (True) or post-norm (False).
+        norm_eps: LayerNorm epsilon (1e-6 as in ViT; PyTorch's Transformer uses 1e-5).
+        mlp_hidden_dim: MLP hidden width.
     """
 
     def __init__(
@@ -82,21 +97,32 @@ class Block(nn.Module):
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
         act: str = "gelu",
+        norm_first: bool = True,
+        norm_eps: float = 1e-6,
+        mlp_hidden_dim: int | None = None,
     ) -> None:
         super().__init__()
-        self.norm1 = LayerNorm(dim)
+        self.norm_first = norm_first
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = MultiHeadAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop)
         self.drop_path1 = DropPath(drop_path)
-        self.norm2 = LayerNorm(dim)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act=act, drop=proj_drop)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, mlp_hidden_dim or int(dim * mlp_ratio), act=act, drop=proj_drop)
         self.drop_path2 = DropPath(drop_path)
 
-    def forward(self, x: Tensor, mask: Tensor | None = None, need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
-        """Returns ``(B, N, dim)``, or ``(x, weights)`` with weights ``(B, H, N, N)`` if asked."""
-        attn = self.attn(self.norm1(x), mask=mask, need_weights=need_weights)
+    def forward(self, x: Tensor, mask: Tensor | None = None, key_mask: Tensor | None = None,
+                need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """``x`` ``(B, N, dim)``; ``mask`` / ``key_mask`` as in :class:`MultiHeadAttention` (True = may attend /
+        real token). Returns ``(B, N, dim)``, or ``(x, weights)`` with weights ``(B, H, N, N)`` if asked."""
+        h = self.norm1(x) if self.norm_first else x
+        attn = self.attn(h, mask=mask, key_mask=key_mask, need_weights=need_weights)
         attn, weights = attn if need_weights else (attn, None)
-        x = x + self.drop_path1(attn)
-        x = x + self.drop_path2(self.mlp(self.norm2(x)))
+        if self.norm_first:
+            x = x + self.drop_path1(attn)
+            x = x + self.drop_path2(self.mlp(self.norm2(x)))
+        else:
+            x = self.norm1(x + self.drop_path1(attn))
+            x = self.norm2(x + self.drop_path2(self.mlp(x)))
         return (x, weights) if need_weights else x
 
 

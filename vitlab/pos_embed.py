@@ -1,11 +1,11 @@
-"""Positional embeddings: resampling learned ViT grids to new image sizes."""
+"""Positions: resampling learned ViT grids to new image sizes; the sinusoidal encoding of the 2017 paper."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["resample_pos_embed"]
+__all__ = ["resample_pos_embed", "sinusoidal_position_encoding"]
 
 
 def resample_pos_embed(
@@ -41,3 +41,18 @@ def resample_pos_embed(
     grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False, antialias=True)
     grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(pos_embed.dtype)
     return torch.cat([prefix, grid], dim=1)
+
+
+def sinusoidal_position_encoding(max_len: int, dim: int) -> Tensor:
+    """The fixed encoding of Vaswani et al. (2017), ``(max_len, dim)``, float32.
+
+    ``PE[pos, 2i] = sin(pos / 10000^(2i / dim))`` and ``PE[pos, 2i + 1] = cos(pos / 10000^(2i / dim))``.
+    """
+    if dim % 2:
+        raise ValueError(f"sinusoidal position encoding needs an even width, got dim={dim}")
+    position = torch.arange(max_len, dtype=torch.float64)[:, None]
+    inv_freq = 10000.0 ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    pe = torch.zeros(max_len, dim, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(position * inv_freq)
+    pe[:, 1::2] = torch.cos(position * inv_freq)
+    return pe.float()

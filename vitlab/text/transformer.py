@@ -1,0 +1,254 @@
+"""The encoder-decoder Transformer of "Attention Is All You Need", on vitlab's attention core.
+
+Encoder layers are the ViT's :class:`~vitlab.layers.Block`; decoder layers add causal self-attention
+and cross-attention, all three from :class:`~vitlab.attention.MultiHeadAttention`. Batch first;
+key masks are boolean ``(B, L)`` with **True = real token**.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from ..attention import KVCache, MultiHeadAttention
+from ..layers import Block, Mlp
+from ..pos_embed import sinusoidal_position_encoding
+
+__all__ = ["DecoderBlock", "DecoderCache", "Transformer", "Seq2SeqTransformer"]
+
+
+@dataclass
+class DecoderCache:
+    """One decoder layer's decoding state: its self-attention keys/values (growing) and its
+    cross-attention keys/values (projected once from the encoder output)."""
+
+    self_attn: KVCache = field(default_factory=KVCache)
+    cross_attn: KVCache = field(default_factory=lambda: KVCache(static=True))
+
+    def reorder(self, index: Tensor) -> None:
+        self.self_attn.reorder(index)
+        self.cross_attn.reorder(index)
+
+
+class DecoderBlock(nn.Module):
+    """Causal self-attention, cross-attention over the encoder output, feed-forward; pre- or post-norm."""
+
+    def __init__(self, dim: int, num_heads: int, dim_feedforward: int, dropout: float = 0.1, act: str = "relu",
+                 norm_first: bool = True, norm_eps: float = 1e-5) -> None:
+        super().__init__()
+        self.norm_first = norm_first
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.self_attn = MultiHeadAttention(dim, num_heads, attn_drop=dropout, proj_drop=dropout)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.cross_attn = MultiHeadAttention(dim, num_heads, attn_drop=dropout, proj_drop=dropout)
+        self.norm3 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, dim_feedforward, act=act, drop=dropout)
+
+    def forward(self, x: Tensor, memory: Tensor | None, memory_key_mask: Tensor | None = None,
+                tgt_key_mask: Tensor | None = None, cache: DecoderCache | None = None) -> Tensor:
+        """``x`` ``(B, T, dim)`` (only the new positions when ``cache`` holds the past), ``memory``
+        ``(B, S, dim)`` (may be None once ``cache`` holds the cross-attention keys)."""
+        self_cache = cache.self_attn if cache is not None else None
+        cross_cache = cache.cross_attn if cache is not None else None
+
+        def self_attn(h: Tensor) -> Tensor:
+            return self.self_attn(h, is_causal=True, key_mask=tgt_key_mask, kv_cache=self_cache)
+
+        def cross_attn(h: Tensor) -> Tensor:
+            return self.cross_attn(h, memory, key_mask=memory_key_mask, kv_cache=cross_cache)
+
+        if self.norm_first:
+            x = x + self_attn(self.norm1(x))
+            x = x + cross_attn(self.norm2(x))
+            return x + self.mlp(self.norm3(x))
+        x = self.norm1(x + self_attn(x))
+        x = self.norm2(x + cross_attn(x))
+        return self.norm3(x + self.mlp(x))
+
+
+class Transformer(nn.Module):
+    """The encoder-decoder core on embeddings, batch first (``torch.nn.Transformer``'s layout).
+
+    Args:
+        d_model: Width.
+        num_heads: Attention heads.
+        num_encoder_layers: Encoder blocks.
+        num_decoder_layers: Decoder blocks.
+        dim_feedforward: Feed-forward hidden width.
+        dropout: Dropout on attention weights, after each sub-layer and in the feed-forward.
+        activation: ``'relu'`` (the paper) or ``'gelu'``.
+        norm_first: Pre-norm (True) or post-norm (False, the paper). A final LayerNorm closes the
+            encoder and the decoder either way, as in ``torch.nn.Transformer``.
+        norm_eps: LayerNorm epsilon (PyTorch's default, 1e-5).
+    """
+
+    def __init__(self, d_model: int = 512, num_heads: int = 8, num_encoder_layers: int = 6,
+                 num_decoder_layers: int = 6, dim_feedforward: int = 2048, dropout: float = 0.1,
+                 activation: str = "relu", norm_first: bool = True, norm_eps: float = 1e-5) -> None:
+        super().__init__()
+        self.d_model = d_model
+        self.encoder_layers = nn.ModuleList([
+            Block(d_model, num_heads, proj_drop=dropout, attn_drop=dropout, act=activation, norm_first=norm_first,
+                  norm_eps=norm_eps, mlp_hidden_dim=dim_feedforward)
+            for _ in range(num_encoder_layers)])
+        self.encoder_norm = nn.LayerNorm(d_model, eps=norm_eps)
+        self.decoder_layers = nn.ModuleList([
+            DecoderBlock(d_model, num_heads, dim_feedforward, dropout, activation, norm_first, norm_eps)
+            for _ in range(num_decoder_layers)])
+        self.decoder_norm = nn.LayerNorm(d_model, eps=norm_eps)
+
+    def encode(self, src: Tensor, src_key_mask: Tensor | None = None) -> Tensor:
+        """``src`` ``(B, S, d_model)`` -> memory ``(B, S, d_model)``."""
+        for layer in self.encoder_layers:
+            src = layer(src, key_mask=src_key_mask)
+        return self.encoder_norm(src)
+
+    def decode(self, tgt: Tensor, memory: Tensor | None, src_key_mask: Tensor | None = None,
+               tgt_key_mask: Tensor | None = None, caches: list[DecoderCache] | None = None) -> Tensor:
+        """``tgt`` ``(B, T, d_model)`` attending causally to itself and to ``memory`` -> ``(B, T, d_model)``."""
+        for i, layer in enumerate(self.decoder_layers):
+            tgt = layer(tgt, memory, src_key_mask, tgt_key_mask, caches[i] if caches is not None else None)
+        return self.decoder_norm(tgt)
+
+    def forward(self, src: Tensor, tgt: Tensor, src_key_mask: Tensor | None = None,
+                tgt_key_mask: Tensor | None = None) -> Tensor:
+        """Embedded ``src`` ``(B, S, E)`` and ``tgt`` ``(B, T, E)`` -> ``(B, T, E)``; the decoder is causal."""
+        return self.decode(tgt, self.encode(src, src_key_mask), src_key_mask, tgt_key_mask)
+
+
+class Seq2SeqTransformer(nn.Module):
+    """Token-to-token Transformer: scaled embeddings + sinusoidal positions, the core, an output projection.
+
+    Args:
+        src_vocab_size: Source vocabulary size.
+        tgt_vocab_size: Target vocabulary size.
+        d_model, num_heads, num_encoder_layers, num_decoder_layers, dim_feedforward, dropout, activation,
+            norm_first: As in :class:`Transformer`.
+        pad_id, bos_id, eos_id: Special token ids (shared by both vocabularies).
+        share_embeddings: One embedding matrix for source, target and the output projection
+            (needs one joint vocabulary); otherwise the output projection is still tied to the target
+            embedding when ``tie_output``.
+        tie_output: Tie the output projection to the target embedding.
+        max_len: Longest sequence the position encoding covers.
+    """
+
+    def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int = 512, num_heads: int = 8,
+                 num_encoder_layers: int = 6, num_decoder_layers: int = 6, dim_feedforward: int = 2048,
+                 dropout: float = 0.1, activation: str = "relu", norm_first: bool = True, pad_id: int = 0,
+                 bos_id: int = 1, eos_id: int = 2, share_embeddings: bool = False, tie_output: bool = True,
+                 max_len: int = 1024) -> None:
+        super().__init__()
+        if share_embeddings and src_vocab_size != tgt_vocab_size:
+            raise ValueError(f"share_embeddings needs one vocabulary, got src_vocab_size={src_vocab_size} and "
+                             f"tgt_vocab_size={tgt_vocab_size}")
+        self.config = dict(src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, d_model=d_model,
+                           num_heads=num_heads, num_encoder_layers=num_encoder_layers,
+                           num_decoder_layers=num_decoder_layers, dim_feedforward=dim_feedforward, dropout=dropout,
+                           activation=activation, norm_first=norm_first, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id,
+                           share_embeddings=share_embeddings, tie_output=tie_output, max_len=max_len)
+        self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
+        self.d_model = d_model
+        self.src_embed = nn.Embedding(src_vocab_size, d_model, padding_idx=pad_id)
+        self.tgt_embed = self.src_embed if share_embeddings else nn.Embedding(tgt_vocab_size, d_model,
+                                                                              padding_idx=pad_id)
+        self.register_buffer("pos_encoding", sinusoidal_position_encoding(max_len, d_model), persistent=False)
+        self.embed_drop = nn.Dropout(dropout)
+        self.transformer = Transformer(d_model, num_heads, num_encoder_layers, num_decoder_layers, dim_feedforward,
+                                       dropout, activation, norm_first)
+        self.head = nn.Linear(d_model, tgt_vocab_size, bias=False)
+        self._init_weights()
+        if share_embeddings or tie_output:
+            self.head.weight = self.tgt_embed.weight
+
+    def _init_weights(self) -> None:
+        for name, p in self.named_parameters():
+            if p.dim() > 1 and "embed" not in name:
+                nn.init.xavier_uniform_(p)
+        for emb in {self.src_embed, self.tgt_embed}:
+            nn.init.normal_(emb.weight, std=self.d_model ** -0.5)  # times sqrt(d_model): unit scale
+            with torch.no_grad():
+                emb.weight[self.pad_id].zero_()
+
+    def _embed(self, tokens: Tensor, embedding: nn.Embedding, offset: int = 0) -> Tensor:
+        if tokens.shape[1] + offset > self.pos_encoding.shape[0]:
+            raise ValueError(f"sequence of length {tokens.shape[1] + offset} exceeds max_len={self.pos_encoding.shape[0]}")
+        x = embedding(tokens) * math.sqrt(self.d_model)
+        return self.embed_drop(x + self.pos_encoding[offset:offset + tokens.shape[1]].to(x.dtype))
+
+    def encode(self, src: Tensor, src_key_mask: Tensor | None = None) -> Tensor:
+        """Source ids ``(B, S)`` -> memory ``(B, S, d_model)``."""
+        return self.transformer.encode(self._embed(src, self.src_embed), src_key_mask)
+
+    def forward(self, src: Tensor, tgt: Tensor, src_key_mask: Tensor | None = None,
+                tgt_key_mask: Tensor | None = None) -> Tensor:
+        """Teacher forcing: source ids ``(B, S)``, target input ids ``(B, T)`` -> logits ``(B, T, tgt_vocab)``.
+
+        Key masks default to ``ids != pad_id`` (True = real token).
+        """
+        src_key_mask = src != self.pad_id if src_key_mask is None else src_key_mask
+        tgt_key_mask = tgt != self.pad_id if tgt_key_mask is None else tgt_key_mask
+        memory = self.encode(src, src_key_mask)
+        out = self.transformer.decode(self._embed(tgt, self.tgt_embed), memory, src_key_mask, tgt_key_mask)
+        return self.head(out)
+
+    @torch.no_grad()
+    def generate(self, src: Tensor, src_key_mask: Tensor | None = None, max_new_tokens: int = 64, beam_size: int = 1,
+                 length_penalty: float = 1.0, use_cache: bool = True) -> Tensor:
+        """Decode target ids for a batch of sources, greedily (``beam_size=1``) or by beam search.
+
+        Args:
+            src: Source ids ``(B, S)``.
+            src_key_mask: ``(B, S)``, True = real token; default ``src != pad_id``.
+            max_new_tokens: Longest output (EOS included).
+            beam_size: Beams per source; 1 is greedy decoding.
+            length_penalty: The best finished beam maximises ``log p / length ** length_penalty``.
+            use_cache: Keep each layer's keys and values between steps (cross-attention ones computed
+                once per source); gives the same tokens as recomputing the whole prefix.
+
+        Returns:
+            ``(B, L)`` ids without BOS, ending with EOS (unless cut at ``max_new_tokens``), padded
+            with ``pad_id``.
+        """
+        if beam_size < 1 or beam_size > self.head.out_features:
+            raise ValueError(f"beam_size={beam_size} must be in [1, tgt_vocab_size={self.head.out_features}]")
+        src_key_mask = src != self.pad_id if src_key_mask is None else src_key_mask
+        batch, k = src.shape[0], beam_size
+        memory = self.encode(src, src_key_mask)
+        # Beams live side by side in the batch: row b * k + j is beam j of source b.
+        memory = memory.repeat_interleave(k, dim=0)
+        src_key_mask = src_key_mask.repeat_interleave(k, dim=0)
+        tokens = torch.full((batch * k, 1), self.bos_id, dtype=torch.long, device=src.device)
+        scores = torch.zeros(batch, k, device=src.device)
+        scores[:, 1:] = float("-inf")  # all beams start equal: expand only the first
+        finished = torch.zeros(batch * k, dtype=torch.bool, device=src.device)
+        lengths = torch.zeros(batch * k, device=src.device)
+        caches = [DecoderCache() for _ in self.transformer.decoder_layers] if use_cache else None
+        for step in range(max_new_tokens):
+            if use_cache:
+                x = self._embed(tokens[:, -1:], self.tgt_embed, offset=step)
+                h = self.transformer.decode(x, memory if step == 0 else None, src_key_mask, caches=caches)
+            else:
+                h = self.transformer.decode(self._embed(tokens, self.tgt_embed), memory, src_key_mask)
+            logprobs = self.head(h[:, -1]).float().log_softmax(-1)  # (B * k, V)
+            # A finished beam only extends with padding, at no cost.
+            logprobs[finished] = float("-inf")
+            logprobs[finished, self.pad_id] = 0.0
+            vocab = logprobs.shape[-1]
+            candidates = (scores.view(-1, 1) + logprobs).view(batch, k * vocab)
+            scores, index = candidates.topk(k, dim=-1)  # (B, k)
+            beam = (index // vocab + torch.arange(batch, device=src.device)[:, None] * k).flatten()
+            next_token = (index % vocab).flatten()
+            tokens = torch.cat([tokens[beam], next_token[:, None]], dim=1)
+            finished, lengths = finished[beam], lengths[beam]
+            lengths = lengths + (~finished).float()
+            finished = finished | (next_token == self.eos_id)
+            if caches is not None and k > 1:
+                for cache in caches:
+                    cache.reorder(beam)
+            if bool(finished.all()):
+                break
+        normalized = scores / lengths.view(batch, k).clamp(min=1) ** length_penalty
+        best = normalized.argmax(-1) + torch.arange(batch, device=src.device) * k
+        return tokens[best, 1:]
