@@ -251,4 +251,7 @@ class Seq2SeqTransformer(nn.Module):
                 break
         normalized = scores / lengths.view(batch, k).clamp(min=1) ** length_penalty
         best = normalized.argmax(-1) + torch.arange(batch, device=src.device) * k
-        return tokens[best, 1:]
+        out = tokens[best, 1:]
+        # Other beams may have run on after the chosen ones ended: drop all-padding columns at the end.
+        keep = int((out != self.pad_id).any(0).nonzero().max()) + 1 if (out != self.pad_id).any() else 0
+        return out[:, :keep]
