@@ -16,7 +16,7 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_shipped_configs_load_and_build_their_model(path):
-    from vitlab.training import build_model
+    from vitlab.classification import build_model
 
     cfg = load_config(path)
     assert build_model(cfg).num_classes == 10
@@ -38,7 +38,7 @@ def test_overrides_reach_their_keys_with_types():
     ("data.dataset=imgfolder", r"data\.dataset='imgfolder' is not allowed"),
     ("train.batch_size=0", r"train\.batch_size=0 is invalid; expected an integer >= 1"),
     ("optim.lr=-1", r"optim\.lr=-1\.0 is invalid; expected a number > 0"),
-    ("model.name=vit_tiny", r"model\.name='vit_tiny' is not a preset; did you mean vit_tiny_patch16_224"),
+    ("model.name=vit_tiny", r"model\.name='vit_tiny' is not a classification preset; did you mean vit_tiny_patch16_224"),
     ("trian.epochs=3", r"unknown section 'trian'; did you mean train\?"),
     ("epochs=3", r"override key 'epochs' must be section\.key"),
     ("train.epochs", r"not of the form key\.sub=value"),

@@ -16,7 +16,7 @@ from conftest import tiny_overrides
 from vitlab import checkpoint as ckpt
 from vitlab.config import load_config
 from vitlab.errors import CheckpointError, ConfigError, TrainingError
-from vitlab.training import train, warmup_cosine
+from vitlab.training import lr_multiplier, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,10 +72,19 @@ def test_load_model_and_its_transform_reproduce_the_reported_accuracy(trained_ru
 
 
 def test_warmup_cosine_schedule():
-    assert warmup_cosine(0, 10, 100, 0.01) == pytest.approx(0.1)
-    assert warmup_cosine(9, 10, 100, 0.01) == pytest.approx(1.0)
-    assert warmup_cosine(55, 10, 100, 0.01) == pytest.approx(0.01 + 0.99 * 0.5)
-    assert warmup_cosine(100, 10, 100, 0.01) == pytest.approx(0.01)
+    assert lr_multiplier(0, 10, 100, 0.01) == pytest.approx(0.1)
+    assert lr_multiplier(9, 10, 100, 0.01) == pytest.approx(1.0)
+    assert lr_multiplier(55, 10, 100, 0.01) == pytest.approx(0.01 + 0.99 * 0.5)
+    assert lr_multiplier(100, 10, 100, 0.01) == pytest.approx(0.01)
+
+
+def test_inverse_sqrt_schedule_is_the_papers():
+    # Vaswani et al.: lr = d^-0.5 * min(step^-0.5, step * warmup^-1.5), peak at step = warmup.
+    d, warmup = 512, 4000
+    paper = lambda step: d ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+    peak = paper(warmup)
+    for step in (1, 100, 3999, 4000, 10000, 100000):
+        assert peak * lr_multiplier(step - 1, warmup, 10 ** 6, 0.0, "inverse_sqrt") == pytest.approx(paper(step))
 
 
 def test_interrupted_and_resumed_run_ends_with_the_same_weights(tiny_imagefolder, tmp_path):

@@ -26,11 +26,11 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from .errors import CheckpointError
-from .registry import model_args
+from .registry import create_model
 from .vit import VisionTransformer
 
 __all__ = ["resolve_checkpoint", "replace_dir", "save_model", "load_model", "save_optimizer", "load_optimizer",
-           "save_rng", "load_rng", "read_json", "write_json", "load_tensors"]
+           "save_rng", "load_rng", "read_json", "write_json", "load_tensors", "load_weights"]
 
 _OLD_SUFFIX = ".old"
 
@@ -92,31 +92,57 @@ def resolve_checkpoint(path: str | Path, which: str = "best") -> Path:
                           f"or a checkpoint directory with config.json and model.safetensors")
 
 
-def _state_dict(model: nn.Module) -> dict[str, Tensor]:
-    # torch.compile wraps the model; checkpoints always hold the plain names.
-    model = getattr(model, "_orig_mod", model)
-    return {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+def save_model(model: nn.Module, directory: Path, preset: str, meta: dict[str, Any],
+               ema: nn.Module | None = None) -> None:
+    """Write the weights (and EMA weights) with ``config.json``: enough to rebuild the model alone.
 
-
-def save_model(model: VisionTransformer, directory: Path, preset: str, classes: list[str],
-               mean: tuple[float, ...], std: tuple[float, ...], ema: nn.Module | None = None) -> None:
-    """Write the weights (and EMA weights) with ``config.json``, enough to rebuild the model alone."""
+    ``meta`` adds what inference needs besides the architecture (class names and normalization for
+    a ViT; the task and tokenizer for a text model).
+    """
     save_file(_state_dict(model), str(directory / "model.safetensors"))
     if ema is not None:
         save_file(_state_dict(ema), str(directory / "ema.safetensors"))
-    config = getattr(model, "_orig_mod", model).config
+    model = getattr(model, "_orig_mod", model)
     write_json(directory / "config.json", {
-        "architecture": "VisionTransformer", "preset": preset,
-        "model_args": {k: list(v) if isinstance(v, tuple) else v for k, v in config.items()},
-        "classes": classes, "mean": list(mean), "std": list(std), "has_ema": ema is not None,
+        "architecture": type(model).__name__, "preset": preset,
+        "model_args": {k: list(v) if isinstance(v, tuple) else v for k, v in model.config.items()},
+        "has_ema": ema is not None, **meta,
     })
 
 
-def load_model(path: str | Path, use_ema: bool = True, map_location: str | torch.device = "cpu") -> VisionTransformer:
-    """Load a trained ViT from a run directory (its best checkpoint) or a checkpoint directory.
+def _state_dict(model: nn.Module) -> dict[str, Tensor]:
+    # torch.compile wraps the model; checkpoints always hold the plain names. Tied weights are
+    # stored once (safetensors refuses shared storage); load_state_dict ties them again.
+    model = getattr(model, "_orig_mod", model)
+    state, seen = {}, set()
+    for k, v in model.state_dict().items():
+        if v.data_ptr() in seen:
+            continue
+        seen.add(v.data_ptr())
+        state[k] = v.detach().contiguous()
+    return state
 
-    The model comes back in eval mode with ``model.pretrained_cfg`` holding its input size, the
-    normalization and the class names; ``vitlab.create_transform(model)`` gives its preprocessing.
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """Load a safetensors state dict saved by :func:`save_model` into ``model`` (tied weights included)."""
+    model = getattr(model, "_orig_mod", model)
+    try:
+        missing, unexpected = model.load_state_dict(load_tensors(path), strict=False)
+    except RuntimeError as e:
+        raise CheckpointError(f"weights in {str(path)!r} do not fit the model: {str(e).splitlines()[0]}") from None
+    tied = {name for name, p in model.named_parameters(remove_duplicate=False)} - {
+        name for name, p in model.named_parameters()}  # second names of shared parameters
+    if unexpected or set(missing) - tied:
+        raise CheckpointError(f"weights in {str(path)!r} do not fit the model: missing "
+                              f"{sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
+
+
+def load_model(path: str | Path, use_ema: bool = True, map_location: str | torch.device = "cpu") -> nn.Module:
+    """Load a trained model from a run directory (its best checkpoint) or a checkpoint directory.
+
+    The model comes back in eval mode with ``model.pretrained_cfg`` describing its input: for a ViT
+    the input size, normalization and class names (``vitlab.create_transform(model)`` gives the
+    preprocessing); for a text Transformer the task and tokenizer file.
 
     Args:
         path: Run directory or checkpoint directory.
@@ -128,25 +154,24 @@ def load_model(path: str | Path, use_ema: bool = True, map_location: str | torch
     """
     directory = resolve_checkpoint(path)
     meta = read_json(directory / "config.json")
-    if meta.get("architecture") != "VisionTransformer" or "model_args" not in meta:
-        raise CheckpointError(f"{str(directory / 'config.json')!r} does not describe a vitlab VisionTransformer")
+    if meta.get("architecture") not in ("VisionTransformer", "Seq2SeqTransformer") or "model_args" not in meta:
+        raise CheckpointError(f"{str(directory / 'config.json')!r} does not describe a vitlab model")
     args = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["model_args"].items()}
     try:
-        model = VisionTransformer(**model_args(meta["preset"], **args))
+        model = create_model(meta["preset"], **args)
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{str(directory / 'config.json')!r} holds invalid model arguments: {e}") from None
-    weights = directory / ("ema.safetensors" if use_ema and meta.get("has_ema") else "model.safetensors")
-    state = load_tensors(weights)
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        raise CheckpointError(f"weights in {str(weights)!r} do not fit the model in config.json: "
-                              f"{str(e).splitlines()[0]}") from None
-    model.pretrained_cfg = {
-        "input_size": (model.patch_embed.in_chans, *model.patch_embed.img_size),
-        "mean": tuple(meta["mean"]), "std": tuple(meta["std"]), "label_names": list(meta["classes"]),
-        "checkpoint": str(directory),
-    }
+    load_weights(model, directory / ("ema.safetensors" if use_ema and meta.get("has_ema") else "model.safetensors"))
+    if isinstance(model, VisionTransformer):
+        model.pretrained_cfg = {
+            "input_size": (model.patch_embed.in_chans, *model.patch_embed.img_size),
+            "mean": tuple(meta["mean"]), "std": tuple(meta["std"]), "label_names": list(meta["classes"]),
+            "checkpoint": str(directory),
+        }
+    else:
+        tokenizer = directory / "tokenizer.json"
+        model.pretrained_cfg = {"task": meta.get("task"), "tokenizer": str(tokenizer) if tokenizer.is_file() else None,
+                                "checkpoint": str(directory)}
     return model.to(map_location).eval()
 
 

@@ -17,11 +17,10 @@ from typing import Any, Literal
 import yaml
 
 from .errors import ConfigError
-from .registry import list_models
-from .vit import VisionTransformer
+from .registry import list_models, preset_class
 
-__all__ = ["ConfigError", "Config", "ModelConfig", "DataConfig", "OptimConfig", "TrainConfig",
-           "load_config", "config_to_dict", "save_config"]
+__all__ = ["ConfigError", "Config", "ModelConfig", "DataConfig", "TextDataConfig", "OptimConfig", "TrainConfig",
+           "GenerateConfig", "load_config", "config_to_dict", "save_config"]
 
 
 @dataclass
@@ -52,12 +51,47 @@ class DataConfig:
 
 
 @dataclass
+class TextDataConfig:
+    """Data of ``task: seq2seq``: a synthetic task or parallel text files."""
+
+    dataset: Literal["copy", "reverse", "sort", "parallel"] = "reverse"
+    # Synthetic tasks: random symbol sequences.
+    vocab_size: int = 32         # synthetic: symbols + 3 special tokens; parallel: BPE vocabulary size
+    min_len: int = 4
+    max_len: int = 16
+    num_train: int = 20000
+    num_test: int = 1000
+    # Parallel text: <root>/<split>.<lang>[.gz], one sentence a line, aligned across languages.
+    root: str = ""
+    src_lang: str = "de"
+    tgt_lang: str = "en"
+    train_split: str = "train"
+    valid_split: str = "val"
+    test_split: str = "test_2016_flickr"
+    max_tokens: int = 128        # longer tokenized sentences are cut to this
+    # Batching: by token count when batch_tokens > 0 (per global batch), else train.batch_size sentences.
+    batch_tokens: int = 0
+    num_workers: int = 0
+
+
+@dataclass
+class GenerateConfig:
+    """Decoding for evaluation and ``vitlab translate`` (``task: seq2seq``)."""
+
+    beam_size: int = 1
+    length_penalty: float = 1.0
+    max_new_tokens: int = 0      # 0 = source length + 50
+    eval_subset: int = 0         # decode only N evaluation sentences during training (0 = all)
+
+
+@dataclass
 class OptimConfig:
     lr: float = 1e-3          # peak learning rate, reached after warmup
     min_lr: float = 1e-5      # end of the cosine decay
     weight_decay: float = 0.05
     betas: tuple[float, float] = (0.9, 0.999)
     warmup_epochs: float = 5.0
+    schedule: Literal["cosine", "inverse_sqrt"] = "cosine"  # after warmup: cosine to min_lr, or lr * sqrt(warmup / step)
     grad_clip: float = 1.0    # max global grad norm; 0 = no clipping
 
 
@@ -78,16 +112,21 @@ class TrainConfig:
 
 @dataclass
 class Config:
+    """A run: ``task`` picks image classification (a ViT) or sequence-to-sequence (a text Transformer)."""
+
+    task: Literal["classification", "seq2seq"] = "classification"
     model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataConfig | TextDataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
 
 
-_SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
-_SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
-_MODEL_ARGS = {name: hint for name, hint in typing.get_type_hints(VisionTransformer.__init__).items()
-               if name != "return"}
+_SECTIONS = ("model", "data", "optim", "train", "generate")
+_SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig,
+                  "generate": GenerateConfig}
+# Set by the data and tokenizer, not by the config.
+_DERIVED_MODEL_ARGS = {"src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"}
 
 
 def _close(key: str, options: typing.Iterable[str]) -> str:
@@ -145,13 +184,27 @@ def _check_values(cfg: Config) -> None:
         if not cond:
             raise ConfigError(f"{key}={value!r} is invalid; expected {allowed}")
 
-    d, o, t = cfg.data, cfg.optim, cfg.train
-    for key in ("train_subset", "test_subset", "val_size", "crop_padding", "num_workers"):
-        need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "an integer >= 0")
-    need(0 <= d.randaugment_magnitude <= 30, "data.randaugment_magnitude", d.randaugment_magnitude, "0..30")
-    need(d.randaugment_ops >= 1, "data.randaugment_ops", d.randaugment_ops, "an integer >= 1")
-    for key in ("mixup_alpha", "cutmix_alpha"):
-        need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "a number >= 0 (0 = off)")
+    d, o, t, g = cfg.data, cfg.optim, cfg.train, cfg.generate
+    if isinstance(d, DataConfig):
+        for key in ("train_subset", "test_subset", "val_size", "crop_padding", "num_workers"):
+            need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "an integer >= 0")
+        need(0 <= d.randaugment_magnitude <= 30, "data.randaugment_magnitude", d.randaugment_magnitude, "0..30")
+        need(d.randaugment_ops >= 1, "data.randaugment_ops", d.randaugment_ops, "an integer >= 1")
+        for key in ("mixup_alpha", "cutmix_alpha"):
+            need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "a number >= 0 (0 = off)")
+    else:
+        need(d.vocab_size >= (4 if d.dataset != "parallel" else 64), "data.vocab_size", d.vocab_size,
+             "at least 4 (synthetic) or 64 (BPE)")
+        need(1 <= d.min_len <= d.max_len, "data.min_len", d.min_len, f"1 <= min_len <= data.max_len={d.max_len}")
+        for key in ("num_train", "num_test", "max_tokens"):
+            need(getattr(d, key) >= 1, f"data.{key}", getattr(d, key), "an integer >= 1")
+        for key in ("batch_tokens", "num_workers"):
+            need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "an integer >= 0")
+        need(d.dataset != "parallel" or bool(d.root), "data.root", d.root,
+             "the folder of the parallel text files (data.dataset=parallel)")
+    need(g.beam_size >= 1, "generate.beam_size", g.beam_size, "an integer >= 1")
+    need(g.max_new_tokens >= 0, "generate.max_new_tokens", g.max_new_tokens, "an integer >= 0 (0 = source + 50)")
+    need(g.eval_subset >= 0, "generate.eval_subset", g.eval_subset, "an integer >= 0 (0 = all)")
     need(o.lr > 0, "optim.lr", o.lr, "a number > 0")
     need(0 <= o.min_lr <= o.lr, "optim.min_lr", o.min_lr, f"a number in [0, optim.lr={o.lr}]")
     need(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "a number >= 0")
@@ -169,28 +222,41 @@ def _check_values(cfg: Config) -> None:
     need(t.eval_every >= 1, "train.eval_every", t.eval_every, "an integer >= 1")
     need(t.log_every >= 1, "train.log_every", t.log_every, "an integer >= 1")
     need(bool(t.output_dir), "train.output_dir", t.output_dir, "a directory path")
-    if cfg.model.name not in list_models():
-        raise ConfigError(f"model.name={cfg.model.name!r} is not a preset{_close(cfg.model.name, list_models())} "
-                          f"(available: {', '.join(list_models())})")
 
 
-def _build_section(name: str, raw: Any) -> Any:
-    cls = _SECTION_TYPES[name]
+def _task_presets(task: str) -> list[str]:
+    text = task == "seq2seq"
+    return [n for n in list_models() if (preset_class(n).__name__ == "Seq2SeqTransformer") == text]
+
+
+def _build_model_section(raw: dict[str, Any], task: str) -> ModelConfig:
+    raw = dict(raw)
+    default = ModelConfig.name if task == "classification" else "transformer_tiny"
+    name = _coerce("model.name", raw.pop("name", default), str)
+    presets = _task_presets(task)
+    if name not in presets:
+        raise ConfigError(f"model.name={name!r} is not a {task} preset{_close(name, presets)} "
+                          f"(available: {', '.join(presets)})")
+    hints = {k: v for k, v in typing.get_type_hints(preset_class(name).__init__).items()
+             if k != "return" and k not in _DERIVED_MODEL_ARGS}
+    args = dict(raw.pop("args", {}) or {})
+    args.update(raw)
+    for key, value in args.items():
+        if key not in hints:
+            raise ConfigError(f"unknown key model.{key}{_close(key, list(hints) + ['name'])} "
+                              f"(model keys: name, {', '.join(hints)})")
+        args[key] = _coerce(f"model.{key}", value, hints[key])
+    return ModelConfig(name=name, args=args)
+
+
+def _build_section(name: str, raw: Any, task: str) -> Any:
+    cls = TextDataConfig if (name == "data" and task == "seq2seq") else _SECTION_TYPES[name]
     if raw is None:
-        return cls()
+        raw = {}
     if not isinstance(raw, dict):
         raise ConfigError(f"section {name!r} must be a mapping of keys to values, got {raw!r}")
     if cls is ModelConfig:
-        raw = dict(raw)
-        model_name = raw.pop("name", ModelConfig.name)
-        args = dict(raw.pop("args", {}) or {})
-        args.update(raw)
-        for key, value in args.items():
-            if key not in _MODEL_ARGS:
-                raise ConfigError(f"unknown key model.{key}{_close(key, list(_MODEL_ARGS) + ['name'])} "
-                                  f"(model keys: name, {', '.join(_MODEL_ARGS)})")
-            args[key] = _coerce(f"model.{key}", value, _MODEL_ARGS[key])
-        return ModelConfig(name=_coerce("model.name", model_name, str), args=args)
+        return _build_model_section(raw, task)
     hints = typing.get_type_hints(cls)
     values = {}
     for key, value in raw.items():
@@ -231,25 +297,32 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {str(path)!r} must be a mapping of sections, got {type(raw).__name__}")
     for item in overrides:
+        if item.startswith("task="):
+            raw["task"] = item.split("=", 1)[1]
+            continue
         (section, key), value = _parse_override(item)
         raw.setdefault(section, {})
         if not isinstance(raw[section], dict):
             raw[section] = {}
         raw[section][key] = value
     for section in raw:
-        if section not in _SECTIONS:
+        if section not in (*_SECTIONS, "task"):
             raise ConfigError(f"unknown section {section!r}{_close(section, _SECTIONS)} "
-                              f"(sections: {', '.join(_SECTIONS)})")
-    cfg = Config(**{name: _build_section(name, raw.get(name)) for name in _SECTIONS})
+                              f"(sections: task, {', '.join(_SECTIONS)})")
+    task = _coerce("task", raw.get("task", "classification"), typing.get_type_hints(Config)["task"])
+    cfg = Config(task=task, **{name: _build_section(name, raw.get(name), task) for name in _SECTIONS})
     _check_values(cfg)
     return cfg
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
     """The config as plain YAML-able data; the model section in its YAML form (name + arguments)."""
-    out = {name: dataclasses.asdict(getattr(cfg, name)) for name in _SECTIONS}
+    out: dict[str, Any] = {"task": cfg.task}
+    out.update({name: dataclasses.asdict(getattr(cfg, name)) for name in _SECTIONS})
     out["model"] = {"name": cfg.model.name, **cfg.model.args}
     for section in out.values():
+        if not isinstance(section, dict):
+            continue
         for key, value in section.items():
             if isinstance(value, tuple):
                 section[key] = list(value)

@@ -1,7 +1,9 @@
 """Named model presets: ``create_model(name, **overrides)`` and ``list_models()``.
 
 The ImageNet presets have timm's names and exactly timm's shapes and parameter counts. The CIFAR
-presets run on 32x32 images cut into 4x4 patches (64 patch tokens + CLS = 65 tokens).
+presets run on 32x32 images cut into 4x4 patches (64 patch tokens + CLS = 65 tokens). The
+``transformer_*`` presets are text encoder-decoders (:class:`vitlab.text.Seq2SeqTransformer`); they
+need ``src_vocab_size`` and ``tgt_vocab_size``.
 """
 from __future__ import annotations
 
@@ -10,9 +12,12 @@ import fnmatch
 import inspect
 from typing import Any
 
+from torch import nn
+
+from .text.transformer import Seq2SeqTransformer
 from .vit import VisionTransformer
 
-__all__ = ["create_model", "list_models", "model_args"]
+__all__ = ["create_model", "list_models", "model_args", "preset_class"]
 
 _PRESETS: dict[str, dict[str, Any]] = {
     # timm's ImageNet ViTs (224x224, 16x16 patches, 1000 classes).
@@ -28,7 +33,18 @@ _PRESETS: dict[str, dict[str, Any]] = {
                                       num_heads=6, mlp_ratio=2.0),
 }
 
-_VIT_ARGS = tuple(inspect.signature(VisionTransformer).parameters)
+_TEXT_PRESETS: dict[str, dict[str, Any]] = {
+    # The paper's base model (Vaswani et al. 2017, Table 3): 512 wide, 6 + 6 layers, post-norm.
+    "transformer_base": dict(d_model=512, num_heads=8, num_encoder_layers=6, num_decoder_layers=6,
+                             dim_feedforward=2048, dropout=0.1, norm_first=False),
+    # Small model for Multi30k-sized data (~9M parameters with an 8k joint vocabulary).
+    "transformer_small": dict(d_model=256, num_heads=4, num_encoder_layers=3, num_decoder_layers=3,
+                              dim_feedforward=1024, dropout=0.1, norm_first=True),
+    # For the synthetic tasks (copy, reverse, sort): trains in a minute on a CPU.
+    "transformer_tiny": dict(d_model=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
+                             dim_feedforward=256, dropout=0.0, norm_first=True),
+}
+_PRESETS.update(_TEXT_PRESETS)
 
 
 def list_models(pattern: str = "*") -> list[str]:
@@ -36,20 +52,26 @@ def list_models(pattern: str = "*") -> list[str]:
     return sorted(n for n in _PRESETS if fnmatch.fnmatch(n, pattern))
 
 
-def model_args(name: str, **overrides: Any) -> dict[str, Any]:
-    """The full ``VisionTransformer`` arguments of preset ``name`` with ``overrides`` applied."""
+def preset_class(name: str) -> type[nn.Module]:
+    """The class preset ``name`` builds: ``VisionTransformer`` or ``Seq2SeqTransformer``."""
     if name not in _PRESETS:
         close = difflib.get_close_matches(name, _PRESETS, n=3, cutoff=0.4)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise ValueError(f"unknown model {name!r}; {hint}available: {', '.join(list_models())}")
-    unknown = [k for k in overrides if k not in _VIT_ARGS]
+    return Seq2SeqTransformer if name in _TEXT_PRESETS else VisionTransformer
+
+
+def model_args(name: str, **overrides: Any) -> dict[str, Any]:
+    """The constructor arguments of preset ``name`` with ``overrides`` applied."""
+    cls = preset_class(name)
+    allowed = tuple(inspect.signature(cls).parameters)
+    unknown = [k for k in overrides if k not in allowed]
     if unknown:
-        raise ValueError(
-            f"unknown model argument(s) {unknown} for {name!r}; VisionTransformer takes {', '.join(_VIT_ARGS)}")
+        raise ValueError(f"unknown model argument(s) {unknown} for {name!r}; {cls.__name__} takes {', '.join(allowed)}")
     return {**_PRESETS[name], **overrides}
 
 
-def create_model(name: str, pretrained: bool = False, **overrides: Any) -> VisionTransformer:
+def create_model(name: str, pretrained: bool = False, **overrides: Any) -> nn.Module:
     """Build preset ``name`` (see :func:`list_models`), with any ``VisionTransformer`` argument overridden.
 
     Example: ``create_model('vit_small_patch16_224', num_classes=10, drop_path_rate=0.1)``.
@@ -60,4 +82,10 @@ def create_model(name: str, pretrained: bool = False, **overrides: Any) -> Visio
         raise ValueError(
             "vitlab ships no pretrained weights (pretrained=True); load timm's instead: "
             f"vitlab.interop.from_timm(timm.create_model({name!r}, pretrained=True))")
-    return VisionTransformer(**model_args(name, **overrides))
+    args = model_args(name, **overrides)
+    cls = preset_class(name)
+    missing = [k for k, p in inspect.signature(cls).parameters.items() if p.default is p.empty and k not in args]
+    if missing:
+        raise ValueError(f"model {name!r} needs {', '.join(missing)} (e.g. create_model({name!r}, "
+                         f"{', '.join(f'{k}=...' for k in missing)}))")
+    return cls(**args)

@@ -1,8 +1,8 @@
-"""The training loop on Hugging Face Accelerate: config -> data -> model -> loop -> checkpoints.
+"""The training loop on Hugging Face Accelerate: config -> task -> loop -> checkpoints.
 
-One straight line, the same on one CPU, one GPU or several processes (``accelerate launch``).
-``train.batch_size`` is global: Accelerate splits each batch across processes
-(``split_batches=True``), and gradient accumulation splits it further in time.
+One straight line for every task (image classification, sequence-to-sequence) on one CPU, one GPU
+or several processes (``accelerate launch``). ``train.batch_size`` is global: Accelerate splits each
+batch across processes (``split_batches=True``), and gradient accumulation splits it further in time.
 """
 from __future__ import annotations
 
@@ -17,36 +17,22 @@ from typing import Any
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration, PartialState
 from accelerate.utils import set_seed
-from timm.data import Mixup
-from timm.loss import SoftTargetCrossEntropy
 from timm.utils import ModelEmaV3
 from torch import nn
-from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
 from .config import Config, config_to_dict, load_config, save_config
-from .data import CIFAR10_MEAN, CIFAR10_STD, ImageData, TensorImageDataset, balanced_indices, eval_transform, \
-    load_split, train_transform
 from .errors import ConfigError, TrainingError
-from .evaluation import evaluate
-from .registry import create_model
-from .vit import VisionTransformer
+from .task import TaskSetup
 
-__all__ = ["train", "build_model", "param_groups", "warmup_cosine", "plot_curves"]
+__all__ = ["train", "param_groups", "lr_multiplier", "plot_curves", "main"]
 
 
-def build_model(cfg: Config) -> VisionTransformer:
-    """The model of ``cfg.model``; invalid arguments raise :class:`ConfigError` naming the key."""
-    try:
-        return create_model(cfg.model.name, **cfg.model.args)
-    except ValueError as e:
-        raise ConfigError(f"model ({cfg.model.name} with {cfg.model.args or 'no overrides'}): {e}") from None
-
-
-def param_groups(model: VisionTransformer, weight_decay: float) -> list[dict[str, Any]]:
-    """AdamW groups: no weight decay on norms, biases, the CLS token and positional embeddings."""
-    skip = model.no_weight_decay()
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """AdamW groups: no weight decay on norms, biases, embeddings tables named by ``no_weight_decay()``
+    (the ViT's CLS token and positional embedding) and other 1-d parameters."""
+    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
@@ -54,34 +40,16 @@ def param_groups(model: VisionTransformer, weight_decay: float) -> list[dict[str
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
-    """LR multiplier: linear warmup from ~0 to 1, then cosine decay to ``min_ratio`` at ``total_steps``."""
+def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_ratio: float, schedule: str = "cosine") -> float:
+    """Learning-rate factor at optimizer step ``step``: linear warmup to 1 over ``warmup_steps``, then
+    ``'cosine'`` decay to ``min_ratio`` at ``total_steps``, or ``'inverse_sqrt'``: ``sqrt(warmup / step)``
+    (the schedule of Vaswani et al. 2017 with ``optim.lr`` as its peak)."""
     if step < warmup_steps:
         return (step + 1) / warmup_steps
+    if schedule == "inverse_sqrt":
+        return max(min_ratio, math.sqrt(warmup_steps / (step + 1)))
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def _split_data(cfg: Config, size: tuple[int, int]) -> tuple[ImageData, ImageData | None, ImageData]:
-    """Decode train (minus a held-out validation set, if ``data.val_size``) and test, subsets applied."""
-    d, seed = cfg.data, cfg.train.seed
-    # Only the images used are decoded: the training subset plus the validation images.
-    wanted = d.train_subset + d.val_size if d.train_subset else 0
-    train = load_split(d.dataset, d.root, "train", download=d.download, subset=wanted, seed=seed, size=size)
-    val = None
-    if d.val_size > 0:
-        if d.val_size >= len(train.labels):
-            raise ConfigError(f"data.val_size={d.val_size} leaves no training images (the training set has "
-                              f"{len(train.labels)})")
-        val_index = balanced_indices(train.labels, d.val_size, seed=seed + 1)
-        keep = torch.ones(len(train.labels), dtype=torch.bool)
-        keep[val_index] = False
-        val, train = train.subset(val_index), train.subset(keep.nonzero().flatten())
-    test = load_split(d.dataset, d.root, "test", download=d.download, subset=d.test_subset, seed=seed, size=size)
-    if test.classes != train.classes:
-        raise ConfigError(f"data.root={d.root!r}: the test classes {test.classes} differ from the train classes "
-                          f"{train.classes}")
-    return train, val, test
 
 
 def _check_run_dir(run_dir: Path, resume: bool) -> None:
@@ -91,8 +59,8 @@ def _check_run_dir(run_dir: Path, resume: bool) -> None:
                           f"--resume {run_dir}, or choose another train.output_dir")
 
 
-def _save_checkpoint(accelerator: Accelerator, run_dir: Path, name: str, cfg: Config, model: nn.Module,
-                     ema: ModelEmaV3 | None, optimizer: Any, state: dict[str, Any], classes: list[str]) -> None:
+def _save_checkpoint(accelerator: Accelerator, run_dir: Path, name: str, cfg: Config, task: TaskSetup,
+                     model: nn.Module, ema: ModelEmaV3 | None, optimizer: Any, state: dict[str, Any]) -> None:
     """Write checkpoints/<name>/ atomically: into a temporary directory, then swapped in."""
     final = run_dir / "checkpoints" / name
     tmp = final.with_name(f".{name}.tmp")
@@ -102,8 +70,7 @@ def _save_checkpoint(accelerator: Accelerator, run_dir: Path, name: str, cfg: Co
     accelerator.wait_for_everyone()
     ckpt.save_rng(tmp, accelerator.process_index)
     if accelerator.is_main_process:
-        ckpt.save_model(accelerator.unwrap_model(model), tmp, cfg.model.name, classes, CIFAR10_MEAN, CIFAR10_STD,
-                        ema=ema.module if ema is not None else None)
+        task.save_model(accelerator.unwrap_model(model), tmp, ema.module if ema is not None else None)
         ckpt.save_optimizer(optimizer, tmp)
         ckpt.write_json(tmp / "trainer_state.json", state)
         save_config(cfg, tmp / "run_config.yaml")
@@ -113,12 +80,23 @@ def _save_checkpoint(accelerator: Accelerator, run_dir: Path, name: str, cfg: Co
     accelerator.wait_for_everyone()
 
 
+def _setup_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
+                resume_from: Path | None) -> TaskSetup:
+    if cfg.task == "seq2seq":
+        from .text.task import seq2seq_task
+
+        return seq2seq_task(cfg, accelerator, micro_batch, run_dir, resume_from)
+    from .classification import image_classification_task
+
+    return image_classification_task(cfg, accelerator, micro_batch)
+
+
 def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int | None = None) -> dict[str, Any]:
     """Train ``cfg``; with ``resume`` (a run directory) continue from its last checkpoint.
 
     ``stop_after_epoch`` ends the run early after that epoch's checkpoint, as an interruption would
     (the schedule still spans ``train.epochs``); tests use it to check that resuming is exact.
-    Returns a summary: best and final metrics, epochs, wall time.
+    Returns a summary: the last evaluation, best metric, epochs, wall time.
     """
     start_time = time.time()
     run_dir = Path(resume) if resume is not None else Path(cfg.train.output_dir)
@@ -126,65 +104,39 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     resume_from = ckpt.resolve_checkpoint(run_dir, "last") if resume is not None else None
     _check_run_dir(run_dir, resume is not None)
     t = cfg.train
-    set_seed(t.seed)  # the initial weights depend on train.seed only
-    model = build_model(cfg)
     # Several processes on a machine without GPUs: Accelerate's gloo (multi-CPU) path needs cpu=True,
     # otherwise each process would silently train alone.
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
     accelerator = Accelerator(
-        cpu=launched and not torch.cuda.is_available(), mixed_precision=t.mixed_precision, gradient_accumulation_steps=t.grad_accum_steps,
-        log_with="tensorboard", project_dir=str(run_dir),
+        cpu=launched and not torch.cuda.is_available(), mixed_precision=t.mixed_precision,
+        gradient_accumulation_steps=t.grad_accum_steps, log_with="tensorboard", project_dir=str(run_dir),
         dataloader_config=DataLoaderConfiguration(split_batches=True, use_seedable_sampler=True, data_seed=t.seed),
     )
     micro_batch = t.batch_size // t.grad_accum_steps
     if micro_batch % accelerator.num_processes:
         raise ConfigError(f"train.batch_size={t.batch_size} / train.grad_accum_steps={t.grad_accum_steps} = "
                           f"{micro_batch} is not divisible by the {accelerator.num_processes} processes")
-    mixing = cfg.data.mixup_alpha > 0 or cfg.data.cutmix_alpha > 0
-    if mixing and (micro_batch // accelerator.num_processes) % 2:
-        raise ConfigError(f"mixup/cutmix need an even per-process batch; train.batch_size={t.batch_size} gives "
-                          f"{micro_batch // accelerator.num_processes}")
-
-    size = model.patch_embed.img_size
-    train_data, val_data, test_data = _split_data(cfg, size)
-    num_classes = len(train_data.classes)
-    if model.num_classes != num_classes:
-        raise ConfigError(f"model.num_classes={model.num_classes} but the data has {num_classes} classes "
-                          f"{train_data.classes}; set model.num_classes={num_classes}")
-    d = cfg.data
-    train_set = TensorImageDataset(train_data, train_transform(size, d.crop_padding, d.hflip, d.augment,
-                                                               d.randaugment_ops, d.randaugment_magnitude))
-    # Workers are not persistent: fresh ones each epoch are seeded from the (checkpointed) main RNG,
-    # which keeps a resumed run exactly equal to an uninterrupted one.
-    loader_args = dict(num_workers=d.num_workers, pin_memory=torch.cuda.is_available())
-    train_loader = DataLoader(train_set, batch_size=micro_batch, shuffle=True, drop_last=True, **loader_args)
-    eval_sets = {"test": test_data} if val_data is None else {"val": val_data, "test": test_data}
-    eval_loaders = {name: DataLoader(TensorImageDataset(data, eval_transform()), batch_size=micro_batch,
-                                     shuffle=False, **loader_args) for name, data in eval_sets.items()}
-    if len(train_loader) == 0:
-        raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(train_set)} training images")
-
+    set_seed(t.seed)  # the initial weights depend on train.seed only
+    task = _setup_task(cfg, accelerator, micro_batch, run_dir, resume_from)
+    model = task.model
     optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
                                   betas=cfg.optim.betas, fused=torch.cuda.is_available() or None)
-    model, optimizer, train_loader, *prepared = accelerator.prepare(model, optimizer, train_loader,
-                                                                    *eval_loaders.values())
-    eval_loaders = dict(zip(eval_loaders, prepared))
-    steps_per_epoch = len(train_loader) // t.grad_accum_steps
+    model, optimizer, *eval_prepared = accelerator.prepare(model, optimizer, *task.eval_loaders.values())
+    eval_loaders = dict(zip(task.eval_loaders, eval_prepared))
+    train_loader = accelerator.prepare(task.train_loader) if task.prepare_train_loader else task.train_loader
+    steps_per_epoch = max(1, len(train_loader) // t.grad_accum_steps)
     total_steps = steps_per_epoch * t.epochs
     warmup_steps = max(1, round(cfg.optim.warmup_epochs * steps_per_epoch))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, lambda s: warmup_cosine(
-        s, warmup_steps, total_steps, cfg.optim.min_lr / cfg.optim.lr))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, lambda s: lr_multiplier(
+        s, warmup_steps, total_steps, cfg.optim.min_lr / cfg.optim.lr, cfg.optim.schedule))
     ema = ModelEmaV3(accelerator.unwrap_model(model), decay=t.ema_decay) if t.ema_decay > 0 else None
-    mixup = Mixup(mixup_alpha=d.mixup_alpha, cutmix_alpha=d.cutmix_alpha, label_smoothing=t.label_smoothing,
-                  num_classes=num_classes) if mixing else None
-    criterion = SoftTargetCrossEntropy() if mixing else nn.CrossEntropyLoss(label_smoothing=t.label_smoothing)
 
-    state = {"epoch": 0, "global_step": 0, "best_metric": -1.0, "best_epoch": 0}
+    state = {"epoch": 0, "global_step": 0, "best_metric": -math.inf, "best_epoch": 0}
     if resume_from is not None:
         saved = ckpt.read_json(resume_from / "trainer_state.json")
-        accelerator.unwrap_model(model).load_state_dict(ckpt.load_tensors(resume_from / "model.safetensors"))
+        ckpt.load_weights(accelerator.unwrap_model(model), resume_from / "model.safetensors")
         if ema is not None:
-            ema.module.load_state_dict(ckpt.load_tensors(resume_from / "ema.safetensors"))
+            ckpt.load_weights(ema.module, resume_from / "ema.safetensors")
         ckpt.load_optimizer(optimizer.optimizer, resume_from)
         scheduler.load_state_dict(saved.pop("scheduler"))
         state.update(saved)
@@ -203,22 +155,21 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
                 f.write(json.dumps(record) + "\n")
 
     n_params = sum(p.numel() for p in model.parameters())
-    accelerator.print(f"model {cfg.model.name}: {n_params / 1e6:.2f}M params | train {len(train_set)} images, "
+    accelerator.print(f"model {cfg.model.name}: {n_params / 1e6:.2f}M params | train {task.train_size} examples, "
                       f"{steps_per_epoch} steps/epoch x {t.epochs} epochs | {accelerator.num_processes} process(es) "
                       f"on {accelerator.device} | mixed precision {t.mixed_precision} | run dir {run_dir}")
     model.train()
     summary: dict[str, Any] = {}
     for epoch in range(state["epoch"] + 1, t.epochs + 1):
-        train_loader.set_epoch(epoch)
+        # Shuffling depends on (seed, epoch) only, so a resumed run sees the batches it would have seen.
+        (train_loader if hasattr(train_loader, "set_epoch") else train_loader.batch_sampler).set_epoch(epoch)
         epoch_start = time.time()
         running, seen = torch.zeros((), device=accelerator.device), 0
-        bar = tqdm(train_loader, desc=f"epoch {epoch}/{t.epochs}", disable=None if accelerator.is_main_process else True,  # None: off when not a TTY
-                   leave=False, dynamic_ncols=True)
-        for images, labels in bar:
-            if mixup is not None:
-                images, labels = mixup(images, labels)
+        bar = tqdm(train_loader, desc=f"epoch {epoch}/{t.epochs}", leave=False, dynamic_ncols=True,
+                   disable=None if accelerator.is_main_process else True)  # None: off when not a TTY
+        for batch in bar:
             with accelerator.accumulate(model):
-                loss = criterion(model(images), labels)
+                loss = task.loss(model, batch)
                 accelerator.backward(loss)
                 if accelerator.sync_gradients and cfg.optim.grad_clip > 0:
                     accelerator.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
@@ -243,32 +194,28 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
             _checked_mean(accelerator, running / seen, epoch, state["global_step"])
         epoch_time = time.time() - epoch_start
         record: dict[str, Any] = {"split": "eval", "epoch": epoch, "step": state["global_step"],
-                                  "epoch_time": epoch_time, "images_per_s": len(train_set) / epoch_time,
+                                  "epoch_time": epoch_time, "examples_per_s": task.train_size / epoch_time,
                                   "lr": scheduler.get_last_lr()[0]}
         is_best = False
         if epoch % t.eval_every == 0 or epoch == t.epochs:
             for name, loader in eval_loaders.items():
                 for prefix, net in [("", model)] + ([("ema_", ema.module)] if ema is not None else []):
-                    m = evaluate(net, loader, accelerator, num_classes)
-                    record.update({f"{prefix}{name}_top1": m["top1"], f"{prefix}{name}_top5": m["top5"],
-                                   f"{prefix}{name}_loss": m["loss"]})
-            select = ("ema_" if ema is not None else "") + ("val" if val_data is not None else "test") + "_top1"
+                    record.update({f"{prefix}{name}_{k}": v for k, v in task.evaluate(net, loader, accelerator).items()})
+            select = ("ema_" if ema is not None else "") + ("val" if "val" in eval_loaders else "test") + "_" + task.select
             if record[select] > state["best_metric"]:
                 state.update(best_metric=record[select], best_epoch=epoch)
                 is_best = True
             accelerator.print(f"epoch {epoch}: " + ", ".join(
-                f"{k} {v:.4f}" for k, v in record.items() if k.endswith(("top1", "loss"))) +
-                f" | {epoch_time:.1f}s ({record['images_per_s']:.0f} img/s)")
+                f"{k} {v:.4f}" for k, v in record.items() if k.startswith(("val", "test", "ema")))
+                + f" | {epoch_time:.1f}s ({record['examples_per_s']:.0f} examples/s)")
         log(record)
         summary = record
         state["epoch"] = epoch
         checkpoint_state = {**state, "scheduler": scheduler.state_dict()}
         if is_best:
-            _save_checkpoint(accelerator, run_dir, "best", cfg, model, ema, optimizer.optimizer, checkpoint_state,
-                             train_data.classes)
+            _save_checkpoint(accelerator, run_dir, "best", cfg, task, model, ema, optimizer.optimizer, checkpoint_state)
         if epoch % t.save_every == 0 or epoch == t.epochs or epoch == stop_after_epoch:
-            _save_checkpoint(accelerator, run_dir, "last", cfg, model, ema, optimizer.optimizer, checkpoint_state,
-                             train_data.classes)
+            _save_checkpoint(accelerator, run_dir, "last", cfg, task, model, ema, optimizer.optimizer, checkpoint_state)
         if epoch == stop_after_epoch:
             break
     accelerator.end_training()
@@ -289,10 +236,11 @@ def _checked_mean(accelerator: Accelerator, local_mean: torch.Tensor, epoch: int
 
 
 def _flat_hparams(cfg: Config) -> dict[str, Any]:
-    flat = {}
+    flat: dict[str, Any] = {}
     for section, values in config_to_dict(cfg).items():
-        for key, value in values.items():
-            flat[f"{section}.{key}"] = value if isinstance(value, (int, float, str, bool)) else str(value)
+        for key, value in (values.items() if isinstance(values, dict) else [("", values)]):
+            name = f"{section}.{key}" if key else section
+            flat[name] = value if isinstance(value, (int, float, str, bool)) else str(value)
     return flat
 
 
@@ -311,10 +259,11 @@ def plot_curves(metrics_file: Path, path: Path) -> None:
     axes[0].plot([r["step"] / steps_per_epoch for r in trains], [r["loss"] for r in trains], label="train")
     for key in sorted({k for r in evals for k in r if k.endswith("_loss")}):
         axes[0].plot([r["epoch"] for r in evals if key in r], [r[key] for r in evals if key in r], "o-", label=key)
-    for key in sorted({k for r in evals for k in r if k.endswith("_top1")}):
+    metric_keys = {k for r in evals for k in r if k.startswith(("val_", "test_", "ema_")) and not k.endswith("_loss")}
+    for key in sorted(metric_keys):
         axes[1].plot([r["epoch"] for r in evals if key in r], [r[key] for r in evals if key in r], "o-", label=key)
     axes[2].plot([r["step"] / steps_per_epoch for r in trains], [r["lr"] for r in trains])
-    for ax, title in zip(axes, ("loss", "top-1 accuracy", "learning rate")):
+    for ax, title in zip(axes, ("loss", "evaluation metrics", "learning rate")):
         ax.set_title(title)
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
@@ -349,7 +298,7 @@ def main(argv: list[str] | None = None) -> None:
             cfg.train.output_dir = str(args.resume)
         summary = train(cfg, resume=args.resume)
         if PartialState().is_main_process:
-            print(json.dumps({k: summary[k] for k in summary if "top1" in k or k in (
+            print(json.dumps({k: summary[k] for k in summary if k.startswith(("val_", "test_", "ema_")) or k in (
                 "best_metric", "best_epoch", "epochs_done", "wall_time", "run_dir")}))
 
     run_command(run)

@@ -1,0 +1,100 @@
+"""Image classification as a training task: ViT + CIFAR-10/ImageFolder data + (mixup) cross-entropy."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from timm.data import Mixup
+from timm.loss import SoftTargetCrossEntropy
+from torch import nn
+from torch.utils.data import DataLoader
+
+from . import checkpoint as ckpt
+from .config import Config, DataConfig
+from .data import CIFAR10_MEAN, CIFAR10_STD, ImageData, TensorImageDataset, balanced_indices, eval_transform, \
+    load_split, train_transform
+from .errors import ConfigError
+from .evaluation import evaluate
+from .registry import create_model
+from .task import TaskSetup
+
+__all__ = ["build_model", "image_classification_task"]
+
+
+def build_model(cfg: Config) -> nn.Module:
+    """The model of ``cfg.model``; invalid arguments raise :class:`ConfigError` naming the key."""
+    try:
+        return create_model(cfg.model.name, **cfg.model.args)
+    except ValueError as e:
+        raise ConfigError(f"model ({cfg.model.name} with {cfg.model.args or 'no overrides'}): {e}") from None
+
+
+def _split_data(d: DataConfig, seed: int, size: tuple[int, int]) -> tuple[ImageData, ImageData | None, ImageData]:
+    """Decode train (minus a held-out validation set, if ``data.val_size``) and test, subsets applied."""
+    # Only the images used are decoded: the training subset plus the validation images.
+    wanted = d.train_subset + d.val_size if d.train_subset else 0
+    train = load_split(d.dataset, d.root, "train", download=d.download, subset=wanted, seed=seed, size=size)
+    val = None
+    if d.val_size > 0:
+        if d.val_size >= len(train.labels):
+            raise ConfigError(f"data.val_size={d.val_size} leaves no training images (the training set has "
+                              f"{len(train.labels)})")
+        val_index = balanced_indices(train.labels, d.val_size, seed=seed + 1)
+        keep = torch.ones(len(train.labels), dtype=torch.bool)
+        keep[val_index] = False
+        val, train = train.subset(val_index), train.subset(keep.nonzero().flatten())
+    test = load_split(d.dataset, d.root, "test", download=d.download, subset=d.test_subset, seed=seed, size=size)
+    if test.classes != train.classes:
+        raise ConfigError(f"data.root={d.root!r}: the test classes {test.classes} differ from the train classes "
+                          f"{train.classes}")
+    return train, val, test
+
+
+def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch: int) -> TaskSetup:
+    """Build the ViT, decode the data and define the loss; ``micro_batch`` is the global batch per step."""
+    d, t = cfg.data, cfg.train
+    mixing = d.mixup_alpha > 0 or d.cutmix_alpha > 0
+    if mixing and (micro_batch // accelerator.num_processes) % 2:
+        raise ConfigError(f"mixup/cutmix need an even per-process batch; train.batch_size={t.batch_size} gives "
+                          f"{micro_batch // accelerator.num_processes}")
+    model = build_model(cfg)
+    size = model.patch_embed.img_size
+    train_data, val_data, test_data = _split_data(d, t.seed, size)
+    num_classes = len(train_data.classes)
+    if model.num_classes != num_classes:
+        raise ConfigError(f"model.num_classes={model.num_classes} but the data has {num_classes} classes "
+                          f"{train_data.classes}; set model.num_classes={num_classes}")
+    train_set = TensorImageDataset(train_data, train_transform(size, d.crop_padding, d.hflip, d.augment,
+                                                               d.randaugment_ops, d.randaugment_magnitude))
+    # Workers are not persistent: fresh ones each epoch are seeded from the (checkpointed) main RNG,
+    # which keeps a resumed run exactly equal to an uninterrupted one.
+    loader_args: dict[str, Any] = dict(num_workers=d.num_workers, pin_memory=torch.cuda.is_available())
+    train_loader = DataLoader(train_set, batch_size=micro_batch, shuffle=True, drop_last=True, **loader_args)
+    if len(train_loader) == 0:
+        raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(train_set)} training images")
+    eval_sets = {"test": test_data} if val_data is None else {"val": val_data, "test": test_data}
+    eval_loaders = {name: DataLoader(TensorImageDataset(data, eval_transform()), batch_size=micro_batch,
+                                     shuffle=False, **loader_args) for name, data in eval_sets.items()}
+
+    mixup = Mixup(mixup_alpha=d.mixup_alpha, cutmix_alpha=d.cutmix_alpha, label_smoothing=t.label_smoothing,
+                  num_classes=num_classes) if mixing else None
+    criterion = SoftTargetCrossEntropy() if mixing else nn.CrossEntropyLoss(label_smoothing=t.label_smoothing)
+
+    def loss(net: nn.Module, batch: Any) -> torch.Tensor:
+        images, labels = batch
+        if mixup is not None:
+            images, labels = mixup(images, labels)
+        return criterion(net(images), labels)
+
+    def score(net: nn.Module, loader: Any, acc: Accelerator) -> dict[str, float]:
+        m = evaluate(net, loader, acc, num_classes)
+        return {"top1": m["top1"], "top5": m["top5"], "loss": m["loss"]}
+
+    def save_model(net: nn.Module, directory: Path, ema: nn.Module | None) -> None:
+        ckpt.save_model(net, directory, cfg.model.name, {"task": "classification", "classes": train_data.classes,
+                                                         "mean": list(CIFAR10_MEAN), "std": list(CIFAR10_STD)}, ema)
+
+    return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=True, eval_loaders=eval_loaders,
+                     loss=loss, evaluate=score, select="top1", save_model=save_model, train_size=len(train_set))

@@ -1,0 +1,44 @@
+"""What the training loop needs from a task. The loop (``vitlab.training``) is the same for every
+task; a task (``vitlab.classification``, ``vitlab.text.task``) only says how to build and score."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from accelerate import Accelerator
+from torch import Tensor, nn
+
+__all__ = ["TaskSetup"]
+
+
+@dataclass
+class TaskSetup:
+    """A task ready to train.
+
+    Attributes:
+        model: The model, not yet prepared.
+        train_loader: A DataLoader of training batches.
+        prepare_train_loader: Let Accelerate shard the train loader (False when the task's own
+            batch sampler already gives each process its part; its batches then go to the device
+            in ``loss``).
+        eval_loaders: Named evaluation loaders (``'val'``, ``'test'``); the loop prepares them.
+        loss: ``loss(prepared_model, batch) -> scalar``.
+        evaluate: ``evaluate(model, prepared_loader, accelerator) -> {metric: value}``; every process
+            gets the same numbers.
+        select: The metric (a key of ``evaluate``'s result, higher is better) that picks the best
+            checkpoint.
+        save_model: ``save_model(unwrapped_model, directory, ema_model_or_None)`` writes the weights
+            and everything inference needs.
+        train_size: Training examples, for the logs.
+    """
+
+    model: nn.Module
+    train_loader: Any
+    prepare_train_loader: bool
+    eval_loaders: dict[str, Any]
+    loss: Callable[[nn.Module, Any], Tensor]
+    evaluate: Callable[[nn.Module, Any, Accelerator], dict[str, float]]
+    select: str
+    save_model: Callable[[nn.Module, Path, nn.Module | None], None]
+    train_size: int
