@@ -1,4 +1,4 @@
-"""The ``vitlab`` command: ``train``, ``eval``, ``predict``, ``models``. Thin: each parses its
+"""The ``vitlab`` command: ``train``, ``eval``, ``predict``, ``translate``, ``models``. Thin: each parses its
 arguments and calls the library; user errors print one line and exit non-zero."""
 from __future__ import annotations
 
@@ -29,17 +29,49 @@ def run_command(fn: Callable[[], None]) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    from accelerate import Accelerator
-    from torch.utils.data import DataLoader
-
-    from .checkpoint import load_model, resolve_checkpoint, write_json
+    from .checkpoint import load_model, read_json, resolve_checkpoint
     from .config import load_config
-    from .data import TensorImageDataset, image_transform, load_split
-    from .evaluation import evaluate, plot_confusion_matrix
 
     directory = resolve_checkpoint(args.checkpoint)
     cfg = load_config(directory / "run_config.yaml", args.overrides)
     model = load_model(directory, use_ema=not args.no_ema)
+    if read_json(directory / "config.json")["architecture"] == "Seq2SeqTransformer":
+        return _eval_seq2seq(args, directory, cfg, model)
+    _eval_classification(args, directory, cfg, model)
+
+
+def _eval_seq2seq(args: argparse.Namespace, directory: Path, cfg, model) -> None:
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    from .checkpoint import write_json
+    from .text.data import load_tokenizer
+    from .text.task import collate_indexed, evaluate_seq2seq, load_text_split
+
+    tokenizer = load_tokenizer(model.pretrained_cfg["tokenizer"]) if model.pretrained_cfg["tokenizer"] else None
+    dataset = load_text_split(cfg.data, args.split, cfg.train.seed, tokenizer)
+    accelerator = Accelerator(mixed_precision=cfg.train.mixed_precision)
+    loader = DataLoader(dataset, batch_size=args.batch_size, collate_fn=collate_indexed)
+    g = cfg.generate
+    metrics = evaluate_seq2seq(accelerator.prepare(model), accelerator.prepare(loader), accelerator, dataset,
+                               tokenizer, g.beam_size, g.length_penalty, g.max_new_tokens)
+    if not accelerator.is_main_process:
+        return
+    print(f"checkpoint {directory} | {args.split} split: {len(dataset)} pairs | beam {g.beam_size}")
+    print("  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+    if args.output:
+        write_json(Path(args.output), {**metrics, "num_pairs": len(dataset), "checkpoint": str(directory),
+                                       "split": args.split, "beam_size": g.beam_size})
+
+
+def _eval_classification(args: argparse.Namespace, directory: Path, cfg, model) -> None:
+    from accelerate import Accelerator
+    from torch.utils.data import DataLoader
+
+    from .checkpoint import write_json
+    from .data import TensorImageDataset, image_transform, load_split
+    from .evaluation import evaluate, plot_confusion_matrix
+
     info = model.pretrained_cfg
     size = tuple(info["input_size"][1:])
     d = cfg.data
@@ -70,6 +102,21 @@ def _eval(args: argparse.Namespace) -> None:
                                        "checkpoint": str(directory), "split": args.split})
 
 
+def _translate(args: argparse.Namespace) -> None:
+    from .checkpoint import load_model
+    from .errors import CheckpointError
+    from .text.data import load_tokenizer
+    from .text.task import translate
+
+    model = load_model(args.checkpoint)
+    if getattr(model, "pretrained_cfg", {}).get("tokenizer") is None:
+        raise CheckpointError(f"{args.checkpoint!r} is not a translation model with a tokenizer; `vitlab translate` "
+                              f"needs a run trained with data.dataset=parallel")
+    tokenizer = load_tokenizer(model.pretrained_cfg["tokenizer"])
+    for line in translate(model, tokenizer, args.sentences, beam_size=args.beam_size):
+        print(line)
+
+
 def _predict(args: argparse.Namespace) -> None:
     import torch
 
@@ -92,10 +139,15 @@ def _models(args: argparse.Namespace) -> None:
     from .registry import create_model, list_models
 
     for name in list_models(args.pattern):
-        model = create_model(name)
+        if name.startswith("transformer_"):
+            model = create_model(name, src_vocab_size=8000, tgt_vocab_size=8000, share_embeddings=True)
+            detail = f"d_model {model.d_model}, {len(model.transformer.encoder_layers)}+" \
+                     f"{len(model.transformer.decoder_layers)} layers (with a shared 8k vocabulary)"
+        else:
+            model = create_model(name)
+            detail = f"img {model.patch_embed.img_size[0]:3d}  tokens {model.pos_embed.shape[1]:3d}"
         params = sum(p.numel() for p in model.parameters())
-        print(f"{name:28s} {params / 1e6:8.2f}M params  img {model.patch_embed.img_size[0]:3d}  "
-              f"tokens {model.pos_embed.shape[1]:3d}")
+        print(f"{name:28s} {params / 1e6:8.2f}M params  {detail}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -107,10 +159,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vitlab", description="Vision Transformers on one attention core.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("train", help="train (same arguments as train.py: --config FILE [--resume DIR] [key=value ...])")
-    ev = sub.add_parser("eval", help="evaluate a checkpoint: top-1/top-5, loss, per-class accuracy, confusion matrix")
+    ev = sub.add_parser("eval", help="evaluate a checkpoint: top-1/top-5, loss, per-class accuracy, confusion matrix "
+                                     "(ViT); exact match or sacreBLEU (text)")
     ev.add_argument("--checkpoint", required=True, help="run directory (its best checkpoint) or checkpoint directory")
-    ev.add_argument("--output", help="write the metrics as JSON here (keys top1, top5, loss, per_class)")
-    ev.add_argument("--split", choices=("test", "train"), default="test")
+    ev.add_argument("--output", help="write the metrics as JSON here (keys top1, top5, loss, per_class; or "
+                                     "exact_match / bleu for a text model)")
+    ev.add_argument("--split", choices=("test", "val", "train"), default="test")
     ev.add_argument("--batch-size", type=int, default=256)
     ev.add_argument("--no-ema", action="store_true", help="evaluate the raw weights even if the run kept an EMA")
     ev.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. data.root=... data.test_subset=1000")
@@ -118,10 +172,14 @@ def main(argv: list[str] | None = None) -> None:
     pr.add_argument("--checkpoint", required=True)
     pr.add_argument("--topk", type=int, default=5)
     pr.add_argument("images", nargs="+")
+    tr = sub.add_parser("translate", help="translate sentences with a trained text model")
+    tr.add_argument("--checkpoint", required=True)
+    tr.add_argument("--beam-size", type=int, default=4)
+    tr.add_argument("sentences", nargs="+")
     mo = sub.add_parser("models", help="list the model presets with their sizes")
     mo.add_argument("pattern", nargs="?", default="*")
     args = parser.parse_args(argv)
-    command = {"eval": _eval, "predict": _predict, "models": _models}[args.command]
+    command = {"eval": _eval, "predict": _predict, "translate": _translate, "models": _models}[args.command]
     run_command(lambda: command(args))
 
 

@@ -1,0 +1,222 @@
+"""Sequence-to-sequence as a training task: synthetic tasks or parallel text, for the shared loop.
+
+Evaluation decodes (greedy or beam, with the KV cache) and scores exact match (synthetic tasks) or
+sacreBLEU on detokenized output against the raw references (parallel text).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from accelerate import Accelerator
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from .. import checkpoint as ckpt
+from ..config import Config, TextDataConfig
+from ..errors import ConfigError, DataError
+from ..registry import create_model
+from ..task import TaskSetup
+from .data import BOS_ID, EOS_ID, PAD_ID, TokenBatchSampler, collate_pairs, load_tokenizer, read_lines, \
+    synthetic_pairs, train_bpe
+from .transformer import Seq2SeqTransformer
+
+__all__ = ["seq2seq_task", "load_text_split", "evaluate_seq2seq", "translate", "strip_eos", "collate_indexed",
+           "PairDataset"]
+
+
+class PairDataset(Dataset):
+    """(source ids, target ids) pairs plus the raw reference text, if any; items carry their index."""
+
+    def __init__(self, pairs: Sequence[tuple[list[int], list[int]]], references: Sequence[str] | None = None) -> None:
+        self.pairs = [(torch.tensor(s, dtype=torch.long), torch.tensor(t, dtype=torch.long)) for s, t in pairs]
+        self.references = references
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, Tensor, int]:
+        return (*self.pairs[i], i)
+
+
+def collate_indexed(items: Sequence[tuple[Tensor, Tensor, int]]) -> dict[str, Tensor]:
+    batch = collate_pairs([(s, t) for s, t, _ in items])
+    batch["index"] = torch.tensor([i for _, _, i in items])
+    return batch
+
+
+def _encode(tokenizer: Any, lines: Sequence[str], max_tokens: int) -> list[list[int]]:
+    return [e.ids[:max_tokens] for e in tokenizer.encode_batch(list(lines))]
+
+
+def _parallel(d: TextDataConfig, split: str, tokenizer: Any) -> PairDataset:
+    src, tgt = read_lines(d.root, split, d.src_lang), read_lines(d.root, split, d.tgt_lang)
+    if len(src) != len(tgt):
+        raise DataError(f"{split}.{d.src_lang} has {len(src)} lines but {split}.{d.tgt_lang} has {len(tgt)} in "
+                        f"data.root={d.root!r}; the files must be aligned line by line")
+    pairs = list(zip(_encode(tokenizer, src, d.max_tokens), _encode(tokenizer, tgt, d.max_tokens - 1)))
+    return PairDataset(pairs, references=tgt)
+
+
+def load_text_split(d: TextDataConfig, split: str, seed: int, tokenizer: Any = None) -> PairDataset:
+    """``'train'``, ``'val'`` or ``'test'`` pairs. Synthetic test (and val) sequences come from other
+    seeds than the training ones, so they are held out."""
+    if d.dataset != "parallel":
+        n = d.num_train if split == "train" else d.num_test
+        offset = {"train": 0, "val": 1, "test": 2}[split]
+        return PairDataset(synthetic_pairs(d.dataset, n, d.vocab_size, d.min_len, d.max_len, seed + offset))
+    names = {"train": d.train_split, "val": d.valid_split, "test": d.test_split}
+    return _parallel(d, names[split], tokenizer)
+
+
+def strip_eos(ids: Sequence[int]) -> list[int]:
+    """Ids up to (not including) the first EOS, without padding."""
+    out = []
+    for i in ids:
+        if i == EOS_ID:
+            break
+        if i != PAD_ID:
+            out.append(i)
+    return out
+
+
+def _max_new_tokens(cfg_value: int, src: Tensor) -> int:
+    return cfg_value or src.shape[1] + 50
+
+
+@torch.no_grad()
+def evaluate_seq2seq(model: nn.Module, loader: Any, accelerator: Accelerator, dataset: PairDataset,
+                     tokenizer: Any = None, beam_size: int = 1, length_penalty: float = 1.0,
+                     max_new_tokens: int = 0, label_smoothing: float = 0.0) -> dict[str, float]:
+    """Loss and token accuracy under teacher forcing, then decoding: ``exact_match`` (no tokenizer)
+    or ``bleu`` (sacreBLEU, detokenized hypotheses against ``dataset.references``)."""
+    net = accelerator.unwrap_model(model)
+    was_training = net.training
+    net.eval()
+    indices, hyps, losses, tokens, correct = [], [], [], [], []
+    for batch in loader:
+        batch = {k: v.to(accelerator.device) for k, v in batch.items()}
+        with accelerator.autocast():
+            logits = net(batch["src"], batch["tgt_in"], batch["src_mask"], batch["tgt_mask"]).float()
+            out = net.generate(batch["src"], batch["src_mask"], _max_new_tokens(max_new_tokens, batch["src"]),
+                               beam_size=beam_size, length_penalty=length_penalty)
+        labels = batch["tgt_out"]
+        real = labels != PAD_ID
+        token_loss = F.cross_entropy(logits.transpose(1, 2), labels, ignore_index=PAD_ID, reduction="none")
+        out = accelerator.pad_across_processes(out, dim=1, pad_index=PAD_ID)
+        gathered = accelerator.gather_for_metrics((batch["index"], out, token_loss.sum(1), real.sum(1),
+                                                   ((logits.argmax(-1) == labels) & real).sum(1)))
+        for store, value in zip((indices, hyps, losses, tokens, correct), gathered):
+            store.append(value.cpu())
+    net.train(was_training)
+    n_tokens = torch.cat(tokens).sum().clamp(min=1)
+    metrics = {"loss": (torch.cat(losses).sum() / n_tokens).item(),
+               "token_acc": (torch.cat(correct).sum() / n_tokens).item()}
+    width = max(h.shape[1] for h in hyps)
+    hyp_ids = torch.cat([F.pad(h, (0, width - h.shape[1]), value=PAD_ID) for h in hyps])
+    order = torch.cat(indices).tolist()
+    outputs = [strip_eos(row) for row in hyp_ids.tolist()]
+    if tokenizer is None:
+        refs = [dataset.pairs[i][1].tolist() for i in order]
+        metrics["exact_match"] = sum(o == r for o, r in zip(outputs, refs)) / max(1, len(refs))
+    else:
+        import sacrebleu
+
+        texts = [tokenizer.decode(o).strip() for o in outputs]
+        refs = [dataset.references[i] for i in order]
+        metrics["bleu"] = sacrebleu.corpus_bleu(texts, [refs]).score
+    return metrics
+
+
+@torch.no_grad()
+def translate(model: Seq2SeqTransformer, tokenizer: Any, sentences: Sequence[str], beam_size: int = 4,
+              length_penalty: float = 1.0, max_new_tokens: int = 0, max_tokens: int = 128) -> list[str]:
+    """Translate raw sentences with a trained model and its tokenizer (detokenized output)."""
+    ids = _encode(tokenizer, sentences, max_tokens)
+    src = torch.full((len(ids), max(1, max(map(len, ids)))), PAD_ID, dtype=torch.long)
+    for i, row in enumerate(ids):
+        src[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+    device = next(model.parameters()).device
+    src = src.to(device)
+    out = model.generate(src, src != PAD_ID, _max_new_tokens(max_new_tokens, src), beam_size=beam_size,
+                         length_penalty=length_penalty)
+    return [tokenizer.decode(strip_eos(row)).strip() for row in out.tolist()]
+
+
+def _tokenizer(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from: Path | None) -> Any:
+    """The run's BPE: reloaded on resume, else trained on the training text (main process) and saved."""
+    d = cfg.data
+    path = run_dir / "tokenizer.json"
+    if resume_from is not None and (resume_from / "tokenizer.json").is_file():
+        return load_tokenizer(resume_from / "tokenizer.json")
+    if accelerator.is_main_process:
+        texts = read_lines(d.root, d.train_split, d.src_lang) + read_lines(d.root, d.train_split, d.tgt_lang)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        train_bpe(texts, d.vocab_size, path)
+    accelerator.wait_for_everyone()
+    return load_tokenizer(path)
+
+
+def _build(cfg: Config, src_vocab: int, tgt_vocab: int) -> Seq2SeqTransformer:
+    try:
+        return create_model(cfg.model.name, src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, pad_id=PAD_ID,
+                            bos_id=BOS_ID, eos_id=EOS_ID, **cfg.model.args)
+    except ValueError as e:
+        raise ConfigError(f"model ({cfg.model.name} with {cfg.model.args or 'no overrides'}): {e}") from None
+
+
+def seq2seq_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
+                 resume_from: Path | None) -> TaskSetup:
+    """Data, tokenizer, Transformer, label-smoothed loss (padding ignored) and decoding metrics."""
+    d, t, g = cfg.data, cfg.train, cfg.generate
+    _build(cfg, 8, 8)  # bad model arguments fail here, before any data is read
+    tokenizer = _tokenizer(cfg, accelerator, run_dir, resume_from) if d.dataset == "parallel" else None
+    vocab = tokenizer.get_vocab_size() if tokenizer is not None else d.vocab_size
+    torch.manual_seed(t.seed)  # the initial weights do not depend on how long tokenizing took
+    model = _build(cfg, vocab, vocab)
+    train_set = load_text_split(d, "train", t.seed, tokenizer)
+    eval_sets = {"val": load_text_split(d, "val", t.seed, tokenizer)} if d.dataset == "parallel" else {}
+    eval_sets["test"] = load_text_split(d, "test", t.seed, tokenizer)
+    if g.eval_subset:  # decoding is the slow part of evaluation: optionally only the first N sentences
+        eval_sets = {k: PairDataset([(s.tolist(), t_.tolist()) for s, t_ in v.pairs[:g.eval_subset]],
+                                    v.references[:g.eval_subset] if v.references else None)
+                     for k, v in eval_sets.items()}
+
+    if d.batch_tokens > 0:
+        lengths = [max(len(s), len(t_) + 1) for s, t_ in train_set.pairs]
+        try:
+            sampler = TokenBatchSampler(lengths, d.batch_tokens, seed=t.seed, num_processes=accelerator.num_processes,
+                                        process_index=accelerator.process_index)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        train_loader = DataLoader(train_set, batch_sampler=sampler, collate_fn=collate_indexed, num_workers=d.num_workers)
+    else:
+        train_loader = DataLoader(train_set, batch_size=micro_batch, shuffle=True, drop_last=True,
+                                  collate_fn=collate_indexed, num_workers=d.num_workers)
+        if len(train_loader) == 0:
+            raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(train_set)} training pairs")
+    eval_loaders = {k: DataLoader(v, batch_size=micro_batch, shuffle=False, collate_fn=collate_indexed)
+                    for k, v in eval_sets.items()}
+
+    def loss(net: nn.Module, batch: dict[str, Tensor]) -> Tensor:
+        batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items()}
+        logits = net(batch["src"], batch["tgt_in"], batch["src_mask"], batch["tgt_mask"])
+        return F.cross_entropy(logits.flatten(0, 1).float(), batch["tgt_out"].flatten(), ignore_index=PAD_ID,
+                               label_smoothing=t.label_smoothing)
+
+    def score(net: nn.Module, loader: Any, acc: Accelerator) -> dict[str, float]:
+        dataset = loader.dataset if hasattr(loader, "dataset") else loader.base_dataloader.dataset
+        return evaluate_seq2seq(net, loader, acc, dataset, tokenizer, g.beam_size, g.length_penalty, g.max_new_tokens)
+
+    def save_model(net: nn.Module, directory: Path, ema: nn.Module | None) -> None:
+        meta = {"task": "seq2seq", "dataset": d.dataset, "src_lang": d.src_lang, "tgt_lang": d.tgt_lang}
+        ckpt.save_model(net, directory, cfg.model.name, meta, ema)
+        if tokenizer is not None:
+            tokenizer.save(str(directory / "tokenizer.json"))
+
+    return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=d.batch_tokens == 0,
+                     eval_loaders=eval_loaders, loss=loss, evaluate=score,
+                     select="bleu" if tokenizer is not None else "exact_match", save_model=save_model,
+                     train_size=len(train_set))
