@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from vitlab.config import load_config
 from vitlab.errors import ConfigError
@@ -16,10 +17,15 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_shipped_configs_load_and_build_their_model(path):
+    import vitlab
     from vitlab.classification import build_model
 
     cfg = load_config(path)
-    assert build_model(cfg).num_classes == 10
+    if cfg.task == "classification":
+        assert build_model(cfg).num_classes == 10
+    else:
+        model = vitlab.create_model(cfg.model.name, src_vocab_size=64, tgt_vocab_size=64, **cfg.model.args)
+        assert model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3).shape[0] == 1
 
 
 def test_overrides_reach_their_keys_with_types():

@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader
 
 from . import checkpoint as ckpt
 from .config import Config, DataConfig
-from .data import CIFAR10_MEAN, CIFAR10_STD, ImageData, TensorImageDataset, balanced_indices, eval_transform, \
-    load_split, train_transform
+from .data import CIFAR10_MEAN, CIFAR10_STD, DeviceImageLoader, ImageData, TensorImageDataset, balanced_indices, \
+    eval_transform, load_split, train_transform
 from .errors import ConfigError
 from .evaluation import evaluate
 from .registry import create_model
@@ -66,17 +66,25 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     if model.num_classes != num_classes:
         raise ConfigError(f"model.num_classes={model.num_classes} but the data has {num_classes} classes "
                           f"{train_data.classes}; set model.num_classes={num_classes}")
-    train_set = TensorImageDataset(train_data, train_transform(size, d.crop_padding, d.hflip, d.augment,
-                                                               d.randaugment_ops, d.randaugment_magnitude))
-    # Workers are not persistent: fresh ones each epoch are seeded from the (checkpointed) main RNG,
-    # which keeps a resumed run exactly equal to an uninterrupted one.
-    loader_args: dict[str, Any] = dict(num_workers=d.num_workers, pin_memory=torch.cuda.is_available())
-    train_loader = DataLoader(train_set, batch_size=micro_batch, shuffle=True, drop_last=True, **loader_args)
-    if len(train_loader) == 0:
-        raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(train_set)} training images")
     eval_sets = {"test": test_data} if val_data is None else {"val": val_data, "test": test_data}
-    eval_loaders = {name: DataLoader(TensorImageDataset(data, eval_transform()), batch_size=micro_batch,
-                                     shuffle=False, **loader_args) for name, data in eval_sets.items()}
+    if d.loader == "gpu":
+        shard = dict(device=accelerator.device, seed=t.seed, num_processes=accelerator.num_processes,
+                     process_index=accelerator.process_index)
+        train_loader: Any = DeviceImageLoader(train_data, micro_batch, crop_padding=d.crop_padding, hflip=d.hflip,
+                                              **shard)
+        eval_loaders = {name: DeviceImageLoader(data, micro_batch, train=False, **shard)
+                        for name, data in eval_sets.items()}
+    else:
+        train_set = TensorImageDataset(train_data, train_transform(size, d.crop_padding, d.hflip, d.augment,
+                                                                   d.randaugment_ops, d.randaugment_magnitude))
+        # Workers are not persistent: fresh ones each epoch are seeded from the (checkpointed) main RNG,
+        # which keeps a resumed run exactly equal to an uninterrupted one.
+        loader_args: dict[str, Any] = dict(num_workers=d.num_workers, pin_memory=torch.cuda.is_available())
+        train_loader = DataLoader(train_set, batch_size=micro_batch, shuffle=True, drop_last=True, **loader_args)
+        eval_loaders = {name: DataLoader(TensorImageDataset(data, eval_transform()), batch_size=micro_batch,
+                                         shuffle=False, **loader_args) for name, data in eval_sets.items()}
+    if len(train_loader) == 0:
+        raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(train_data.labels)} training images")
 
     mixup = Mixup(mixup_alpha=d.mixup_alpha, cutmix_alpha=d.cutmix_alpha, label_smoothing=t.label_smoothing,
                   num_classes=num_classes) if mixing else None
@@ -96,5 +104,6 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         ckpt.save_model(net, directory, cfg.model.name, {"task": "classification", "classes": train_data.classes,
                                                          "mean": list(CIFAR10_MEAN), "std": list(CIFAR10_STD)}, ema)
 
-    return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=True, eval_loaders=eval_loaders,
-                     loss=loss, evaluate=score, select="top1", save_model=save_model, train_size=len(train_set))
+    return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=d.loader == "torch",
+                     eval_loaders=eval_loaders, prepare_eval_loaders=d.loader == "torch", loss=loss, evaluate=score,
+                     select="top1", save_model=save_model, train_size=len(train_data.labels))

@@ -48,6 +48,10 @@ class DataConfig:
     mixup_alpha: float = 0.0
     cutmix_alpha: float = 0.0
     num_workers: int = 2
+    # torch: DataLoader with per-image torchvision transforms (all augmentations);
+    # gpu: the whole data set on the accelerator's device, crop + flip batch-wise there (no workers;
+    # RandAugment/AutoAugment are not available there). On a CPU-only machine "gpu" runs on the CPU.
+    loader: Literal["torch", "gpu"] = "torch"
 
 
 @dataclass
@@ -108,6 +112,7 @@ class TrainConfig:
     output_dir: str = "runs/vit_cifar10"
     seed: int = 0
     log_every: int = 50       # optimizer steps between training-metric log lines
+    compile: bool = False     # torch.compile the model (checkpoints are the same either way)
 
 
 @dataclass
@@ -192,6 +197,9 @@ def _check_values(cfg: Config) -> None:
         need(d.randaugment_ops >= 1, "data.randaugment_ops", d.randaugment_ops, "an integer >= 1")
         for key in ("mixup_alpha", "cutmix_alpha"):
             need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "a number >= 0 (0 = off)")
+        need(d.loader == "torch" or d.augment == "none", "data.augment", d.augment,
+             "'none' with data.loader=gpu (the device loader does crop + flip; use data.loader=torch for "
+             "RandAugment/AutoAugment)")
     else:
         need(d.vocab_size >= (4 if d.dataset != "parallel" else 64), "data.vocab_size", d.vocab_size,
              "at least 4 (synthetic) or 64 (BPE)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -20,7 +21,7 @@ from torchvision.transforms import v2
 from .errors import DataError
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "load_split", "balanced_indices",
-           "train_transform", "eval_transform", "image_transform", "create_transform", "read_image"]
+           "train_transform", "eval_transform", "image_transform", "create_transform", "read_image", "DeviceImageLoader"]
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -194,3 +195,75 @@ def create_transform(model: object) -> v2.Compose:
         raise ValueError("the model has no pretrained_cfg; load it with vitlab.load_model(path), or use "
                          "vitlab.data.image_transform(size, mean, std)")
     return image_transform(tuple(cfg["input_size"][1:]), tuple(cfg["mean"]), tuple(cfg["std"]))
+
+
+class DeviceImageLoader:
+    """The whole uint8 data set on the device, augmented batch-wise there: no DataLoader workers.
+
+    The technique of the fastest CIFAR-10 training runs: each epoch one ``randperm`` (seeded by
+    ``seed + epoch``, identical on every process), then per batch a gather, a random crop with zero
+    padding and a horizontal flip for the whole batch at once, and normalization.
+
+    ``batch_size`` is global. Each batch is cut into ``num_processes`` contiguous parts and this
+    process takes its own; for evaluation (``train=False``) the parts of the last batch may differ
+    in size by one and nothing is repeated, so gathering the results gives every image exactly once
+    (``exact_shards``).
+
+    Yields ``(images, labels)``: float32 ``(b, C, H, W)`` normalized, int64 ``(b,)``.
+    """
+
+    exact_shards = True
+
+    def __init__(self, data: ImageData, batch_size: int, device: torch.device | str, train: bool = True,
+                 crop_padding: int = 4, hflip: bool = True, seed: int = 0, num_processes: int = 1,
+                 process_index: int = 0, mean: tuple[float, ...] = CIFAR10_MEAN,
+                 std: tuple[float, ...] = CIFAR10_STD) -> None:
+        self.images = data.images.to(device)
+        self.labels = data.labels.to(device)
+        self.batch_size, self.train, self.seed = batch_size, train, seed
+        self.crop_padding, self.hflip = (crop_padding, hflip) if train else (0, False)
+        self.num_processes, self.process_index = num_processes, process_index
+        self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1) * 255
+        self.std = torch.tensor(std, device=device).view(1, -1, 1, 1) * 255
+        self.epoch = 0
+        if train and batch_size % num_processes:
+            raise ValueError(f"batch size {batch_size} is not divisible by {num_processes} processes")
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        n = len(self.labels)
+        return n // self.batch_size if self.train else -(-n // self.batch_size)
+
+    def _augment(self, x: Tensor) -> Tensor:
+        """Random crop with zero padding and flips for a uint8 batch ``(b, C, H, W)``, per image."""
+        b, _, h, w = x.shape
+        g = self._generator
+        if self.crop_padding:
+            p = self.crop_padding
+            padded = torch.nn.functional.pad(x, (p, p, p, p))
+            dy = torch.randint(0, 2 * p + 1, (b,), device=x.device, generator=g)
+            dx = torch.randint(0, 2 * p + 1, (b,), device=x.device, generator=g)
+            rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]  # (b, 1, h, 1)
+            cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]  # (b, 1, 1, w)
+            batch = torch.arange(b, device=x.device)[:, None, None, None]
+            chans = torch.arange(x.shape[1], device=x.device)[None, :, None, None]
+            x = padded[batch, chans, rows, cols]
+        if self.hflip:
+            flip = torch.rand(b, device=x.device, generator=g) < 0.5
+            x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+        return x
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        n, device = len(self.labels), self.labels.device
+        self._generator = torch.Generator(device=device).manual_seed(self.seed + self.epoch)
+        order = (torch.randperm(n, device=device, generator=self._generator) if self.train
+                 else torch.arange(n, device=device))
+        for i in range(len(self)):
+            batch = order[i * self.batch_size:(i + 1) * self.batch_size]
+            part = torch.tensor_split(batch, self.num_processes)[self.process_index]
+            x = self.images[part]
+            if self.train:
+                x = self._augment(x)
+            yield (x.float() - self.mean) / self.std, self.labels[part]

@@ -22,14 +22,29 @@ def evaluate(model: nn.Module, loader: Any, accelerator: Accelerator, num_classe
     was_training = model.training
     model.eval()
     logits_all, labels_all = [], []
+    exact = getattr(loader, "exact_shards", False)  # a loader that shards itself, nothing repeated
     for images, labels in loader:
         with accelerator.autocast():
             logits = model(images).float()
-        logits, labels = accelerator.gather_for_metrics((logits, labels))
-        logits_all.append(logits.cpu())
-        labels_all.append(labels.cpu())
+        if not exact:  # an Accelerate-prepared loader: drop the samples it repeated to even out
+            logits, labels = accelerator.gather_for_metrics((logits, labels))
+        logits_all.append(logits)
+        labels_all.append(labels)
     model.train(was_training)
-    return metrics_from_predictions(torch.cat(logits_all), torch.cat(labels_all), num_classes)
+    logits, labels = torch.cat(logits_all), torch.cat(labels_all)
+    if exact:
+        logits, labels = _gather_uneven(accelerator, logits), _gather_uneven(accelerator, labels)
+    return metrics_from_predictions(logits.cpu(), labels.cpu(), num_classes)
+
+
+def _gather_uneven(accelerator: Accelerator, x: Tensor) -> Tensor:
+    """Concatenate every process's ``x`` (first dimensions may differ) in process order."""
+    if accelerator.num_processes == 1:
+        return x
+    sizes = accelerator.gather(torch.tensor([len(x)], device=x.device)).tolist()
+    padded = accelerator.gather(accelerator.pad_across_processes(x, dim=0))
+    longest = max(sizes)
+    return torch.cat([padded[i * longest:i * longest + n] for i, n in enumerate(sizes)])
 
 
 def metrics_from_predictions(logits: Tensor, labels: Tensor, num_classes: int) -> dict[str, Any]:

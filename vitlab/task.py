@@ -22,7 +22,8 @@ class TaskSetup:
         prepare_train_loader: Let Accelerate shard the train loader (False when the task's own
             batch sampler already gives each process its part; its batches then go to the device
             in ``loss``).
-        eval_loaders: Named evaluation loaders (``'val'``, ``'test'``); the loop prepares them.
+        eval_loaders: Named evaluation loaders (``'val'``, ``'test'``).
+        prepare_eval_loaders: Let Accelerate shard them (False for loaders that shard themselves).
         loss: ``loss(prepared_model, batch) -> scalar``.
         evaluate: ``evaluate(model, prepared_loader, accelerator) -> {metric: value}``; every process
             gets the same numbers.
@@ -37,6 +38,7 @@ class TaskSetup:
     train_loader: Any
     prepare_train_loader: bool
     eval_loaders: dict[str, Any]
+    prepare_eval_loaders: bool
     loss: Callable[[nn.Module, Any], Tensor]
     evaluate: Callable[[nn.Module, Any, Accelerator], dict[str, float]]
     select: str

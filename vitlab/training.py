@@ -52,6 +52,11 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def _plain(model: nn.Module) -> nn.Module:
+    """The module under a ``torch.compile`` wrapper (the same parameters)."""
+    return getattr(model, "_orig_mod", model)
+
+
 def _check_run_dir(run_dir: Path, resume: bool) -> None:
     has_run = (run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists()
     if has_run and not resume:
@@ -70,7 +75,7 @@ def _save_checkpoint(accelerator: Accelerator, run_dir: Path, name: str, cfg: Co
     accelerator.wait_for_everyone()
     ckpt.save_rng(tmp, accelerator.process_index)
     if accelerator.is_main_process:
-        task.save_model(accelerator.unwrap_model(model), tmp, ema.module if ema is not None else None)
+        task.save_model(_plain(accelerator.unwrap_model(model)), tmp, ema.module if ema is not None else None)
         ckpt.save_optimizer(optimizer, tmp)
         ckpt.write_json(tmp / "trainer_state.json", state)
         save_config(cfg, tmp / "run_config.yaml")
@@ -121,20 +126,23 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     model = task.model
     optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
                                   betas=cfg.optim.betas, fused=torch.cuda.is_available() or None)
-    model, optimizer, *eval_prepared = accelerator.prepare(model, optimizer, *task.eval_loaders.values())
-    eval_loaders = dict(zip(task.eval_loaders, eval_prepared))
+    if t.compile:
+        model = torch.compile(model)  # checkpoints strip the wrapper: they load compiled or not
+    model, optimizer = accelerator.prepare(model, optimizer)
+    eval_loaders = ({k: accelerator.prepare(v) for k, v in task.eval_loaders.items()} if task.prepare_eval_loaders
+                    else task.eval_loaders)
     train_loader = accelerator.prepare(task.train_loader) if task.prepare_train_loader else task.train_loader
     steps_per_epoch = max(1, len(train_loader) // t.grad_accum_steps)
     total_steps = steps_per_epoch * t.epochs
     warmup_steps = max(1, round(cfg.optim.warmup_epochs * steps_per_epoch))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, lambda s: lr_multiplier(
         s, warmup_steps, total_steps, cfg.optim.min_lr / cfg.optim.lr, cfg.optim.schedule))
-    ema = ModelEmaV3(accelerator.unwrap_model(model), decay=t.ema_decay) if t.ema_decay > 0 else None
+    ema = ModelEmaV3(_plain(accelerator.unwrap_model(model)), decay=t.ema_decay) if t.ema_decay > 0 else None
 
     state = {"epoch": 0, "global_step": 0, "best_metric": -math.inf, "best_epoch": 0}
     if resume_from is not None:
         saved = ckpt.read_json(resume_from / "trainer_state.json")
-        ckpt.load_weights(accelerator.unwrap_model(model), resume_from / "model.safetensors")
+        ckpt.load_weights(_plain(accelerator.unwrap_model(model)), resume_from / "model.safetensors")
         if ema is not None:
             ckpt.load_weights(ema.module, resume_from / "ema.safetensors")
         ckpt.load_optimizer(optimizer.optimizer, resume_from)
@@ -182,7 +190,7 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
             scheduler.step()
             state["global_step"] += 1
             if ema is not None:
-                ema.update(accelerator.unwrap_model(model), step=state["global_step"])
+                ema.update(_plain(accelerator.unwrap_model(model)), step=state["global_step"])
             if state["global_step"] % t.log_every == 0:
                 mean_loss = _checked_mean(accelerator, running / seen, epoch, state["global_step"])
                 running.zero_()

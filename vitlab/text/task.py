@@ -217,6 +217,6 @@ def seq2seq_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_di
             tokenizer.save(str(directory / "tokenizer.json"))
 
     return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=d.batch_tokens == 0,
-                     eval_loaders=eval_loaders, loss=loss, evaluate=score,
+                     eval_loaders=eval_loaders, prepare_eval_loaders=True, loss=loss, evaluate=score,
                      select="bleu" if tokenizer is not None else "exact_match", save_model=save_model,
                      train_size=len(train_set))

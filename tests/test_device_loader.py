@@ -1,0 +1,80 @@
+"""The device-resident loader (data.loader=gpu): same augmentation as the CPU path, exact shards."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from vitlab.data import CIFAR10_MEAN, CIFAR10_STD, DeviceImageLoader, ImageData
+
+
+def _data(n: int = 64) -> ImageData:
+    g = torch.Generator().manual_seed(0)
+    return ImageData(torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8, generator=g), torch.arange(n), [])
+
+
+def _unnormalize(x: torch.Tensor) -> torch.Tensor:
+    mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1) * 255
+    std = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1) * 255
+    return (x * std + mean).round().to(torch.uint8)
+
+
+def test_every_image_is_a_padded_crop_of_its_source_possibly_flipped():
+    # The CPU path's RandomCrop(padding=2) + RandomHorizontalFlip can produce exactly these images.
+    data = _data()
+    loader = DeviceImageLoader(data, 16, "cpu", crop_padding=2, hflip=True, seed=1)
+    offsets, flips = set(), set()
+    for images, labels in loader:
+        for img, label in zip(_unnormalize(images), labels):
+            padded = F.pad(data.images[label], (2, 2, 2, 2))
+            matches = [(dy, dx, f) for dy in range(5) for dx in range(5) for f in (False, True)
+                       if torch.equal(img, (lambda c: c.flip(-1) if f else c)(padded[:, dy:dy + 8, dx:dx + 8]))]
+            assert matches, f"image {label} is no crop of its source"
+            offsets.add(matches[0][:2])
+            flips.add(matches[0][2])
+    assert len(offsets) > 10 and flips == {False, True}  # really random
+
+
+def test_shuffling_is_seeded_by_epoch_and_covers_each_image_once():
+    loader = DeviceImageLoader(_data(), 16, "cpu", seed=3)
+    loader.set_epoch(1)
+    first = torch.cat([y for _, y in loader])
+    again = torch.cat([y for _, y in loader])
+    loader.set_epoch(2)
+    other = torch.cat([y for _, y in loader])
+    assert torch.equal(first, again) and not torch.equal(first, other)
+    assert sorted(first.tolist()) == list(range(64))
+
+
+def test_evaluation_shards_are_exact_across_processes():
+    data = _data(61)  # not a multiple of the batch or of the processes
+    parts = [torch.cat([y for _, y in DeviceImageLoader(data, 16, "cpu", train=False, num_processes=3,
+                                                        process_index=r)]) for r in range(3)]
+    assert sorted(torch.cat(parts).tolist()) == list(range(61))  # every image exactly once
+    images, _ = next(iter(DeviceImageLoader(data, 16, "cpu", train=False)))
+    assert torch.equal(_unnormalize(images), data.images[:16])  # no augmentation in evaluation
+
+
+def test_training_with_the_device_loader_learns(tiny_imagefolder, tmp_path):
+    from conftest import tiny_overrides
+    from vitlab.config import load_config
+    from vitlab.training import train
+
+    summary = train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "run", "data.loader=gpu",
+                                                     "train.epochs=3")))
+    assert summary["test_top1"] >= 0.9
+
+
+def test_checkpoints_of_a_compiled_model_load_into_a_plain_one(tmp_path):
+    import vitlab
+    from vitlab import checkpoint as ckpt
+
+    model = vitlab.create_model("vit_cifar_tiny_patch4_32")
+    compiled = torch.compile(model)
+    assert all(k.startswith("_orig_mod.") for k in compiled.state_dict())
+    ckpt.save_model(compiled, tmp_path, "vit_cifar_tiny_patch4_32", {"classes": list("abcdefghij"),
+                                                                      "mean": [0.5] * 3, "std": [0.5] * 3})
+    loaded = vitlab.load_model(tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
+    again = torch.compile(vitlab.create_model("vit_cifar_tiny_patch4_32"))
+    ckpt.load_weights(again, tmp_path / "model.safetensors")  # and into a compiled one
+    assert torch.equal(again._orig_mod.pos_embed, model.pos_embed)
