@@ -115,23 +115,26 @@ def _reset() -> None:
     GradientState._reset_state()
 
 
-def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder, tmp_path):
-    # No randomness beyond the (shared, seeded) shuffling: same global batches, same updates.
-    extra = ("data.crop_padding=0", "data.hflip=false", "train.epochs=1", "train.label_smoothing=0.0")
+@pytest.mark.parametrize("loader", ["torch", "gpu"])
+def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder, tmp_path, loader):
+    # No randomness beyond the (shared, seeded) shuffling: same global batches, same updates. The
+    # device loader shards evaluation itself (36 test images over 2 processes, gathered unevenly).
+    extra = ("data.crop_padding=0", "data.hflip=false", "train.epochs=1", "train.label_smoothing=0.0",
+             f"data.loader={loader}", "train.batch_size=24", "data.test_subset=35")  # last eval batch: 6 + 5
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
                           *tiny_overrides(tiny_imagefolder, tmp_path / "one", *extra)],
                          capture_output=True, text=True, env=env)
     assert one.returncode == 0, one.stderr[-2000:]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          "29533", str(ROOT / "train.py"), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
+                          str(29533 + (loader == "gpu")), str(ROOT / "train.py"), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
                           *tiny_overrides(tiny_imagefolder, tmp_path / "two", *extra)],
                          capture_output=True, text=True, env=env)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "2 process(es)" in two.stdout
     a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
-    # Evaluation shards the test set and gathers it back: same accuracy over all 36 images.
+    # Evaluation shards the test set and gathers it back: same accuracy over all 35 images.
     last = lambda run: [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()][-1]
     assert last(tmp_path / "one")["test_top1"] == last(tmp_path / "two")["test_top1"]
 
