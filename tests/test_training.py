@@ -137,6 +137,7 @@ def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder,
     # Evaluation shards the test set and gathers it back: same accuracy over all 35 images.
     last = lambda run: [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()][-1]
     assert last(tmp_path / "one")["test_top1"] == last(tmp_path / "two")["test_top1"]
+    assert last(tmp_path / "one")["test_loss"] == pytest.approx(last(tmp_path / "two")["test_loss"], abs=1e-5)
 
 
 def test_non_finite_loss_stops_and_leaves_checkpoints_as_they_were(tiny_imagefolder, tmp_path, monkeypatch):
