@@ -296,6 +296,8 @@ def main(argv: list[str] | None = None) -> None:
     def run() -> None:
         if args.config is None and args.resume is None:
             raise ConfigError("pass --config configs/<name>.yaml (or --resume <run dir>)")
+        if args.resume is not None and not Path(args.resume).is_dir():
+            raise ConfigError(f"--resume {args.resume}: no such run directory")
         if args.resume is not None and args.config is None:
             base_file = Path(args.resume) / "config.yaml"
             if not base_file.is_file():
