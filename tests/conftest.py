@@ -29,14 +29,18 @@ def cifar10_dir() -> Path:
     return Path(root)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_accelerator_state():
-    """Accelerate keeps process-wide singletons; each in-process training run starts clean."""
-    yield
+def reset_accelerate() -> None:
+    """Accelerate keeps process-wide singletons; call between in-process training runs."""
     from accelerate.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_accelerator_state():
+    yield
+    reset_accelerate()
 
 
 def make_imagefolder(root: Path, per_class: dict[str, int], size: int = 32, seed: int = 0) -> Path:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import vitlab
+from conftest import reset_accelerate
 from vitlab.config import load_config
 from vitlab.errors import ConfigError, DataError
 from vitlab.text.data import EOS_ID, PAD_ID, TokenBatchSampler, collate_pairs, read_lines, synthetic_pairs, train_bpe
@@ -97,10 +98,7 @@ def parallel_run(tmp_path_factory) -> Path:
         "optim.warmup_epochs=0.5", f"train.output_dir={run_dir}"])
     summary = train(cfg)
     assert summary["epochs_done"] == 2
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerate()
     return run_dir
 
 
@@ -151,3 +149,26 @@ def test_real_multi30k_reads_aligned_and_bpe_round_trips(tmp_path):
     test_en = read_lines(root, "test_2016_flickr", "en")[:200]
     # Detokenized output must reproduce raw text exactly, or BLEU against raw references is unfair.
     assert [tok.decode(tok.encode(s).ids) for s in test_en] == test_en
+
+
+def test_interrupted_and_resumed_translation_run_ends_with_the_same_weights(tmp_path):
+    # Token-count batches, dropout and the saved tokenizer: a resumed run must end bit-identical.
+    from safetensors.torch import load_file
+
+    for split, n in (("train", 120), ("val", 10), ("test", 10)):
+        _write_parallel(tmp_path / "data", n, split)
+    overrides = ["model.name=transformer_tiny", "model.dropout=0.1", f"data.root={tmp_path / 'data'}",
+                 "data.test_split=test", "data.vocab_size=80", "data.batch_tokens=200", "train.epochs=3",
+                 "generate.eval_subset=4", "generate.max_new_tokens=8", "optim.warmup_epochs=0.5"]
+    whole = tmp_path / "whole"
+    train(load_config(ROOT / "configs/multi30k_de_en.yaml", overrides + [f"train.output_dir={whole}"]))
+    reset_accelerate()
+    parts = tmp_path / "parts"
+    cfg = load_config(ROOT / "configs/multi30k_de_en.yaml", overrides + [f"train.output_dir={parts}"])
+    train(cfg, stop_after_epoch=1)
+    reset_accelerate()
+    train(cfg, resume=parts)
+    a = load_file(str(whole / "checkpoints/last/model.safetensors"))
+    b = load_file(str(parts / "checkpoints/last/model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitlab
-from conftest import tiny_overrides
+from conftest import reset_accelerate, tiny_overrides
 from vitlab import checkpoint as ckpt
 from vitlab.config import load_config
 from vitlab.errors import CheckpointError, ConfigError, TrainingError
@@ -29,10 +29,7 @@ def _weights(run_dir: Path, which: str = "last", name: str = "model.safetensors"
 def trained_run(tiny_imagefolder, tmp_path_factory) -> tuple[Path, dict]:
     run_dir = tmp_path_factory.mktemp("trained") / "run"
     summary = train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=3")))
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
+    reset_accelerate()
     return run_dir, summary
 
 
@@ -93,11 +90,11 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tiny_imagefolder
     extra = ("train.epochs=3", "data.mixup_alpha=0.2", "model.drop_path_rate=0.1", "train.ema_decay=0.9")
     whole = tmp_path / "whole"
     train(load_config(None, tiny_overrides(tiny_imagefolder, whole, *extra)))
-    _reset()
+    reset_accelerate()
     parts = tmp_path / "parts"
     cfg = load_config(None, tiny_overrides(tiny_imagefolder, parts, *extra))
     assert train(cfg, stop_after_epoch=1)["epochs_done"] == 1
-    _reset()
+    reset_accelerate()
     result = subprocess.run([sys.executable, str(ROOT / "train.py"), "--resume", str(parts)],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
@@ -107,12 +104,6 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tiny_imagefolder
         assert all(torch.equal(a[k], b[k]) for k in a), name
     assert ckpt.read_json(parts / "checkpoints/last/trainer_state.json")["epoch"] == 3
 
-
-def _reset() -> None:
-    from accelerate.state import AcceleratorState, GradientState
-
-    AcceleratorState._reset_state(reset_partial_state=True)
-    GradientState._reset_state()
 
 
 @pytest.mark.parametrize("loader", ["torch", "gpu"])
@@ -144,7 +135,7 @@ def test_non_finite_loss_stops_and_leaves_checkpoints_as_they_were(tiny_imagefol
     run_dir = tmp_path / "run"
     cfg = load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=3"))
     train(cfg, stop_after_epoch=1)
-    _reset()
+    reset_accelerate()
     before = {p: p.read_bytes() for p in (run_dir / "checkpoints").rglob("*") if p.is_file()}
     monkeypatch.setattr(torch.nn.CrossEntropyLoss, "forward", lambda self, x, y: x.sum() * float("nan"))
     with pytest.raises(TrainingError, match=r"the training loss became nan at epoch 2, step \d+; training stopped"):
@@ -157,7 +148,7 @@ def test_a_crash_while_writing_a_checkpoint_keeps_the_previous_one(tiny_imagefol
     run_dir = tmp_path / "run"
     cfg = load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=2"))
     train(cfg, stop_after_epoch=1)
-    _reset()
+    reset_accelerate()
     before = _weights(run_dir)
 
     def crash(*args, **kwargs):
