@@ -80,7 +80,7 @@ def main() -> None:
     consumes = model_rate(args.model, args.batch, device, dtype)
     print(f"device {device}; model {args.model} ({'bf16' if dtype else 'fp32'}) consumes {consumes:,.0f} images/s "
           f"at batch {args.batch}")
-    print(f"{'loader':42s} {'images/s':>10s} {'x model':>8s}")
+    print(f"{'loader':52s} {'images/s':>10s} {'x model':>8s}")
     rows = []
     for augment in ("none", "randaugment"):
         for workers in map(int, args.workers.split(",")):
@@ -93,7 +93,7 @@ def main() -> None:
     loader_rate(gpu_loader, device, args.batch * 2)  # warm-up (kernels, allocator)
     rows.append((f"device loader (data.loader=gpu) on {device.type}", loader_rate(gpu_loader, device, args.images * 4)))
     for label, rate in rows:
-        print(f"{label:42s} {rate:10,.0f} {rate / consumes:8.1f}")
+        print(f"{label:52s} {rate:10,.0f} {rate / consumes:8.1f}")
 
 
 if __name__ == "__main__":
