@@ -1,7 +1,6 @@
 """The attention core against PyTorch's own attention, and its defining properties."""
 from __future__ import annotations
 
-import itertools
 import math
 
 import pytest

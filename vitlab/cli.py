@@ -3,7 +3,6 @@ arguments and calls the library; user errors print one line and exit non-zero.""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Callable
