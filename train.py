@@ -1,10 +1,10 @@
-"""Train a ViT on CIFAR-10 with Hugging Face Accelerate.
+"""Train with Hugging Face Accelerate: a ViT on CIFAR-10, or a text Transformer (task: seq2seq).
 
     python train.py --config configs/vit_cifar10.yaml [key.sub=value ...]
     python train.py --resume runs/vit_cifar10 [train.epochs=300]
     accelerate launch --multi_gpu --num_processes 2 train.py --config ...
 """
-from vitlab.training import main
+from vitlab.cli import train_main
 
 if __name__ == "__main__":
-    main()
+    train_main()

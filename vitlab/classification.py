@@ -17,18 +17,9 @@ from .data import CIFAR10_MEAN, CIFAR10_STD, DeviceImageLoader, ImageData, Tenso
     eval_transform, load_split, train_transform
 from .errors import ConfigError
 from .evaluation import evaluate
-from .registry import create_model
-from .task import TaskSetup
+from .task import TaskSetup, build_model
 
-__all__ = ["build_model", "image_classification_task"]
-
-
-def build_model(cfg: Config) -> nn.Module:
-    """The model of ``cfg.model``; invalid arguments raise :class:`ConfigError` naming the key."""
-    try:
-        return create_model(cfg.model.name, **cfg.model.args)
-    except ValueError as e:
-        raise ConfigError(f"model ({cfg.model.name} with {cfg.model.args or 'no overrides'}): {e}") from None
+__all__ = ["image_classification_task"]
 
 
 def _split_data(d: DataConfig, seed: int, size: tuple[int, int]) -> tuple[ImageData, ImageData | None, ImageData]:

@@ -3,13 +3,14 @@ arguments and calls the library; user errors print one line and exit non-zero.""
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Callable
 
 from .errors import ConfigError, VitlabError
 
-__all__ = ["main", "run_command"]
+__all__ = ["main", "train_main", "run_command"]
 
 
 def run_command(fn: Callable[[], None]) -> None:
@@ -28,13 +29,14 @@ def run_command(fn: Callable[[], None]) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    from .checkpoint import load_model, read_json, resolve_checkpoint
+    from .checkpoint import load_model, resolve_checkpoint
     from .config import load_config
+    from .vit import VisionTransformer
 
     directory = resolve_checkpoint(args.checkpoint)
     cfg = load_config(directory / "run_config.yaml", args.overrides)
     model = load_model(directory, use_ema=not args.no_ema)
-    if read_json(directory / "config.json")["architecture"] == "Seq2SeqTransformer":
+    if not isinstance(model, VisionTransformer):
         return _eval_seq2seq(args, directory, cfg, model)
     _eval_classification(args, directory, cfg, model)
 
@@ -149,11 +151,43 @@ def _models(args: argparse.Namespace) -> None:
         print(f"{name:28s} {params / 1e6:8.2f}M params  {detail}")
 
 
+def train_main(argv: list[str] | None = None) -> None:
+    """``train.py`` / ``vitlab train``: ``--config FILE [--resume RUN_DIR] [key.sub=value ...]``."""
+    parser = argparse.ArgumentParser(prog="train.py", description="Train a ViT on images or a text Transformer (task: seq2seq) with Accelerate.")
+    parser.add_argument("--config", help="YAML config (optional with --resume: the run's own config is used)")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. train.epochs=5 optim.lr=1e-3")
+    args = parser.parse_args(argv)
+
+    def run() -> None:
+        from accelerate import PartialState
+
+        from .config import load_config
+        from .training import train
+
+        if args.config is None and args.resume is None:
+            raise ConfigError("pass --config configs/<name>.yaml (or --resume <run dir>)")
+        if args.resume is not None and not Path(args.resume).is_dir():
+            raise ConfigError(f"--resume {args.resume}: no such run directory")
+        if args.resume is not None and args.config is None:
+            base_file = Path(args.resume) / "config.yaml"
+            if not base_file.is_file():
+                raise ConfigError(f"--resume {args.resume}: no config.yaml there; pass --config as well")
+            args.config = str(base_file)
+        cfg = load_config(args.config, args.overrides)
+        if args.resume is not None:
+            cfg.train.output_dir = str(args.resume)
+        summary = train(cfg, resume=args.resume)
+        if PartialState().is_main_process:
+            print(json.dumps({k: summary[k] for k in summary if k.startswith(("val_", "test_", "ema_")) or k in (
+                "best_metric", "best_epoch", "epochs_done", "wall_time", "run_dir")}))
+
+    run_command(run)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:  # same arguments as train.py
-        from .training import main as train_main
-
         return train_main(argv[1:])
     parser = argparse.ArgumentParser(prog="vitlab", description="Vision Transformers on one attention core.")
     sub = parser.add_subparsers(dest="command", required=True)

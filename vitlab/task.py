@@ -9,7 +9,20 @@ from typing import Any, Callable
 from accelerate import Accelerator
 from torch import Tensor, nn
 
-__all__ = ["TaskSetup"]
+from .config import Config
+from .errors import ConfigError
+from .registry import create_model
+
+__all__ = ["TaskSetup", "build_model"]
+
+
+def build_model(cfg: Config, **derived: Any) -> nn.Module:
+    """The model of ``cfg.model`` plus arguments the data decides (vocabulary sizes, special ids);
+    invalid arguments raise :class:`ConfigError` naming the preset and the overrides."""
+    try:
+        return create_model(cfg.model.name, **derived, **cfg.model.args)
+    except ValueError as e:
+        raise ConfigError(f"model ({cfg.model.name} with {cfg.model.args or 'no overrides'}): {e}") from None
 
 
 @dataclass

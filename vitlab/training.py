@@ -15,18 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from accelerate import Accelerator, DataLoaderConfiguration, PartialState
+from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import set_seed
 from timm.utils import ModelEmaV3
 from torch import nn
 from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
-from .config import Config, config_to_dict, load_config, save_config
+from .config import Config, config_to_dict, save_config
 from .errors import ConfigError, TrainingError
 from .task import TaskSetup
 
-__all__ = ["train", "param_groups", "lr_multiplier", "plot_curves", "main"]
+__all__ = ["train", "param_groups", "lr_multiplier", "plot_curves"]
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -280,35 +280,3 @@ def plot_curves(metrics_file: Path, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``train.py`` / ``vitlab train``: ``--config FILE [--resume RUN_DIR] [key.sub=value ...]``."""
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="train.py", description="Train a ViT on CIFAR-10 with Accelerate.")
-    parser.add_argument("--config", help="YAML config (optional with --resume: the run's own config is used)")
-    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
-    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. train.epochs=5 optim.lr=1e-3")
-    args = parser.parse_args(argv)
-    from .cli import run_command
-
-    def run() -> None:
-        if args.config is None and args.resume is None:
-            raise ConfigError("pass --config configs/<name>.yaml (or --resume <run dir>)")
-        if args.resume is not None and not Path(args.resume).is_dir():
-            raise ConfigError(f"--resume {args.resume}: no such run directory")
-        if args.resume is not None and args.config is None:
-            base_file = Path(args.resume) / "config.yaml"
-            if not base_file.is_file():
-                raise ConfigError(f"--resume {args.resume}: no config.yaml there; pass --config as well")
-            args.config = str(base_file)
-        cfg = load_config(args.config, args.overrides)
-        if args.resume is not None:
-            cfg.train.output_dir = str(args.resume)
-        summary = train(cfg, resume=args.resume)
-        if PartialState().is_main_process:
-            print(json.dumps({k: summary[k] for k in summary if k.startswith(("val_", "test_", "ema_")) or k in (
-                "best_metric", "best_epoch", "epochs_done", "wall_time", "run_dir")}))
-
-    run_command(run)

@@ -17,8 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from .. import checkpoint as ckpt
 from ..config import Config, TextDataConfig
 from ..errors import ConfigError, DataError
-from ..registry import create_model
-from ..task import TaskSetup
+from ..task import TaskSetup, build_model
 from .data import BOS_ID, EOS_ID, PAD_ID, TokenBatchSampler, collate_pairs, load_tokenizer, read_lines, \
     synthetic_pairs, train_bpe
 from .transformer import Seq2SeqTransformer
@@ -36,6 +35,12 @@ class PairDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.pairs)
+
+    def head(self, n: int) -> "PairDataset":
+        """The first ``n`` pairs (and references)."""
+        out = PairDataset([])
+        out.pairs, out.references = self.pairs[:n], self.references[:n] if self.references else None
+        return out
 
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor, int]:
         return (*self.pairs[i], i)
@@ -159,30 +164,24 @@ def _tokenizer(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from
     return load_tokenizer(path)
 
 
-def _build(cfg: Config, src_vocab: int, tgt_vocab: int) -> Seq2SeqTransformer:
-    try:
-        return create_model(cfg.model.name, src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, pad_id=PAD_ID,
-                            bos_id=BOS_ID, eos_id=EOS_ID, **cfg.model.args)
-    except ValueError as e:
-        raise ConfigError(f"model ({cfg.model.name} with {cfg.model.args or 'no overrides'}): {e}") from None
+def _build(cfg: Config, vocab: int) -> Seq2SeqTransformer:
+    return build_model(cfg, src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID)
 
 
 def seq2seq_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
                  resume_from: Path | None) -> TaskSetup:
     """Data, tokenizer, Transformer, label-smoothed loss (padding ignored) and decoding metrics."""
     d, t, g = cfg.data, cfg.train, cfg.generate
-    _build(cfg, 8, 8)  # bad model arguments fail here, before any data is read
+    _build(cfg, 8)  # bad model arguments fail here, before any data is read
     tokenizer = _tokenizer(cfg, accelerator, run_dir, resume_from) if d.dataset == "parallel" else None
     vocab = tokenizer.get_vocab_size() if tokenizer is not None else d.vocab_size
     torch.manual_seed(t.seed)  # the initial weights do not depend on how long tokenizing took
-    model = _build(cfg, vocab, vocab)
+    model = _build(cfg, vocab)
     train_set = load_text_split(d, "train", t.seed, tokenizer)
     eval_sets = {"val": load_text_split(d, "val", t.seed, tokenizer)} if d.dataset == "parallel" else {}
     eval_sets["test"] = load_text_split(d, "test", t.seed, tokenizer)
     if g.eval_subset:  # decoding is the slow part of evaluation: optionally only the first N sentences
-        eval_sets = {k: PairDataset([(s.tolist(), t_.tolist()) for s, t_ in v.pairs[:g.eval_subset]],
-                                    v.references[:g.eval_subset] if v.references else None)
-                     for k, v in eval_sets.items()}
+        eval_sets = {k: v.head(g.eval_subset) for k, v in eval_sets.items()}
 
     if d.batch_tokens > 0:
         lengths = [max(len(s), len(t_) + 1) for s, t_ in train_set.pairs]
