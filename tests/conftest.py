@@ -75,3 +75,21 @@ def tiny_overrides(data_root: Path, output_dir: Path, *extra: str) -> list[str]:
         "train.batch_size=16", "train.epochs=2", "optim.warmup_epochs=1", "optim.lr=3e-3", "train.log_every=2",
         f"train.output_dir={output_dir}", *extra,
     ]
+
+
+def max_weight_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Largest |a - b| over two state dicts, leaving out the key third of each ``attn.qkv.bias``.
+
+    That bias has an exactly zero gradient (softmax is invariant to adding ``q . b_k`` to every score
+    of a query), so what it receives is rounding noise, which Adam's normalisation turns into steps
+    of size ~lr: it differs between any two summation orders and says nothing about the training.
+    """
+    assert a.keys() == b.keys()
+    worst = 0.0
+    for name in a:
+        diff = (a[name].float() - b[name].float()).abs()
+        if name.endswith("attn.qkv.bias"):
+            third = diff.numel() // 3
+            diff = torch.cat([diff[:third], diff[2 * third:]])
+        worst = max(worst, diff.max().item() if diff.numel() else 0.0)
+    return worst

@@ -1,6 +1,7 @@
 """The text encoder-decoder against torch.nn.Transformer, and decoding."""
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -107,10 +108,12 @@ def test_decoding_with_cache_gives_the_tokens_of_decoding_without(beam_size):
 
 def test_beam_size_one_is_greedy_decoding():
     model, src = _seq2seq(), _random_sources()
-    # Greedy by hand: argmax of the full forward pass, one token at a time.
+    # Greedy by hand: argmax of the full forward pass (PAD and BOS excluded), one token at a time.
     tokens = torch.full((4, 1), model.bos_id)
     for _ in range(10):
-        nxt = model(src, tokens)[:, -1].argmax(-1)
+        logits = model(src, tokens)[:, -1]
+        logits[:, [model.pad_id, model.bos_id]] = float("-inf")
+        nxt = logits.argmax(-1)
         tokens = torch.cat([tokens, nxt[:, None]], 1)
     greedy = model.generate(src, max_new_tokens=10, beam_size=1)
     done = torch.zeros(4, dtype=torch.bool)
@@ -144,3 +147,65 @@ def test_generation_stops_when_every_sequence_has_ended():
         assert torch.equal(out, torch.full((4, 1), model.eos_id))
     with pytest.raises(ValueError, match="beam_size=0"):
         model.generate(src, beam_size=0)
+
+
+def _peaky_seq2seq(vocab: int) -> Seq2SeqTransformer:
+    """A random model whose next-token distributions are far from uniform (no near-ties)."""
+    torch.manual_seed(3)
+    model = Seq2SeqTransformer(vocab, vocab, d_model=16, num_heads=2, num_encoder_layers=1, num_decoder_layers=1,
+                               dim_feedforward=32, dropout=0.0, tie_output=False).eval()
+    with torch.no_grad():
+        model.head.weight.normal_(0, 1.0)
+    return model
+
+
+def _candidates(symbols: list[int], eos: int, max_new: int) -> list[list[int]]:
+    """Every output beam search can return: symbols then EOS (length <= max_new), or max_new symbols."""
+    out: list[list[int]] = []
+    for length in range(max_new + 1):
+        for body in itertools.product(symbols, repeat=length):
+            out.append(list(body) + [eos] if length < max_new else list(body))
+    return out
+
+
+@pytest.mark.parametrize("length_penalty", [0.0, 1.0])
+def test_beam_search_with_a_beam_over_all_candidates_returns_the_exhaustive_best(length_penalty):
+    # 4 symbols, up to 4 new tokens: 1 + 4 + 16 + 64 sequences ending in EOS and 256 cut at 4 = 341.
+    vocab, max_new = 7, 4  # ids 0, 1, 2 are PAD, BOS, EOS
+    model = _peaky_seq2seq(vocab)
+    candidates = _candidates(list(range(3, vocab)), model.eos_id, max_new)
+    assert len(candidates) == 341
+    src = torch.tensor([[3, 5, 4, 6, 3], [6, 6, 4, 0, 0], [4, 3, 0, 0, 0]])
+    for i in range(len(src)):
+        # Enumeration: sum log p (teacher forcing, full forward pass) / length ** length_penalty.
+        tgt = torch.nn.utils.rnn.pad_sequence([torch.tensor(c) for c in candidates], batch_first=True,
+                                              padding_value=model.pad_id)
+        tgt_in = torch.cat([torch.full((len(tgt), 1), model.bos_id), tgt[:, :-1]], 1)
+        with torch.no_grad():
+            logp = model(src[i:i + 1].expand(len(tgt), -1), tgt_in).log_softmax(-1)
+        token_logp = logp.gather(-1, tgt[..., None])[..., 0] * (tgt != model.pad_id)
+        lengths = torch.tensor([len(c) for c in candidates], dtype=torch.float)
+        scores = token_logp.sum(1) / lengths ** length_penalty
+        top2 = scores.topk(2).values
+        assert top2[0] - top2[1] > 1e-4  # a unique best: the comparison below is meaningful
+        best = candidates[int(scores.argmax())]
+        found = model.generate(src[i:i + 1], max_new_tokens=max_new, beam_size=len(candidates),
+                               length_penalty=length_penalty)
+        assert found[0].tolist() == best, (i, length_penalty)
+    # The batched search gives each source its own best.
+    batched = model.generate(src, max_new_tokens=max_new, beam_size=len(candidates), length_penalty=length_penalty)
+    singles = [model.generate(src[i:i + 1], max_new_tokens=max_new, beam_size=len(candidates),
+                              length_penalty=length_penalty)[0] for i in range(len(src))]
+    for row, single in zip(batched, singles):
+        assert row[:len(single)].tolist() == single.tolist() and (row[len(single):] == model.pad_id).all()
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_pad_and_bos_are_never_generated(beam_size):
+    model, src = _seq2seq(tie_output=False), _random_sources()
+    model.head.bias = nn.Parameter(torch.zeros(20))
+    with torch.no_grad():
+        model.head.bias[[model.pad_id, model.bos_id]] = 100.0  # the model would rather say PAD or BOS
+    out = model.generate(src, max_new_tokens=6, beam_size=beam_size)
+    assert out.shape == (4, 6)
+    assert not (out == model.pad_id).any() and not (out == model.bos_id).any()

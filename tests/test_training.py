@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitlab
-from conftest import reset_accelerate, tiny_overrides
+from conftest import max_weight_diff, reset_accelerate, tiny_overrides
 from vitlab import checkpoint as ckpt
 from vitlab.config import load_config
 from vitlab.errors import CheckpointError, ConfigError, TrainingError
@@ -27,35 +27,54 @@ def _weights(run_dir: Path, which: str = "last", name: str = "model.safetensors"
 
 @pytest.fixture(scope="module")
 def trained_run(tiny_imagefolder, tmp_path_factory) -> tuple[Path, dict]:
+    """3 epochs with 15 of the 96 training images held out for validation (best/ is chosen on them)."""
     run_dir = tmp_path_factory.mktemp("trained") / "run"
-    summary = train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=3")))
+    summary = train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=3", "data.val_size=15")))
     reset_accelerate()
     return run_dir, summary
+
+
+def _evals(run_dir: Path) -> list[dict]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r["split"] == "eval"]
 
 
 def test_training_learns_and_writes_the_run_directory(trained_run):
     run_dir, summary = trained_run
     assert summary["epochs_done"] == 3
     assert summary["test_top1"] >= 0.9  # colour classes: learnable in a few steps
+    evals = _evals(run_dir)
     for name in ("config.yaml", "metrics.jsonl", "curves.png"):
         assert (run_dir / name).is_file(), name
     assert any((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    evals = [r for r in records if r["split"] == "eval"]
     assert [r["epoch"] for r in evals] == [1, 2, 3]
     trains = [r for r in records if r["split"] == "train"]
     assert trains[-1]["loss"] < trains[0]["loss"]
     for which in ("best", "last"):
         files = {p.name for p in (run_dir / "checkpoints" / which).iterdir()}
-        assert {"model.safetensors", "config.json", "optimizer.safetensors", "optimizer.json", "rng_0.safetensors",
+        assert {"model.safetensors", "config.json", "optimizer.safetensors", "optimizer.json",
                 "trainer_state.json", "run_config.yaml"} <= files
+    # best/ is the epoch with the highest validation top-1 (the first of equals), never chosen on test.
+    val = [r["val_top1"] for r in evals]
+    assert summary["best_metric"] == max(val) and summary["best_epoch"] == val.index(max(val)) + 1
+    assert ckpt.read_json(run_dir / "checkpoints/best/trainer_state.json")["epoch"] == summary["best_epoch"]
     assert not list((run_dir / "checkpoints").glob("*.pt*")) and not list(run_dir.rglob("*.bin"))
+
+
+def test_without_a_validation_split_no_best_is_kept_and_the_run_means_its_last_epoch(tiny_imagefolder, tmp_path):
+    run_dir = tmp_path / "run"
+    summary = train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir)))
+    assert summary["best_metric"] is None and summary["best_epoch"] is None
+    assert not (run_dir / "checkpoints" / "best").exists()
+    assert ckpt.resolve_checkpoint(run_dir) == run_dir / "checkpoints" / "last"
+    assert summary["test_top1"] == _evals(run_dir)[-1]["test_top1"]  # the figure is the final epoch's
 
 
 def test_load_model_and_its_transform_reproduce_the_reported_accuracy(trained_run, tiny_imagefolder):
     from PIL import Image
 
-    run_dir, _ = trained_run
+    run_dir, summary = trained_run
     model = vitlab.load_model(run_dir)
     assert not model.training and model.pretrained_cfg["label_names"] == ["class_0", "class_1", "class_2"]
     transform = vitlab.create_transform(model)
@@ -64,8 +83,8 @@ def test_load_model_and_its_transform_reproduce_the_reported_accuracy(trained_ru
     labels = torch.tensor([int(f.parent.name[-1]) for f in files])
     with torch.no_grad():
         acc = (model(batch).argmax(-1) == labels).float().mean().item()
-    best = ckpt.read_json(run_dir / "checkpoints" / "best" / "trainer_state.json")["best_metric"]
-    assert acc == pytest.approx(best, abs=1e-6)
+    best_epoch = _evals(run_dir)[summary["best_epoch"] - 1]
+    assert acc == pytest.approx(best_epoch["test_top1"], abs=1e-6)  # run dir -> best/ -> that epoch's weights
 
 
 def test_warmup_cosine_schedule():
@@ -123,8 +142,7 @@ def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder,
                          capture_output=True, text=True, env=env)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "2 process(es)" in two.stdout
-    a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
-    assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
+    assert max_weight_diff(_weights(tmp_path / "one"), _weights(tmp_path / "two")) < 1e-5
     # Evaluation shards the test set and gathers it back: same accuracy over all 35 images.
     last = lambda run: [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()][-1]
     assert last(tmp_path / "one")["test_top1"] == last(tmp_path / "two")["test_top1"]
@@ -204,13 +222,42 @@ def test_eval_command_writes_metrics_and_confusion_matrix(trained_run, tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     metrics = json.loads(out.read_text())
     assert set(metrics) >= {"top1", "top5", "loss", "per_class"}
-    assert metrics["top1"] == pytest.approx(summary["best_metric"], abs=1e-6)
+    best_epoch = _evals(run_dir)[summary["best_epoch"] - 1]
+    assert metrics["top1"] == pytest.approx(best_epoch["test_top1"], abs=1e-6)
+    assert metrics["loss"] == pytest.approx(best_epoch["test_loss"], abs=1e-5)
     assert metrics["top5"] == 1.0  # 3 classes
-    assert all(0.0 <= v <= 1.0 for v in metrics["per_class"].values()) and len(metrics["per_class"]) == 3
     matrix = json.loads((out.parent / "confusion_matrix.json").read_text())["matrix"]
     assert sum(map(sum, matrix)) == 36
+    # Per-class accuracy is the confusion matrix's diagonal over its row sums.
+    assert list(metrics["per_class"].values()) == pytest.approx([matrix[i][i] / sum(matrix[i]) for i in range(3)])
     assert (out.parent / "confusion_matrix.png").stat().st_size > 1000
     assert "top1" in result.stdout and "class_2" in result.stdout
+
+
+@pytest.mark.parametrize("split, size", [("val", 15), ("train", 81)])
+def test_eval_split_val_and_train_score_exactly_the_examples_training_used(trained_run, tmp_path, split, size):
+    # --split val must be the 15 held-out images (same seed, same indices): its numbers equal the
+    # validation record of the checkpoint's epoch in metrics.jsonl.
+    run_dir, summary = trained_run
+    out = tmp_path / "m.json"
+    result = subprocess.run([sys.executable, "-m", "vitlab.cli", "eval", "--checkpoint", str(run_dir / "checkpoints/last"),
+                             "--split", split, "--output", str(out)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+    metrics = json.loads(out.read_text())
+    assert metrics["num_images"] == size
+    if split == "val":
+        last = _evals(run_dir)[-1]
+        assert metrics["top1"] == last["val_top1"] and metrics["top5"] == last["val_top5"]
+        assert metrics["loss"] == pytest.approx(last["val_loss"], abs=1e-5)
+
+
+def test_eval_split_val_of_a_run_without_validation_is_refused(tiny_imagefolder, tmp_path):
+    run_dir = tmp_path / "run"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=1")))
+    result = subprocess.run([sys.executable, "-m", "vitlab.cli", "eval", "--checkpoint", str(run_dir), "--split", "val"],
+                            capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "held out no validation images (data.val_size=0)" in result.stderr and "Traceback" not in result.stderr
 
 
 def test_predict_command_prints_top_classes_and_names_unreadable_files(trained_run, tiny_imagefolder, tmp_path):

@@ -5,7 +5,10 @@ A checkpoint directory (``<run>/checkpoints/last`` or ``<run>/checkpoints/best``
     model.safetensors      the model's weights          config.json         how to rebuild the model
     ema.safetensors        EMA weights (if EMA is on)   run_config.yaml     the resolved run config
     optimizer.safetensors  + optimizer.json             trainer_state.json  epoch, step, best metric,
-    rng_<rank>.safetensors + rng_<rank>.json            scheduler, RNG of Python and NumPy
+                                                        scheduler, fp16 GradScaler
+
+No random-generator state is stored: every random draw of an epoch is seeded from (seed, process,
+epoch) (:mod:`vitlab.seeding`), so a run resumed at an epoch boundary draws what it would have drawn.
 
 Directories are written under a temporary name and swapped in by rename, so a crash mid-write
 never leaves a half-written checkpoint in place of a good one (see :func:`replace_dir`).
@@ -14,12 +17,10 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
@@ -30,7 +31,7 @@ from .registry import create_model
 from .vit import VisionTransformer
 
 __all__ = ["resolve_checkpoint", "replace_dir", "save_model", "load_model", "save_optimizer", "load_optimizer",
-           "save_rng", "load_rng", "read_json", "write_json", "load_tensors", "load_weights"]
+           "read_json", "write_json", "load_tensors", "load_weights"]
 
 _OLD_SUFFIX = ".old"
 
@@ -196,30 +197,3 @@ def load_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:
         idx, name = key.split(".", 1)
         state.setdefault(int(idx), {})[name] = value
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
-
-
-def save_rng(directory: Path, rank: int) -> None:
-    """This process's RNG states: torch (CPU and CUDA), NumPy (timm's Mixup uses it), Python."""
-    tensors = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        for i, s in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"cuda.{i}"] = s
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    tensors["numpy"] = torch.from_numpy(keys.astype(np.int64))
-    version, py_state, gauss = random.getstate()
-    save_file(tensors, str(directory / f"rng_{rank}.safetensors"))
-    write_json(directory / f"rng_{rank}.json", {"numpy": [kind, pos, has_gauss, cached],
-                                                "python": [version, list(py_state), gauss]})
-
-
-def load_rng(directory: Path, rank: int) -> None:
-    tensors = load_tensors(directory / f"rng_{rank}.safetensors")
-    meta = read_json(directory / f"rng_{rank}.json")
-    torch.set_rng_state(tensors["torch"])
-    cuda = [tensors[f"cuda.{i}"] for i in range(torch.cuda.device_count()) if f"cuda.{i}" in tensors]
-    if cuda:
-        torch.cuda.set_rng_state_all(cuda)
-    kind, pos, has_gauss, cached = meta["numpy"]
-    np.random.set_state((kind, tensors["numpy"].numpy().astype(np.uint32), pos, has_gauss, cached))
-    version, py_state, gauss = meta["python"]
-    random.setstate((version, tuple(py_state), gauss))

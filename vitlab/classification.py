@@ -19,11 +19,14 @@ from .errors import ConfigError
 from .evaluation import evaluate
 from .task import TaskSetup, build_model
 
-__all__ = ["image_classification_task"]
+__all__ = ["image_classification_task", "split_data"]
 
 
-def _split_data(d: DataConfig, seed: int, size: tuple[int, int]) -> tuple[ImageData, ImageData | None, ImageData]:
-    """Decode train (minus a held-out validation set, if ``data.val_size``) and test, subsets applied."""
+def split_data(d: DataConfig, seed: int, size: tuple[int, int]) -> tuple[ImageData, ImageData | None, ImageData]:
+    """Decode the run's three splits: train (minus the held-out validation images), validation
+    (``data.val_size`` training images, balanced, chosen by ``seed``; None if 0) and test, subsets
+    applied. The same config and seed give the same images, so ``vitlab eval --split val`` scores
+    exactly the validation images training used."""
     # Only the images used are decoded: the training subset plus the validation images.
     wanted = d.train_subset + d.val_size if d.train_subset else 0
     train = load_split(d.dataset, d.root, "train", download=d.download, subset=wanted, seed=seed, size=size)
@@ -52,7 +55,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                           f"{micro_batch // accelerator.num_processes}")
     model = build_model(cfg)
     size = model.patch_embed.img_size
-    train_data, val_data, test_data = _split_data(d, t.seed, size)
+    train_data, val_data, test_data = split_data(d, t.seed, size)
     num_classes = len(train_data.classes)
     if model.num_classes != num_classes:
         raise ConfigError(f"model.num_classes={model.num_classes} but the data has {num_classes} classes "
@@ -87,6 +90,9 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
             images, labels = mixup(images, labels)
         return criterion(net(images), labels)
 
+    def count(batch: Any) -> int:
+        return len(batch[1])
+
     def score(net: nn.Module, loader: Any, acc: Accelerator) -> dict[str, float]:
         m = evaluate(net, loader, acc, num_classes)
         return {"top1": m["top1"], "top5": m["top5"], "loss": m["loss"]}
@@ -96,5 +102,6 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                                                          "mean": list(CIFAR10_MEAN), "std": list(CIFAR10_STD)}, ema)
 
     return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=d.loader == "torch",
-                     eval_loaders=eval_loaders, prepare_eval_loaders=d.loader == "torch", loss=loss, evaluate=score,
+                     eval_loaders=eval_loaders, prepare_eval_loaders=d.loader == "torch", loss=loss, count=count,
+                     evaluate=score,
                      select="top1", save_model=save_model, train_size=len(train_data.labels))

@@ -14,7 +14,11 @@ __all__ = ["main", "train_main", "run_command"]
 
 
 def run_command(fn: Callable[[], None]) -> None:
-    """Run ``fn``; print a user error as one line and exit 2 (config) or 1 (other), no traceback."""
+    """Run ``fn``; print a user error as one line and exit 2 (config) or 1 (other), no traceback.
+
+    Output is line-buffered, so progress and epoch lines reach a file or a pipe (``nohup``, ``tee``,
+    a cluster job log) as they are printed."""
+    sys.stdout.reconfigure(line_buffering=True)
     try:
         fn()
     except ConfigError as e:
@@ -42,16 +46,16 @@ def _eval(args: argparse.Namespace) -> None:
 
 
 def _eval_seq2seq(args: argparse.Namespace, directory: Path, cfg, model) -> None:
-    from accelerate import Accelerator
     from torch.utils.data import DataLoader
 
     from .checkpoint import write_json
+    from .training import create_accelerator
     from .text.data import load_tokenizer
     from .text.task import collate_indexed, evaluate_seq2seq, load_text_split
 
     tokenizer = load_tokenizer(model.pretrained_cfg["tokenizer"]) if model.pretrained_cfg["tokenizer"] else None
     dataset = load_text_split(cfg.data, args.split, cfg.train.seed, tokenizer)
-    accelerator = Accelerator(mixed_precision=cfg.train.mixed_precision)
+    accelerator = create_accelerator(cfg.train.mixed_precision)
     loader = DataLoader(dataset, batch_size=args.batch_size, collate_fn=collate_indexed)
     g = cfg.generate
     metrics = evaluate_seq2seq(accelerator.prepare(model), accelerator.prepare(loader), accelerator, dataset,
@@ -66,22 +70,26 @@ def _eval_seq2seq(args: argparse.Namespace, directory: Path, cfg, model) -> None
 
 
 def _eval_classification(args: argparse.Namespace, directory: Path, cfg, model) -> None:
-    from accelerate import Accelerator
     from torch.utils.data import DataLoader
 
     from .checkpoint import write_json
-    from .data import TensorImageDataset, image_transform, load_split
+    from .classification import split_data
+    from .data import TensorImageDataset, image_transform
     from .evaluation import evaluate, plot_confusion_matrix
+    from .training import create_accelerator
 
     info = model.pretrained_cfg
     size = tuple(info["input_size"][1:])
     d = cfg.data
-    data = load_split(d.dataset, d.root, args.split, download=d.download,
-                      subset=d.test_subset if args.split == "test" else d.train_subset, seed=cfg.train.seed, size=size)
+    if args.split == "val" and d.val_size == 0:
+        raise ConfigError(f"the run at {directory} held out no validation images (data.val_size=0); evaluate "
+                          f"--split test, or train with data.val_size=N")
+    # The run's own split (same config, same seed): --split val is exactly the held-out images.
+    data = dict(zip(("train", "val", "test"), split_data(d, cfg.train.seed, size)))[args.split]
     if data.classes != info["label_names"]:
         raise ConfigError(f"data.root={d.root!r} has classes {data.classes}, the model was trained on "
                           f"{info['label_names']}")
-    accelerator = Accelerator(mixed_precision=cfg.train.mixed_precision)
+    accelerator = create_accelerator(cfg.train.mixed_precision)
     loader = DataLoader(TensorImageDataset(data, image_transform(size, info["mean"], info["std"])),
                         batch_size=args.batch_size, num_workers=d.num_workers)
     metrics = evaluate(accelerator.prepare(model), accelerator.prepare(loader), accelerator, len(data.classes))
@@ -197,7 +205,9 @@ def main(argv: list[str] | None = None) -> None:
     ev.add_argument("--checkpoint", required=True, help="run directory (its best checkpoint) or checkpoint directory")
     ev.add_argument("--output", help="write the metrics as JSON here (keys top1, top5, loss, per_class; or "
                                      "exact_match / bleu for a text model)")
-    ev.add_argument("--split", choices=("test", "val", "train"), default="test")
+    ev.add_argument("--split", choices=("test", "val", "train"), default="test",
+                    help="test; val: the validation examples the run held out (same seed and indices); train: "
+                         "the examples it trained on")
     ev.add_argument("--batch-size", type=int, default=256)
     ev.add_argument("--no-ema", action="store_true", help="evaluate the raw weights even if the run kept an EMA")
     ev.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. data.root=... data.test_subset=1000")

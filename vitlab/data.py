@@ -19,6 +19,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
 from .errors import DataError
+from .seeding import process_seed
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "load_split", "balanced_indices",
            "train_transform", "eval_transform", "image_transform", "create_transform", "read_image", "DeviceImageLoader"]
@@ -124,6 +125,11 @@ def _load_cifar10(root: Path, split: str, download: bool, subset: int, seed: int
     except RuntimeError as e:
         raise DataError(f"CIFAR-10 not found under data.root={str(root)!r} ({e}); set data.download=true to "
                         f"download it, or use data.dataset=imagefolder for a copy in ImageFolder layout") from None
+    except OSError as e:  # urllib's URLError (no network, DNS, proxy) and socket errors are OSErrors
+        reason = getattr(e, "reason", None) or e
+        raise DataError(f"could not download CIFAR-10 into data.root={str(root)!r} ({reason}); without network, "
+                        f"point data.root at a copy: data.dataset=imagefolder data.root=<dir with train/ and test/ "
+                        f"class folders>, or data.download=false data.root=<dir with cifar-10-batches-py/>") from None
     images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()  # (N, 32, 32, 3) -> (N, 3, 32, 32)
     data = ImageData(images, torch.tensor(ds.targets), list(ds.classes))
     return data.subset(balanced_indices(data.labels, subset, seed))
@@ -202,7 +208,9 @@ class DeviceImageLoader:
 
     The technique of the fastest CIFAR-10 training runs: each epoch one ``randperm`` (seeded by
     ``seed + epoch``, identical on every process), then per batch a gather, a random crop with zero
-    padding and a horizontal flip for the whole batch at once, and normalization.
+    padding and a horizontal flip for the whole batch at once, and normalization. The crops and flips
+    come from a generator of this process's own (:func:`vitlab.seeding.process_seed` of ``seed``,
+    ``process_index`` and the epoch), so processes augment independently.
 
     ``batch_size`` is global. Each batch is cut into ``num_processes`` contiguous parts and this
     process takes its own; for evaluation (``train=False``) the parts of the last batch may differ
@@ -257,8 +265,10 @@ class DeviceImageLoader:
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         n, device = len(self.labels), self.labels.device
-        self._generator = torch.Generator(device=device).manual_seed(self.seed + self.epoch)
-        order = (torch.randperm(n, device=device, generator=self._generator) if self.train
+        shared = torch.Generator(device=device).manual_seed(self.seed + self.epoch)  # the same on every process
+        self._generator = torch.Generator(device=device).manual_seed(
+            process_seed(self.seed, self.process_index, self.epoch))
+        order = (torch.randperm(n, device=device, generator=shared) if self.train
                  else torch.arange(n, device=device))
         for i in range(len(self)):
             batch = order[i * self.batch_size:(i + 1) * self.batch_size]

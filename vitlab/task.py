@@ -35,13 +35,19 @@ class TaskSetup:
         prepare_train_loader: Let Accelerate shard the train loader (False when the task's own
             batch sampler already gives each process its part; its batches then go to the device
             in ``loss``).
-        eval_loaders: Named evaluation loaders (``'val'``, ``'test'``).
+        eval_loaders: Named evaluation loaders: ``'val'`` (held-out training data; picks ``best/``)
+            if the run has a validation split, and ``'test'`` (reported, never used to choose).
         prepare_eval_loaders: Let Accelerate shard them (False for loaders that shard themselves).
-        loss: ``loss(prepared_model, batch) -> scalar``.
+        loss: ``loss(prepared_model, batch) -> scalar``: the **mean** of the per-example (per-token)
+            losses of this process's batch.
+        count: ``count(batch) -> int``: how many examples (tokens) ``loss`` is the mean of. The loop
+            weighs each batch's mean by its share of the optimizer step's global count, so a step's
+            loss is the mean over its whole global batch however it is split across processes and
+            accumulation steps.
         evaluate: ``evaluate(model, prepared_loader, accelerator) -> {metric: value}``; every process
             gets the same numbers.
         select: The metric (a key of ``evaluate``'s result, higher is better) that picks the best
-            checkpoint.
+            checkpoint on the ``'val'`` loader; without one no best checkpoint is kept.
         save_model: ``save_model(unwrapped_model, directory, ema_model_or_None)`` writes the weights
             and everything inference needs.
         train_size: Training examples, for the logs.
@@ -53,6 +59,7 @@ class TaskSetup:
     eval_loaders: dict[str, Any]
     prepare_eval_loaders: bool
     loss: Callable[[nn.Module, Any], Tensor]
+    count: Callable[[Any], int]
     evaluate: Callable[[nn.Module, Any, Accelerator], dict[str, float]]
     select: str
     save_model: Callable[[nn.Module, Path, nn.Module | None], None]

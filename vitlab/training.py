@@ -6,6 +6,7 @@ batch across processes (``split_batches=True``), and gradient accumulation split
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -24,9 +25,10 @@ from tqdm.auto import tqdm
 from . import checkpoint as ckpt
 from .config import Config, config_to_dict, save_config
 from .errors import ConfigError, TrainingError
+from .seeding import seed_process
 from .task import TaskSetup
 
-__all__ = ["train", "param_groups", "lr_multiplier", "plot_curves"]
+__all__ = ["train", "create_accelerator", "param_groups", "lr_multiplier", "plot_curves"]
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -73,7 +75,6 @@ def _save_checkpoint(accelerator: Accelerator, run_dir: Path, name: str, cfg: Co
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
-    ckpt.save_rng(tmp, accelerator.process_index)
     if accelerator.is_main_process:
         task.save_model(_plain(accelerator.unwrap_model(model)), tmp, ema.module if ema is not None else None)
         ckpt.save_optimizer(optimizer, tmp)
@@ -96,12 +97,35 @@ def _setup_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir
     return image_classification_task(cfg, accelerator, micro_batch)
 
 
+def create_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Accelerator:
+    """An ``Accelerator`` that also works for several processes on a machine without GPUs: there
+    Accelerate's gloo (multi-CPU) path needs ``cpu=True``, otherwise each process would silently
+    work alone."""
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return Accelerator(cpu=launched and not torch.cuda.is_available(), mixed_precision=mixed_precision, **kwargs)
+
+
+def _resume_state(resume_from: Path, run_dir: Path) -> dict[str, Any]:
+    """The trainer state of ``last/``, with the best metric of ``best/`` when it exists: ``best/`` may
+    have been written after ``last/`` (with ``train.save_every > 1``) and must not be overwritten by
+    a worse epoch after the resume."""
+    state = ckpt.read_json(resume_from / "trainer_state.json")
+    best_file = run_dir / "checkpoints" / "best" / "trainer_state.json"
+    if best_file.is_file():
+        best = ckpt.read_json(best_file)
+        state.update(best_metric=best["best_metric"], best_epoch=best["best_epoch"])
+    return state
+
+
 def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int | None = None) -> dict[str, Any]:
     """Train ``cfg``; with ``resume`` (a run directory) continue from its last checkpoint.
 
-    ``stop_after_epoch`` ends the run early after that epoch's checkpoint, as an interruption would
-    (the schedule still spans ``train.epochs``); tests use it to check that resuming is exact.
-    Returns a summary: the last evaluation, best metric, epochs, wall time.
+    Model selection uses the validation split only: ``checkpoints/best/`` is written when the task
+    has a ``'val'`` loader, chosen on its metric; otherwise there is no ``best/`` and the run's
+    figure is the final epoch's test metric. ``stop_after_epoch`` ends the run early after that
+    epoch's checkpoint, as an interruption would (the schedule still spans ``train.epochs``); tests
+    use it to check that resuming is exact. Returns a summary: the last evaluation, the best
+    validation metric (if any), epochs, wall time.
     """
     start_time = time.time()
     run_dir = Path(resume) if resume is not None else Path(cfg.train.output_dir)
@@ -109,19 +133,15 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     resume_from = ckpt.resolve_checkpoint(run_dir, "last") if resume is not None else None
     _check_run_dir(run_dir, resume is not None)
     t = cfg.train
-    # Several processes on a machine without GPUs: Accelerate's gloo (multi-CPU) path needs cpu=True,
-    # otherwise each process would silently train alone.
-    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    accelerator = Accelerator(
-        cpu=launched and not torch.cuda.is_available(), mixed_precision=t.mixed_precision,
-        gradient_accumulation_steps=t.grad_accum_steps, log_with="tensorboard", project_dir=str(run_dir),
+    accelerator = create_accelerator(
+        t.mixed_precision, log_with="tensorboard", project_dir=str(run_dir),
         dataloader_config=DataLoaderConfiguration(split_batches=True, use_seedable_sampler=True, data_seed=t.seed),
     )
     micro_batch = t.batch_size // t.grad_accum_steps
     if micro_batch % accelerator.num_processes:
         raise ConfigError(f"train.batch_size={t.batch_size} / train.grad_accum_steps={t.grad_accum_steps} = "
                           f"{micro_batch} is not divisible by the {accelerator.num_processes} processes")
-    set_seed(t.seed)  # the initial weights depend on train.seed only
+    set_seed(t.seed)  # the initial weights depend on train.seed only: equal on every process
     task = _setup_task(cfg, accelerator, micro_batch, run_dir, resume_from)
     model = task.model
     optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
@@ -132,23 +152,33 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     eval_loaders = ({k: accelerator.prepare(v) for k, v in task.eval_loaders.items()} if task.prepare_eval_loaders
                     else task.eval_loaders)
     train_loader = accelerator.prepare(task.train_loader) if task.prepare_train_loader else task.train_loader
-    steps_per_epoch = max(1, len(train_loader) // t.grad_accum_steps)
+    # Gradient accumulation is done here, not by Accelerate: each optimizer step takes exactly
+    # grad_accum_steps micro-batches, a partial group at the end of an epoch is dropped (as
+    # drop_last drops a partial batch), so no gradient carries into the next epoch.
+    accum = t.grad_accum_steps
+    steps_per_epoch = len(train_loader) // accum
+    if steps_per_epoch == 0:
+        raise ConfigError(f"one epoch has {len(train_loader)} micro-batches, fewer than train.grad_accum_steps="
+                          f"{accum}; lower train.batch_size or train.grad_accum_steps")
     total_steps = steps_per_epoch * t.epochs
     warmup_steps = max(1, round(cfg.optim.warmup_epochs * steps_per_epoch))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, lambda s: lr_multiplier(
         s, warmup_steps, total_steps, cfg.optim.min_lr / cfg.optim.lr, cfg.optim.schedule))
     ema = ModelEmaV3(_plain(accelerator.unwrap_model(model)), decay=t.ema_decay) if t.ema_decay > 0 else None
+    scaler = accelerator.scaler  # fp16 only
 
-    state = {"epoch": 0, "global_step": 0, "best_metric": -math.inf, "best_epoch": 0}
+    state: dict[str, Any] = {"epoch": 0, "global_step": 0, "best_metric": None, "best_epoch": None}
     if resume_from is not None:
-        saved = ckpt.read_json(resume_from / "trainer_state.json")
+        saved = _resume_state(resume_from, run_dir)
         ckpt.load_weights(_plain(accelerator.unwrap_model(model)), resume_from / "model.safetensors")
         if ema is not None:
             ckpt.load_weights(ema.module, resume_from / "ema.safetensors")
         ckpt.load_optimizer(optimizer.optimizer, resume_from)
         scheduler.load_state_dict(saved.pop("scheduler"))
+        grad_scaler = saved.pop("grad_scaler", None)
+        if scaler is not None and grad_scaler is not None:
+            scaler.load_state_dict(grad_scaler)
         state.update(saved)
-        ckpt.load_rng(resume_from, accelerator.process_index)
     run_dir.mkdir(parents=True, exist_ok=True)
     if accelerator.is_main_process:
         save_config(cfg, run_dir / "config.yaml")
@@ -162,32 +192,51 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
             with metrics_file.open("a") as f:
                 f.write(json.dumps(record) + "\n")
 
+    def optimizer_step(group: list[Any]) -> torch.Tensor:
+        """Forward and backward over one global batch (this process's micro-batches), then one update.
+        Returns this process's share of the global mean loss."""
+        # Each micro-batch's mean loss, weighted by its share of the global batch: the step's loss is
+        # the mean over the global batch, wherever its examples ran. DDP averages gradients over
+        # processes, hence the factor num_processes. Even batches give weights of exactly 1 / k.
+        counts = [task.count(b) for b in group]
+        total = accelerator.reduce(torch.tensor(float(sum(counts)), device=accelerator.device), reduction="sum")
+        step_loss = torch.zeros((), device=accelerator.device)
+        for i, batch in enumerate(group):
+            with contextlib.nullcontext() if i == len(group) - 1 else accelerator.no_sync(model):
+                loss = task.loss(model, batch) * (counts[i] * accelerator.num_processes / total)
+                accelerator.backward(loss)
+            step_loss += loss.detach()
+        if cfg.optim.grad_clip > 0:
+            accelerator.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        return step_loss
+
     n_params = sum(p.numel() for p in model.parameters())
+    selection = (f"best/ chosen on {'ema_' if ema is not None else ''}val_{task.select}" if "val" in eval_loaders
+                 else "no validation split: no best/, the final epoch's test metric is the result")
     accelerator.print(f"model {cfg.model.name}: {n_params / 1e6:.2f}M params | train {task.train_size} examples, "
                       f"{steps_per_epoch} steps/epoch x {t.epochs} epochs | {accelerator.num_processes} process(es) "
-                      f"on {accelerator.device} | mixed precision {t.mixed_precision} | run dir {run_dir}")
+                      f"on {accelerator.device} | mixed precision {t.mixed_precision} | {selection} | run dir {run_dir}")
     model.train()
     summary: dict[str, Any] = {}
     for epoch in range(state["epoch"] + 1, t.epochs + 1):
+        seed_process(t.seed, accelerator.process_index, epoch)
         # Shuffling depends on (seed, epoch) only, so a resumed run sees the batches it would have seen.
         (train_loader if hasattr(train_loader, "set_epoch") else train_loader.batch_sampler).set_epoch(epoch)
         epoch_start = time.time()
         running, seen = torch.zeros((), device=accelerator.device), 0
         bar = tqdm(train_loader, desc=f"epoch {epoch}/{t.epochs}", leave=False, dynamic_ncols=True,
                    disable=None if accelerator.is_main_process else True)  # None: off when not a TTY
+        group: list[Any] = []
         for batch in bar:
-            with accelerator.accumulate(model):
-                loss = task.loss(model, batch)
-                accelerator.backward(loss)
-                if accelerator.sync_gradients and cfg.optim.grad_clip > 0:
-                    accelerator.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            running += loss.detach()
-            seen += 1
-            if not accelerator.sync_gradients:
+            group.append(batch)
+            if len(group) < accum:
                 continue
-            scheduler.step()
+            running += optimizer_step(group)
+            group = []
+            seen += 1
             state["global_step"] += 1
             if ema is not None:
                 ema.update(_plain(accelerator.unwrap_model(model)), step=state["global_step"])
@@ -209,17 +258,19 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
             for name, loader in eval_loaders.items():
                 for prefix, net in [("", model)] + ([("ema_", ema.module)] if ema is not None else []):
                     record.update({f"{prefix}{name}_{k}": v for k, v in task.evaluate(net, loader, accelerator).items()})
-            select = ("ema_" if ema is not None else "") + ("val" if "val" in eval_loaders else "test") + "_" + task.select
-            if record[select] > state["best_metric"]:
-                state.update(best_metric=record[select], best_epoch=epoch)
-                is_best = True
+            if "val" in eval_loaders:
+                metric = record[("ema_" if ema is not None else "") + "val_" + task.select]
+                if state["best_metric"] is None or metric > state["best_metric"]:
+                    state.update(best_metric=metric, best_epoch=epoch)
+                    is_best = True
             accelerator.print(f"epoch {epoch}: " + ", ".join(
                 f"{k} {v:.4f}" for k, v in record.items() if k.startswith(("val", "test", "ema")))
                 + f" | {epoch_time:.1f}s ({record['examples_per_s']:.0f} examples/s)")
         log(record)
         summary = record
         state["epoch"] = epoch
-        checkpoint_state = {**state, "scheduler": scheduler.state_dict()}
+        checkpoint_state = {**state, "scheduler": scheduler.state_dict(),
+                            **({"grad_scaler": scaler.state_dict()} if scaler is not None else {})}
         if is_best:
             _save_checkpoint(accelerator, run_dir, "best", cfg, task, model, ema, optimizer.optimizer, checkpoint_state)
         if epoch % t.save_every == 0 or epoch == t.epochs or epoch == stop_after_epoch:

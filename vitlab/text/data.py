@@ -102,23 +102,34 @@ def collate_pairs(pairs: Sequence[tuple[Tensor, Tensor]]) -> dict[str, Tensor]:
 
 
 class TokenBatchSampler(Sampler[list[int]]):
-    """Batches by token count: sentences of similar length together, each global batch holding at
-    most ``max_tokens`` padded tokens (source or target, whichever is longer) over all processes,
-    then cut into ``num_processes`` parts of which this process takes its own.
+    """Batches by token count, every sentence exactly once per epoch.
+
+    A *global batch* (one optimizer step) holds sentences of similar length, at most ``max_tokens``
+    padded tokens (source or target, whichever is longer) over all processes and accumulation steps.
+    It is cut into ``num_processes * accum_steps`` contiguous parts whose sizes differ by at most one
+    sentence; this process yields its ``accum_steps`` parts of each global batch in turn (micro-batch
+    ``i`` of process ``p`` is part ``i * num_processes + p``). The last global batch of the epoch (the
+    longest sentences) joins the one before it if it has fewer sentences than parts, so nothing is
+    dropped; that one batch may exceed ``max_tokens`` by less than ``parts`` sentences.
 
     Shuffled per epoch (``set_epoch``) from ``seed``, identically on every process.
     """
 
     def __init__(self, lengths: Sequence[int], max_tokens: int, seed: int = 0, shuffle: bool = True,
-                 num_processes: int = 1, process_index: int = 0) -> None:
+                 num_processes: int = 1, process_index: int = 0, accum_steps: int = 1) -> None:
         self.lengths = list(lengths)
         self.max_tokens, self.seed, self.shuffle = max_tokens, seed, shuffle
-        self.num_processes, self.process_index = num_processes, process_index
+        self.num_processes, self.process_index, self.accum_steps = num_processes, process_index, accum_steps
+        self.parts = num_processes * accum_steps
         self.epoch = 0
         longest = max(self.lengths)
-        if max_tokens < longest * num_processes:
-            raise ValueError(f"data.batch_tokens={max_tokens} cannot hold {num_processes} sentence(s) of the "
-                             f"longest length {longest}; raise it to at least {longest * num_processes}")
+        if max_tokens < longest * self.parts:
+            raise ValueError(f"data.batch_tokens={max_tokens} cannot hold {self.parts} sentence(s) (one per process "
+                             f"and accumulation step) of the longest length {longest}; raise it to at least "
+                             f"{longest * self.parts}")
+        if len(self.lengths) < self.parts:
+            raise ValueError(f"{len(self.lengths)} sentences cannot be cut into {self.parts} parts (one per process "
+                             f"and accumulation step)")
         self._batches = self._make_batches(random.Random(seed))
 
     def set_epoch(self, epoch: int) -> None:
@@ -136,13 +147,15 @@ class TokenBatchSampler(Sampler[list[int]]):
                 current, longest_if_added = [], self.lengths[i]
             current.append(i)
             longest = longest_if_added
-        if current:
-            batches.append(current)
-        # Every process needs a part of every batch.
-        return [b for b in batches if len(b) >= self.num_processes]
+        batches.append(current)
+        # Every batch but the last holds >= parts sentences (max_tokens >= longest * parts).
+        if len(batches) > 1 and len(batches[-1]) < self.parts:
+            batches[-2].extend(batches.pop())
+        return batches
 
     def __len__(self) -> int:
-        return len(self._batches)
+        """Micro-batches this process yields per epoch."""
+        return len(self._batches) * self.accum_steps
 
     def __iter__(self) -> Iterator[list[int]]:
         rng = random.Random(self.seed + self.epoch)
@@ -150,5 +163,8 @@ class TokenBatchSampler(Sampler[list[int]]):
         if self.shuffle:
             rng.shuffle(batches)
         for batch in batches:
-            part = len(batch) // self.num_processes
-            yield batch[self.process_index * part:(self.process_index + 1) * part]
+            size, extra = divmod(len(batch), self.parts)
+            bounds = [j * size + min(j, extra) for j in range(self.parts + 1)]
+            for i in range(self.accum_steps):
+                j = i * self.num_processes + self.process_index
+                yield batch[bounds[j]:bounds[j + 1]]

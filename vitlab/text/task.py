@@ -66,8 +66,8 @@ def _parallel(d: TextDataConfig, split: str, tokenizer: Any) -> PairDataset:
 
 
 def load_text_split(d: TextDataConfig, split: str, seed: int, tokenizer: Any = None) -> PairDataset:
-    """``'train'``, ``'val'`` or ``'test'`` pairs. Synthetic test (and val) sequences come from other
-    seeds than the training ones, so they are held out."""
+    """``'train'``, ``'val'`` or ``'test'`` pairs. The synthetic tasks generate their validation and
+    test sets (``data.num_test`` pairs each) from other seeds than the training set."""
     if d.dataset != "parallel":
         n = d.num_train if split == "train" else d.num_test
         offset = {"train": 0, "val": 1, "test": 2}[split]
@@ -178,8 +178,7 @@ def seq2seq_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_di
     torch.manual_seed(t.seed)  # the initial weights do not depend on how long tokenizing took
     model = _build(cfg, vocab)
     train_set = load_text_split(d, "train", t.seed, tokenizer)
-    eval_sets = {"val": load_text_split(d, "val", t.seed, tokenizer)} if d.dataset == "parallel" else {}
-    eval_sets["test"] = load_text_split(d, "test", t.seed, tokenizer)
+    eval_sets = {split: load_text_split(d, split, t.seed, tokenizer) for split in ("val", "test")}
     if g.eval_subset:  # decoding is the slow part of evaluation: optionally only the first N sentences
         eval_sets = {k: v.head(g.eval_subset) for k, v in eval_sets.items()}
 
@@ -187,7 +186,7 @@ def seq2seq_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_di
         lengths = [max(len(s), len(t_) + 1) for s, t_ in train_set.pairs]
         try:
             sampler = TokenBatchSampler(lengths, d.batch_tokens, seed=t.seed, num_processes=accelerator.num_processes,
-                                        process_index=accelerator.process_index)
+                                        process_index=accelerator.process_index, accum_steps=t.grad_accum_steps)
         except ValueError as e:
             raise ConfigError(str(e)) from None
         train_loader = DataLoader(train_set, batch_sampler=sampler, collate_fn=collate_indexed, num_workers=d.num_workers)
@@ -205,6 +204,9 @@ def seq2seq_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_di
         return F.cross_entropy(logits.flatten(0, 1).float(), batch["tgt_out"].flatten(), ignore_index=PAD_ID,
                                label_smoothing=t.label_smoothing)
 
+    def count(batch: dict[str, Tensor]) -> int:
+        return int((batch["tgt_out"] != PAD_ID).sum())  # target tokens (EOS included)
+
     def score(net: nn.Module, loader: Any, acc: Accelerator) -> dict[str, float]:
         dataset = loader.dataset if hasattr(loader, "dataset") else loader.base_dataloader.dataset
         return evaluate_seq2seq(net, loader, acc, dataset, tokenizer, g.beam_size, g.length_penalty, g.max_new_tokens)
@@ -216,6 +218,6 @@ def seq2seq_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_di
             tokenizer.save(str(directory / "tokenizer.json"))
 
     return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=d.batch_tokens == 0,
-                     eval_loaders=eval_loaders, prepare_eval_loaders=True, loss=loss, evaluate=score,
+                     eval_loaders=eval_loaders, prepare_eval_loaders=True, loss=loss, count=count, evaluate=score,
                      select="bleu" if tokenizer is not None else "exact_match", save_model=save_model,
                      train_size=len(train_set))

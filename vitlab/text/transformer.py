@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from ..attention import KVCache, MultiHeadAttention
 from ..layers import Block, Mlp
 from ..pos_embed import sinusoidal_position_encoding
+from .decoding import beam_search, greedy_search
 
 __all__ = ["DecoderBlock", "DecoderCache", "Transformer", "Seq2SeqTransformer"]
 
@@ -196,62 +197,45 @@ class Seq2SeqTransformer(nn.Module):
     @torch.no_grad()
     def generate(self, src: Tensor, src_key_mask: Tensor | None = None, max_new_tokens: int = 64, beam_size: int = 1,
                  length_penalty: float = 1.0, use_cache: bool = True) -> Tensor:
-        """Decode target ids for a batch of sources, greedily (``beam_size=1``) or by beam search.
+        """Decode target ids for a batch of sources: greedily (``beam_size=1``) or by beam search
+        (:func:`vitlab.text.decoding.beam_search`: an n-best set of finished hypotheses scored
+        ``sum(log p) / length ** length_penalty``, length counting EOS).
 
         Args:
             src: Source ids ``(B, S)``.
             src_key_mask: ``(B, S)``, True = real token; default ``src != pad_id``.
             max_new_tokens: Longest output (EOS included).
             beam_size: Beams per source; 1 is greedy decoding.
-            length_penalty: The best finished beam maximises ``log p / length ** length_penalty``.
+            length_penalty: Exponent of the length normalisation (0: raw log-probability).
             use_cache: Keep each layer's keys and values between steps (cross-attention ones computed
                 once per source); gives the same tokens as recomputing the whole prefix.
 
         Returns:
             ``(B, L)`` ids without BOS, ending with EOS (unless cut at ``max_new_tokens``), padded
-            with ``pad_id``.
+            with ``pad_id``. PAD and BOS are never generated.
         """
-        if beam_size < 1 or beam_size > self.head.out_features:
-            raise ValueError(f"beam_size={beam_size} must be in [1, tgt_vocab_size={self.head.out_features}]")
+        if beam_size < 1:
+            raise ValueError(f"beam_size={beam_size} must be >= 1")
         src_key_mask = src != self.pad_id if src_key_mask is None else src_key_mask
-        batch, k = src.shape[0], beam_size
-        memory = self.encode(src, src_key_mask)
         # Beams live side by side in the batch: row b * k + j is beam j of source b.
-        memory = memory.repeat_interleave(k, dim=0)
-        src_key_mask = src_key_mask.repeat_interleave(k, dim=0)
-        tokens = torch.full((batch * k, 1), self.bos_id, dtype=torch.long, device=src.device)
-        scores = torch.zeros(batch, k, device=src.device)
-        scores[:, 1:] = float("-inf")  # all beams start equal: expand only the first
-        finished = torch.zeros(batch * k, dtype=torch.bool, device=src.device)
-        lengths = torch.zeros(batch * k, device=src.device)
+        memory = self.encode(src, src_key_mask).repeat_interleave(beam_size, dim=0)
+        src_key_mask = src_key_mask.repeat_interleave(beam_size, dim=0)
         caches = [DecoderCache() for _ in self.transformer.decoder_layers] if use_cache else None
-        for step in range(max_new_tokens):
-            if use_cache:
-                x = self._embed(tokens[:, -1:], self.tgt_embed, offset=step)
-                h = self.transformer.decode(x, memory if step == 0 else None, src_key_mask, caches=caches)
+
+        def step(tokens: Tensor, t: int) -> Tensor:
+            if caches is not None:
+                x = self._embed(tokens[:, -1:], self.tgt_embed, offset=t)
+                h = self.transformer.decode(x, memory if t == 0 else None, src_key_mask, caches=caches)
             else:
                 h = self.transformer.decode(self._embed(tokens, self.tgt_embed), memory, src_key_mask)
-            logprobs = self.head(h[:, -1]).float().log_softmax(-1)  # (B * k, V)
-            # A finished beam only extends with padding, at no cost.
-            logprobs[finished] = float("-inf")
-            logprobs[finished, self.pad_id] = 0.0
-            vocab = logprobs.shape[-1]
-            candidates = (scores.view(-1, 1) + logprobs).view(batch, k * vocab)
-            scores, index = candidates.topk(k, dim=-1)  # (B, k)
-            beam = (index // vocab + torch.arange(batch, device=src.device)[:, None] * k).flatten()
-            next_token = (index % vocab).flatten()
-            tokens = torch.cat([tokens[beam], next_token[:, None]], dim=1)
-            finished, lengths = finished[beam], lengths[beam]
-            lengths = lengths + (~finished).float()
-            finished = finished | (next_token == self.eos_id)
-            if caches is not None and k > 1:
-                for cache in caches:
-                    cache.reorder(beam)
-            if bool(finished.all()):
-                break
-        normalized = scores / lengths.view(batch, k).clamp(min=1) ** length_penalty
-        best = normalized.argmax(-1) + torch.arange(batch, device=src.device) * k
-        out = tokens[best, 1:]
-        # Other beams may have run on after the chosen ones ended: drop all-padding columns at the end.
-        keep = int((out != self.pad_id).any(0).nonzero().max()) + 1 if (out != self.pad_id).any() else 0
-        return out[:, :keep]
+            return self.head(h[:, -1]).float().log_softmax(-1)
+
+        def reorder(index: Tensor) -> None:
+            for cache in caches or ():
+                cache.reorder(index)
+
+        special = dict(bos_id=self.bos_id, eos_id=self.eos_id, pad_id=self.pad_id, device=src.device)
+        if beam_size == 1:
+            return greedy_search(step, src.shape[0], max_new_tokens, **special)
+        return beam_search(step, reorder, src.shape[0], beam_size, max_new_tokens, length_penalty=length_penalty,
+                           **special)
