@@ -1,0 +1,44 @@
+"""Launched by the tests under ``torchrun``: train a config (``key=value`` overrides), optionally
+stopping after an epoch as an interruption would, or recording each process's first random draws.
+
+    torchrun --nproc_per_node 2 dist_train.py [--stop-after-epoch N] [--record PREFIX] key=value ...
+
+``--record PREFIX`` writes ``PREFIX.<rank>.json`` at the first forward pass of training: the batch the
+model sees (augmented), then a draw from torch's, NumPy's and Python's global generators (the streams
+dropout, drop path and mixup use).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+
+import numpy as np
+import torch
+
+from vitlab.config import load_config
+from vitlab.training import train
+from vitlab.vit import VisionTransformer
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--stop-after-epoch", type=int)
+parser.add_argument("--record")
+parser.add_argument("overrides", nargs="*")
+args = parser.parse_args()
+
+if args.record:
+    forward = VisionTransformer.forward
+
+    def recording_forward(self, x):
+        if not getattr(recording_forward, "done", False) and self.training:
+            recording_forward.done = True
+            rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+            draws = {"images": x.tolist(), "torch": torch.rand(4).tolist(), "numpy": np.random.rand(4).tolist(),
+                     "python": [random.random() for _ in range(4)]}
+            with open(f"{args.record}.{rank}.json", "w") as f:
+                json.dump(draws, f)
+        return forward(self, x)
+
+    VisionTransformer.forward = recording_forward
+
+train(load_config(None, args.overrides), stop_after_epoch=args.stop_after_epoch)
