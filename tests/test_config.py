@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vitlab.config import load_config
+from vitlab.config import load_config, save_config
 from vitlab.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,16 +16,23 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
-def test_shipped_configs_load_and_build_their_model(path):
+def test_shipped_configs_load_and_build_their_model(path, tmp_path):
     import vitlab
     from vitlab.task import build_model
 
     cfg = load_config(path)
     if cfg.task == "classification":
-        assert build_model(cfg).num_classes == 10
+        model = build_model(cfg)
+        assert model.num_classes == 10 and model.patch_embed.img_size == (32, 32)  # CIFAR-10
+        logits = model.eval()(torch.randn(2, 3, 32, 32))
     else:
-        model = vitlab.create_model(cfg.model.name, src_vocab_size=64, tgt_vocab_size=64, **cfg.model.args)
-        assert model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=3).shape[0] == 1
+        model = vitlab.create_model(cfg.model.name, src_vocab_size=64, tgt_vocab_size=64, **cfg.model.args).eval()
+        logits = model(torch.tensor([[5, 6, 7]]), torch.tensor([[1, 9]]))
+    assert torch.isfinite(logits).all() and logits.shape[-1] == (10 if cfg.task == "classification" else 64)
+    # What the run directory saves reloads to the same config.
+    saved = tmp_path / "config.yaml"
+    save_config(cfg, saved)
+    assert load_config(saved) == cfg
 
 
 def test_overrides_reach_their_keys_with_types():

@@ -433,3 +433,30 @@ def test_two_process_run_interrupted_and_resumed_equals_the_uninterrupted_one(ti
         a, b = _weights(whole, name=name), _weights(parts, name=name)
         assert all(torch.equal(a[k], b[k]) for k in a), name
     assert _evals(whole)[-1]["test_loss"] == _evals(parts)[-1]["test_loss"]
+
+
+@pytest.mark.parametrize("option", ["train.mixed_precision=bf16", "train.compile=true"])
+def test_gpu_only_paths_train_evaluate_and_reload_on_the_cpu(tiny_imagefolder, tmp_path, option):
+    # bf16 runs as CPU autocast, compile as inductor on the CPU: one step, one evaluation, a checkpoint
+    # that reloads and scores what the run recorded.
+    import math
+
+    from vitlab.cli import main
+    from vitlab.training import create_accelerator
+
+    run_dir = tmp_path / "run"
+    summary = train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, option, "train.epochs=1",
+                                                     "data.train_subset=16")))
+    reset_accelerate()
+    assert ckpt.read_json(run_dir / "checkpoints/last/trainer_state.json")["global_step"] == 1
+    assert math.isfinite(summary["test_loss"])
+    assert not any("_orig_mod" in k for k in _weights(run_dir))  # plain names, compiled or not
+    out = tmp_path / "m.json"
+    main(["eval", "--checkpoint", str(run_dir), "--output", str(out)])
+    reset_accelerate()
+    metrics = json.loads(out.read_text())
+    assert metrics["top1"] == summary["test_top1"]
+    assert metrics["loss"] == pytest.approx(summary["test_loss"], abs=1e-5)
+    if "bf16" in option:
+        with create_accelerator("bf16").autocast():
+            assert vitlab.load_model(run_dir)(torch.randn(2, 3, 32, 32)).dtype == torch.bfloat16
