@@ -19,31 +19,30 @@ from .errors import ConfigError
 from .evaluation import evaluate
 from .task import TaskSetup, build_model
 
-__all__ = ["image_classification_task", "split_data"]
+__all__ = ["image_classification_task", "load_train_val_data", "load_test_data"]
 
 
-def split_data(d: DataConfig, seed: int, size: tuple[int, int]) -> tuple[ImageData, ImageData | None, ImageData]:
-    """Decode the run's three splits: train (minus the held-out validation images), validation
-    (``data.val_size`` training images, balanced, chosen by ``seed``; None if 0) and test, subsets
-    applied. The same config and seed give the same images, so ``vitlab eval --split val`` scores
-    exactly the validation images training used."""
+def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int]) -> tuple[ImageData, ImageData | None]:
+    """Decode the training images and hold out the validation set: ``data.val_size`` images, balanced,
+    chosen by ``seed`` (None if 0). The same config and seed give the same images, so ``vitlab eval
+    --split val`` scores exactly the validation images training used."""
     # Only the images used are decoded: the training subset plus the validation images.
     wanted = d.train_subset + d.val_size if d.train_subset else 0
     train = load_split(d.dataset, d.root, "train", download=d.download, subset=wanted, seed=seed, size=size)
-    val = None
-    if d.val_size > 0:
-        if d.val_size >= len(train.labels):
-            raise ConfigError(f"data.val_size={d.val_size} leaves no training images (the training set has "
-                              f"{len(train.labels)})")
-        val_index = balanced_indices(train.labels, d.val_size, seed=seed + 1)
-        keep = torch.ones(len(train.labels), dtype=torch.bool)
-        keep[val_index] = False
-        val, train = train.subset(val_index), train.subset(keep.nonzero().flatten())
-    test = load_split(d.dataset, d.root, "test", download=d.download, subset=d.test_subset, seed=seed, size=size)
-    if test.classes != train.classes:
-        raise ConfigError(f"data.root={d.root!r}: the test classes {test.classes} differ from the train classes "
-                          f"{train.classes}")
-    return train, val, test
+    if d.val_size == 0:
+        return train, None
+    if d.val_size >= len(train.labels):
+        raise ConfigError(f"data.val_size={d.val_size} leaves no training images (the training set has "
+                          f"{len(train.labels)})")
+    val_index = balanced_indices(train.labels, d.val_size, seed=seed + 1)
+    keep = torch.ones(len(train.labels), dtype=torch.bool)
+    keep[val_index] = False
+    return train.subset(keep.nonzero().flatten()), train.subset(val_index)
+
+
+def load_test_data(d: DataConfig, seed: int, size: tuple[int, int]) -> ImageData:
+    """Decode the test images (``data.test_subset`` of them, balanced, if set)."""
+    return load_split(d.dataset, d.root, "test", download=d.download, subset=d.test_subset, seed=seed, size=size)
 
 
 def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch: int) -> TaskSetup:
@@ -55,12 +54,16 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                           f"{micro_batch // accelerator.num_processes}")
     model = build_model(cfg)
     size = model.patch_embed.img_size
-    train_data, val_data, test_data = split_data(d, t.seed, size)
+    train_data, val_data = load_train_val_data(d, t.seed, size)
+    test = load_test_data(d, t.seed, size)
+    if test.classes != train_data.classes:
+        raise ConfigError(f"data.root={d.root!r}: the test classes {test.classes} differ from the train classes "
+                          f"{train_data.classes}")
     num_classes = len(train_data.classes)
     if model.num_classes != num_classes:
         raise ConfigError(f"model.num_classes={model.num_classes} but the data has {num_classes} classes "
                           f"{train_data.classes}; set model.num_classes={num_classes}")
-    eval_sets = {"test": test_data} if val_data is None else {"val": val_data, "test": test_data}
+    eval_sets = {"test": test} if val_data is None else {"val": val_data, "test": test}
     if d.loader == "gpu":
         shard = dict(device=accelerator.device, seed=t.seed, num_processes=accelerator.num_processes,
                      process_index=accelerator.process_index)

@@ -73,7 +73,7 @@ def _eval_classification(args: argparse.Namespace, directory: Path, cfg, model) 
     from torch.utils.data import DataLoader
 
     from .checkpoint import write_json
-    from .classification import split_data
+    from .classification import load_test_data, load_train_val_data
     from .data import TensorImageDataset, image_transform
     from .evaluation import evaluate, plot_confusion_matrix
     from .training import create_accelerator
@@ -85,7 +85,8 @@ def _eval_classification(args: argparse.Namespace, directory: Path, cfg, model) 
         raise ConfigError(f"the run at {directory} held out no validation images (data.val_size=0); evaluate "
                           f"--split test, or train with data.val_size=N")
     # The run's own split (same config, same seed): --split val is exactly the held-out images.
-    data = dict(zip(("train", "val", "test"), split_data(d, cfg.train.seed, size)))[args.split]
+    data = (load_test_data(d, cfg.train.seed, size) if args.split == "test"
+            else dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, size)))[args.split])
     if data.classes != info["label_names"]:
         raise ConfigError(f"data.root={d.root!r} has classes {data.classes}, the model was trained on "
                           f"{info['label_names']}")
