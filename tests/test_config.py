@@ -18,7 +18,7 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_shipped_configs_load_and_build_their_model(path, tmp_path):
     import vitlab
-    from vitlab.task import build_model
+    from vitlab.tasks import build_model
 
     cfg = load_config(path)
     if cfg.task == "classification":

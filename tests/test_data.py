@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitlab.data import balanced_indices, eval_transform, image_transform, load_split, train_transform
+from vitlab.data.images import balanced_indices, eval_transform, image_transform, load_split, train_transform
 from vitlab.errors import DataError
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from vitlab.data import CIFAR10_MEAN, CIFAR10_STD, DeviceImageLoader, ImageData
+from vitlab.data.images import CIFAR10_MEAN, CIFAR10_STD, DeviceImageLoader, ImageData
 
 
 def _data(n: int = 64) -> ImageData:

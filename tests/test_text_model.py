@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from vitlab.interop import transformer_from_torch
-from vitlab.pos_embed import sinusoidal_position_encoding
+from vitlab.layers import sinusoidal_position_encoding
 from vitlab.text import Seq2SeqTransformer, Transformer
 
 TOL = 1e-5

@@ -15,7 +15,7 @@ import vitlab
 from conftest import reset_accelerate
 from vitlab.config import load_config
 from vitlab.errors import ConfigError, DataError
-from vitlab.text.data import EOS_ID, PAD_ID, TokenBatchSampler, collate_pairs, read_lines, synthetic_pairs, train_bpe
+from vitlab.data.text import EOS_ID, PAD_ID, TokenBatchSampler, collate_pairs, read_lines, synthetic_pairs, train_bpe
 from vitlab.training import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -162,8 +162,8 @@ def test_bleu_is_sacrebleu_of_the_detokenized_outputs_in_dataset_order(parallel_
     from accelerate import Accelerator
     from torch.utils.data import DataLoader
 
-    from vitlab.text.data import load_tokenizer
-    from vitlab.text.task import collate_indexed, evaluate_seq2seq, load_text_split
+    from vitlab.data.text import load_tokenizer
+    from vitlab.tasks.seq2seq import collate_indexed, evaluate_seq2seq, load_text_split
 
     cfg = load_config(parallel_run / "config.yaml")
     tokenizer = load_tokenizer(parallel_run / "tokenizer.json")
@@ -193,7 +193,7 @@ def test_eval_and_translate_commands_on_a_translation_run(parallel_run, tmp_path
 def test_misaligned_or_missing_parallel_files_are_named(tmp_path):
     _write_parallel(tmp_path, 5, "train")
     (tmp_path / "train.en").write_text("one line only\n")
-    from vitlab.text.task import load_text_split
+    from vitlab.tasks.seq2seq import load_text_split
 
     cfg = load_config(ROOT / "configs/multi30k_de_en.yaml", [f"data.root={tmp_path}"])
     tok = train_bpe(["ein mann", "a man"], 64, tmp_path / "tok.json")

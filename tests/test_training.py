@@ -343,7 +343,7 @@ def test_a_failed_cifar10_download_is_one_line_naming_the_way_out(tmp_path, monk
 
     from torchvision.datasets import CIFAR10
 
-    from vitlab.data import load_split
+    from vitlab.data.images import load_split
     from vitlab.errors import DataError
 
     def offline(self):

@@ -12,7 +12,7 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 import vitlab
 from vitlab.interop import from_timm, to_timm
 from vitlab.layers import DropPath, drop_path_rates
-from vitlab.vit import VisionTransformer, checkpoint_filter_fn
+from vitlab.models import VisionTransformer, checkpoint_filter_fn
 
 TOL = 1e-5
 

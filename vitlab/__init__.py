@@ -1,13 +1,14 @@
 """vitlab: Vision Transformers on one shared attention core.
 
 Public API: ``VisionTransformer``, ``create_model``, ``list_models``, ``load_model``,
-``create_transform``; submodules ``attention`` (the attention core), ``layers``, ``vit``,
-``interop`` (timm / torch.nn converters), ``config``, ``data``, ``training``, ``checkpoint``.
+``create_transform``. The packages, lowest first (a lower one never imports a higher one):
+``attention`` (the one core and its variants), ``layers`` (norms, MLPs, MoE, positions, blocks),
+``models`` (ViT, encoder-decoder, registry), ``data``, ``tasks``; then the engine: ``config``,
+``training``, ``checkpoint``, ``evaluation``, ``interop``, ``cli``.
 """
 from .checkpoint import load_model
 from .data import create_transform
-from .registry import create_model, list_models
-from .vit import VisionTransformer
+from .models import VisionTransformer, create_model, list_models
 
 __version__ = "0.1.0"
 __all__ = ["VisionTransformer", "create_model", "list_models", "load_model", "create_transform", "__version__"]

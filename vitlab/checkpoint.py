@@ -27,8 +27,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from .errors import CheckpointError
-from .registry import create_model
-from .vit import VisionTransformer
+from .models import VisionTransformer, create_model
 
 __all__ = ["resolve_checkpoint", "replace_dir", "save_model", "load_model", "save_optimizer", "load_optimizer",
            "read_json", "write_json", "load_tensors", "load_weights"]

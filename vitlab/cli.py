@@ -33,90 +33,17 @@ def run_command(fn: Callable[[], None]) -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
-    from .checkpoint import load_model, resolve_checkpoint
-    from .config import load_config
-    from .vit import VisionTransformer
+    from .evaluation import evaluate_checkpoint
 
-    directory = resolve_checkpoint(args.checkpoint)
-    cfg = load_config(directory / "run_config.yaml", args.overrides)
-    model = load_model(directory, use_ema=not args.no_ema)
-    if not isinstance(model, VisionTransformer):
-        return _eval_seq2seq(args, directory, cfg, model)
-    _eval_classification(args, directory, cfg, model)
-
-
-def _eval_seq2seq(args: argparse.Namespace, directory: Path, cfg, model) -> None:
-    from torch.utils.data import DataLoader
-
-    from .checkpoint import write_json
-    from .training import create_accelerator
-    from .text.data import load_tokenizer
-    from .text.task import collate_indexed, evaluate_seq2seq, load_text_split
-
-    tokenizer = load_tokenizer(model.pretrained_cfg["tokenizer"]) if model.pretrained_cfg["tokenizer"] else None
-    dataset = load_text_split(cfg.data, args.split, cfg.train.seed, tokenizer)
-    accelerator = create_accelerator(cfg.train.mixed_precision)
-    loader = DataLoader(dataset, batch_size=args.batch_size, collate_fn=collate_indexed)
-    g = cfg.generate
-    metrics = evaluate_seq2seq(accelerator.prepare(model), accelerator.prepare(loader), accelerator, dataset,
-                               tokenizer, g.beam_size, g.length_penalty, g.max_new_tokens)
-    if not accelerator.is_main_process:
-        return
-    print(f"checkpoint {directory} | {args.split} split: {len(dataset)} pairs | beam {g.beam_size}")
-    print("  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
-    if args.output:
-        write_json(Path(args.output), {**metrics, "num_pairs": len(dataset), "checkpoint": str(directory),
-                                       "split": args.split, "beam_size": g.beam_size})
-
-
-def _eval_classification(args: argparse.Namespace, directory: Path, cfg, model) -> None:
-    from torch.utils.data import DataLoader
-
-    from .checkpoint import write_json
-    from .classification import load_test_data, load_train_val_data
-    from .data import TensorImageDataset, image_transform
-    from .evaluation import evaluate, plot_confusion_matrix
-    from .training import create_accelerator
-
-    info = model.pretrained_cfg
-    size = tuple(info["input_size"][1:])
-    d = cfg.data
-    if args.split == "val" and d.val_size == 0:
-        raise ConfigError(f"the run at {directory} held out no validation images (data.val_size=0); evaluate "
-                          f"--split test, or train with data.val_size=N")
-    # The run's own split (same config, same seed): --split val is exactly the held-out images.
-    data = (load_test_data(d, cfg.train.seed, size) if args.split == "test"
-            else dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, size)))[args.split])
-    if data.classes != info["label_names"]:
-        raise ConfigError(f"data.root={d.root!r} has classes {data.classes}, the model was trained on "
-                          f"{info['label_names']}")
-    accelerator = create_accelerator(cfg.train.mixed_precision)
-    loader = DataLoader(TensorImageDataset(data, image_transform(size, info["mean"], info["std"])),
-                        batch_size=args.batch_size, num_workers=d.num_workers)
-    metrics = evaluate(accelerator.prepare(model), accelerator.prepare(loader), accelerator, len(data.classes))
-    if not accelerator.is_main_process:
-        return
-    print(f"checkpoint {directory} | {args.split} split: {metrics['num_images']} images")
-    print(f"top1 {metrics['top1']:.4f}  top5 {metrics['top5']:.4f}  loss {metrics['loss']:.4f}")
-    for name, acc in zip(data.classes, metrics["per_class"]):
-        print(f"  {name:>12s} {acc:.4f}")
-    out_dir = Path(args.output).parent if args.output else directory
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / "confusion_matrix.json", {"classes": data.classes, "matrix": metrics["confusion"]})
-    plot_confusion_matrix(metrics["confusion"], data.classes, out_dir / "confusion_matrix.png")
-    print(f"confusion matrix: {out_dir / 'confusion_matrix.json'}, {out_dir / 'confusion_matrix.png'}")
-    if args.output:
-        per_class = dict(zip(data.classes, metrics["per_class"]))
-        write_json(Path(args.output), {"top1": metrics["top1"], "top5": metrics["top5"], "loss": metrics["loss"],
-                                       "per_class": per_class, "num_images": metrics["num_images"],
-                                       "checkpoint": str(directory), "split": args.split})
+    evaluate_checkpoint(args.checkpoint, args.split, tuple(args.overrides), use_ema=not args.no_ema,
+                        batch_size=args.batch_size, output=args.output)
 
 
 def _translate(args: argparse.Namespace) -> None:
     from .checkpoint import load_model
     from .errors import CheckpointError
-    from .text.data import load_tokenizer
-    from .text.task import translate
+    from .data.text import load_tokenizer
+    from .tasks.seq2seq import translate
 
     model = load_model(args.checkpoint)
     if getattr(model, "pretrained_cfg", {}).get("tokenizer") is None:
@@ -131,7 +58,7 @@ def _predict(args: argparse.Namespace) -> None:
     import torch
 
     from .checkpoint import load_model
-    from .data import create_transform, read_image
+    from .data.images import create_transform, read_image
 
     model = load_model(args.checkpoint)
     transform = create_transform(model)
@@ -146,7 +73,7 @@ def _predict(args: argparse.Namespace) -> None:
 
 
 def _models(args: argparse.Namespace) -> None:
-    from .registry import create_model, list_models
+    from .models import create_model, list_models
 
     for name in list_models(args.pattern):
         if name.startswith("transformer_"):

@@ -17,7 +17,7 @@ from typing import Any, Literal
 import yaml
 
 from .errors import ConfigError
-from .registry import list_models, preset_class
+from .models import list_models, preset_class
 
 __all__ = ["ConfigError", "Config", "ModelConfig", "DataConfig", "TextDataConfig", "OptimConfig", "TrainConfig",
            "GenerateConfig", "load_config", "config_to_dict", "save_config"]

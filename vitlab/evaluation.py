@@ -1,68 +1,98 @@
-"""Classification metrics over a data loader, exact under several processes (``gather_for_metrics``)."""
+"""Evaluating a trained run on a split (``vitlab eval``), and the confusion-matrix picture.
+
+The run's own config and seed rebuild exactly its data split (``--split val`` is exactly the
+held-out images or sentences); the task's metric code (:mod:`vitlab.tasks`) scores it.
+"""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from accelerate import Accelerator
-from torch import Tensor, nn
+from torch import nn
+from torch.utils.data import DataLoader
 
-__all__ = ["evaluate", "metrics_from_predictions", "plot_confusion_matrix"]
+from .checkpoint import load_model, resolve_checkpoint, write_json
+from .config import Config, load_config
+from .errors import ConfigError
+from .models import VisionTransformer
+from .training import create_accelerator
 
-
-@torch.no_grad()
-def evaluate(model: nn.Module, loader: Any, accelerator: Accelerator, num_classes: int) -> dict[str, Any]:
-    """Top-1/top-5 accuracy, mean cross-entropy, per-class accuracy and the confusion matrix.
-
-    ``loader`` must be prepared by ``accelerator``; every process gets the same result. Accuracies
-    are fractions in [0, 1]; ``confusion[i][j]`` counts images of class i predicted as j.
-    """
-    was_training = model.training
-    model.eval()
-    logits_all, labels_all = [], []
-    exact = getattr(loader, "exact_shards", False)  # a loader that shards itself, nothing repeated
-    for images, labels in loader:
-        with accelerator.autocast():
-            logits = model(images).float()
-        if not exact:  # an Accelerate-prepared loader: drop the samples it repeated to even out
-            logits, labels = accelerator.gather_for_metrics((logits, labels))
-        logits_all.append(logits)
-        labels_all.append(labels)
-    model.train(was_training)
-    logits, labels = torch.cat(logits_all), torch.cat(labels_all)
-    if exact:
-        logits, labels = _gather_uneven(accelerator, logits), _gather_uneven(accelerator, labels)
-    return metrics_from_predictions(logits.cpu(), labels.cpu(), num_classes)
+__all__ = ["evaluate_checkpoint", "plot_confusion_matrix"]
 
 
-def _gather_uneven(accelerator: Accelerator, x: Tensor) -> Tensor:
-    """Concatenate every process's ``x`` (first dimensions may differ) in process order."""
-    if accelerator.num_processes == 1:
-        return x
-    sizes = accelerator.gather(torch.tensor([len(x)], device=x.device)).tolist()
-    padded = accelerator.gather(accelerator.pad_across_processes(x, dim=0))
-    longest = max(sizes)
-    return torch.cat([padded[i * longest:i * longest + n] for i, n in enumerate(sizes)])
+def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: tuple[str, ...] = (),
+                        use_ema: bool = True, batch_size: int = 256, output: str | Path | None = None) -> dict[str, Any]:
+    """Evaluate a run (its best checkpoint) or a checkpoint directory on ``split`` (train, val, test) of
+    its own data; print the metrics on the main process and write them to ``output`` (JSON) if given.
+    A classifier also gets its confusion matrix (JSON + PNG) beside ``output`` or in the checkpoint."""
+    directory = resolve_checkpoint(checkpoint)
+    cfg = load_config(directory / "run_config.yaml", overrides)
+    model = load_model(directory, use_ema=use_ema)
+    run = _evaluate_classifier if isinstance(model, VisionTransformer) else _evaluate_seq2seq
+    return run(directory, cfg, model, split, batch_size, Path(output) if output else None)
 
 
-def metrics_from_predictions(logits: Tensor, labels: Tensor, num_classes: int) -> dict[str, Any]:
-    """Metrics from logits ``(N, num_classes)`` and integer labels ``(N,)``."""
-    k = min(5, num_classes)
-    topk = logits.topk(k, dim=-1).indices
-    correct = topk == labels[:, None]
-    pred = topk[:, 0]
-    confusion = torch.bincount(labels * num_classes + pred, minlength=num_classes ** 2).view(num_classes, num_classes)
-    per_class_total = confusion.sum(1).clamp(min=1)
-    return {
-        "top1": correct[:, 0].float().mean().item(),
-        "top5": correct.any(-1).float().mean().item(),
-        "loss": F.cross_entropy(logits, labels).item(),
-        "per_class": (confusion.diag() / per_class_total).tolist(),
-        "confusion": confusion.tolist(),
-        "num_images": len(labels),
-    }
+def _evaluate_seq2seq(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
+                      output: Path | None) -> dict[str, Any]:
+    from .data.text import load_tokenizer
+    from .tasks.seq2seq import collate_indexed, evaluate_seq2seq, load_text_split
+
+    tokenizer = load_tokenizer(model.pretrained_cfg["tokenizer"]) if model.pretrained_cfg["tokenizer"] else None
+    dataset = load_text_split(cfg.data, split, cfg.train.seed, tokenizer)
+    accelerator = create_accelerator(cfg.train.mixed_precision)
+    loader = DataLoader(dataset, batch_size=batch_size, collate_fn=collate_indexed)
+    g = cfg.generate
+    metrics = evaluate_seq2seq(accelerator.prepare(model), accelerator.prepare(loader), accelerator, dataset,
+                               tokenizer, g.beam_size, g.length_penalty, g.max_new_tokens)
+    if accelerator.is_main_process:
+        print(f"checkpoint {directory} | {split} split: {len(dataset)} pairs | beam {g.beam_size}")
+        print("  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        if output:
+            write_json(output, {**metrics, "num_pairs": len(dataset), "checkpoint": str(directory), "split": split,
+                                "beam_size": g.beam_size})
+    return metrics
+
+
+def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
+                         output: Path | None) -> dict[str, Any]:
+    from .data.images import TensorImageDataset, image_transform
+    from .tasks.classification import evaluate_classifier, load_test_data, load_train_val_data
+
+    info = model.pretrained_cfg
+    size = tuple(info["input_size"][1:])
+    d = cfg.data
+    if split == "val" and d.val_size == 0:
+        raise ConfigError(f"the run at {directory} held out no validation images (data.val_size=0); evaluate "
+                          f"--split test, or train with data.val_size=N")
+    # The run's own split (same config, same seed): --split val is exactly the held-out images.
+    data = (load_test_data(d, cfg.train.seed, size) if split == "test"
+            else dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, size)))[split])
+    if data.classes != info["label_names"]:
+        raise ConfigError(f"data.root={d.root!r} has classes {data.classes}, the model was trained on "
+                          f"{info['label_names']}")
+    accelerator = create_accelerator(cfg.train.mixed_precision)
+    loader = DataLoader(TensorImageDataset(data, image_transform(size, info["mean"], info["std"])),
+                        batch_size=batch_size, num_workers=d.num_workers)
+    metrics = evaluate_classifier(accelerator.prepare(model), accelerator.prepare(loader), accelerator,
+                                  len(data.classes))
+    if not accelerator.is_main_process:
+        return metrics
+    print(f"checkpoint {directory} | {split} split: {metrics['num_images']} images")
+    print(f"top1 {metrics['top1']:.4f}  top5 {metrics['top5']:.4f}  loss {metrics['loss']:.4f}")
+    for name, acc in zip(data.classes, metrics["per_class"]):
+        print(f"  {name:>12s} {acc:.4f}")
+    out_dir = output.parent if output else directory
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_json(out_dir / "confusion_matrix.json", {"classes": data.classes, "matrix": metrics["confusion"]})
+    plot_confusion_matrix(metrics["confusion"], data.classes, out_dir / "confusion_matrix.png")
+    print(f"confusion matrix: {out_dir / 'confusion_matrix.json'}, {out_dir / 'confusion_matrix.png'}")
+    if output:
+        per_class = dict(zip(data.classes, metrics["per_class"]))
+        write_json(output, {"top1": metrics["top1"], "top5": metrics["top5"], "loss": metrics["loss"],
+                            "per_class": per_class, "num_images": metrics["num_images"],
+                            "checkpoint": str(directory), "split": split})
+    return metrics
 
 
 def plot_confusion_matrix(confusion: list[list[int]], classes: list[str], path: Path) -> None:

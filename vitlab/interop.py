@@ -5,28 +5,38 @@ Conversions copy weights exactly; outputs agree to float32 rounding (tested to 1
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from .attention import MultiHeadAttention
-from .vit import VisionTransformer
-
-if TYPE_CHECKING:
-    from .text.transformer import Transformer
+from .models import Transformer, VisionTransformer
 
 __all__ = ["from_timm", "to_timm", "mha_from_torch", "transformer_from_torch"]
 
 
+_TIMM_ACTS = {"GELU": "gelu", "SiLU": "silu", "ReLU": "relu"}
+
+
+def _norm_name(norm: nn.Module) -> str | None:
+    """vitlab's name for a timm ViT norm it can reproduce (eps 1e-6), else None."""
+    from timm.layers import RmsNorm
+
+    if isinstance(norm, nn.LayerNorm) and norm.eps == 1e-6 and norm.bias is not None:
+        return "layernorm"
+    if isinstance(norm, (RmsNorm, nn.RMSNorm)) and norm.eps == 1e-6 and norm.weight is not None:
+        return "rmsnorm"
+    return None
+
+
 def _timm_vit_args(model: nn.Module) -> dict:
     """vitlab ``VisionTransformer`` arguments equivalent to a timm ViT; raise on what vitlab lacks."""
+    from timm.layers import Mlp, SwiGLU
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
     if not isinstance(model, TimmViT):
         raise ValueError(f"expected a timm.models.vision_transformer.VisionTransformer, got {type(model).__name__}")
     unsupported = {
-        "no class token": model.cls_token is None,
         "register tokens": model.reg_token is not None,
         "no_embed_class": model.no_embed_class,
         "no positional embedding": model.pos_embed is None,
@@ -37,23 +47,29 @@ def _timm_vit_args(model: nn.Module) -> dict:
         "patch-embed norm": not isinstance(model.patch_embed.norm, nn.Identity),
         "final_norm=False": isinstance(model.norm, nn.Identity) and isinstance(model.fc_norm, nn.Identity),
     }
+    mlp_layer, act = "mlp", None
     if len(model.blocks):
         block = model.blocks[0]
+        mlp = block.mlp
+        mlp_layer = "swiglu" if type(mlp) is SwiGLU else "mlp" if type(mlp) is Mlp else type(mlp).__name__
+        act_name = type(mlp.act).__name__
+        act = _TIMM_ACTS.get(act_name)
         unsupported.update({
             "layer scale (init_values)": not isinstance(block.ls1, nn.Identity),
             "qk_norm": not isinstance(block.attn.q_norm, nn.Identity),
             "attention/MLP scale norms": not (isinstance(block.attn.norm, nn.Identity)
-                                              and isinstance(block.mlp.norm, nn.Identity)),
-            "MLP without GELU": type(block.mlp.act) is not nn.GELU or block.mlp.act.approximate != "none",
+                                              and isinstance(mlp.norm, nn.Identity)),
+            f"MLP {mlp_layer}": mlp_layer not in ("mlp", "swiglu"),
+            f"MLP activation {act_name}": act is None or (act == "gelu" and mlp.act.approximate != "none"),
             "no attention proj bias": block.attn.proj.bias is None,
-            "norm other than LayerNorm(eps=1e-6)": not (isinstance(block.norm1, nn.LayerNorm)
-                                                       and block.norm1.eps == 1e-6),
+            "norm other than LayerNorm or RmsNorm with eps=1e-6": _norm_name(block.norm1) is None,
         })
     found = [name for name, present in unsupported.items() if present]
     if found:
         raise ValueError(f"this timm ViT uses features vitlab's VisionTransformer does not have: {', '.join(found)}")
     embed_dim = model.embed_dim
     blocks = list(model.blocks)
+    hidden = (blocks[0].mlp.fc2.in_features if blocks else 4 * embed_dim)
     return dict(
         img_size=tuple(model.patch_embed.img_size),
         patch_size=tuple(model.patch_embed.patch_size),
@@ -62,18 +78,23 @@ def _timm_vit_args(model: nn.Module) -> dict:
         embed_dim=embed_dim,
         depth=len(blocks),
         num_heads=blocks[0].attn.num_heads if blocks else 1,
-        mlp_ratio=blocks[0].mlp.fc1.out_features / embed_dim if blocks else 4.0,
+        mlp_ratio=hidden / embed_dim,
         qkv_bias=blocks[0].attn.qkv.bias is not None if blocks else True,
         global_pool=model.global_pool,
         fc_norm=not isinstance(model.fc_norm, nn.Identity),
+        class_token=model.cls_token is not None,
+        norm_layer=_norm_name(blocks[0].norm1) if blocks else "layernorm",
+        mlp_layer=mlp_layer,
+        act_layer=act,
     )
 
 
 def from_timm(model: nn.Module) -> VisionTransformer:
     """A vitlab ``VisionTransformer`` with the architecture and weights of a timm ViT.
 
-    Dropout rates are not carried over (they do not change eval outputs); pass them to
-    ``VisionTransformer`` yourself if you fine-tune.
+    Covers timm ViTs with LayerNorm or ``timm.layers.RmsNorm``, ``Mlp`` or ``timm.layers.SwiGLU``
+    (GELU, SiLU or ReLU), with or without a class token. Dropout rates are not carried over (they
+    do not change eval outputs); pass them to ``VisionTransformer`` yourself if you fine-tune.
     """
     vit = VisionTransformer(**_timm_vit_args(model))
     vit.load_state_dict(model.state_dict(), strict=True)
@@ -81,10 +102,23 @@ def from_timm(model: nn.Module) -> VisionTransformer:
 
 
 def to_timm(model: VisionTransformer) -> nn.Module:
-    """A ``timm.models.vision_transformer.VisionTransformer`` with ``model``'s architecture and weights."""
+    """A ``timm.models.vision_transformer.VisionTransformer`` with ``model``'s architecture and weights.
+
+    timm has no mixture of experts, no general/additive scores, no linear, streaming or argmax
+    kernel and no sin-cos positions in its ViT: such models raise ``ValueError``.
+    """
+    from functools import partial
+
+    from timm.layers import Mlp, RmsNorm, SwiGLU
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
     cfg = model.config
+    missing = [f"{k}={cfg[k]!r}" for k, ok in (("mlp_layer", ("mlp", "swiglu")), ("score", ("dot",)),
+                                                ("kernel", ("softmax",)), ("pos_embed", ("learn",)))
+               if cfg[k] not in ok]
+    if missing:
+        raise ValueError(f"timm's VisionTransformer has no {', '.join(missing)}; only vitlab runs this model")
+    act = cfg["act_layer"] or ("silu" if cfg["mlp_layer"] == "swiglu" else "gelu")
     use_fc_norm = not isinstance(model.fc_norm, nn.Identity)
     timm_model = TimmViT(
         img_size=model.patch_embed.img_size, patch_size=model.patch_embed.patch_size, in_chans=cfg["in_chans"],
@@ -92,7 +126,10 @@ def to_timm(model: VisionTransformer) -> nn.Module:
         depth=cfg["depth"], num_heads=cfg["num_heads"], mlp_ratio=cfg["mlp_ratio"], qkv_bias=cfg["qkv_bias"],
         fc_norm=use_fc_norm, drop_rate=cfg["drop_rate"], pos_drop_rate=cfg["pos_drop_rate"],
         proj_drop_rate=cfg["proj_drop_rate"], attn_drop_rate=cfg["attn_drop_rate"],
-        drop_path_rate=cfg["drop_path_rate"],
+        drop_path_rate=cfg["drop_path_rate"], class_token=cfg["class_token"],
+        norm_layer=partial(RmsNorm, eps=1e-6) if cfg["norm_layer"] == "rmsnorm" else None,
+        mlp_layer=SwiGLU if cfg["mlp_layer"] == "swiglu" else Mlp,
+        act_layer={"gelu": nn.GELU, "silu": nn.SiLU, "relu": nn.ReLU}[act],
     )
     timm_model.load_state_dict(model.state_dict(), strict=True)
     return timm_model.train(model.training)
@@ -124,7 +161,7 @@ def mha_from_torch(module: nn.MultiheadAttention) -> MultiHeadAttention:
     return mha.to(module.in_proj_weight.device, module.in_proj_weight.dtype).train(module.training)
 
 
-def transformer_from_torch(module: nn.Transformer) -> "Transformer":
+def transformer_from_torch(module: nn.Transformer) -> Transformer:
     """A vitlab :class:`~vitlab.text.Transformer` with the weights of a ``torch.nn.Transformer``.
 
     The result is batch first whatever ``module.batch_first`` says; its key masks are True = real
@@ -132,8 +169,6 @@ def transformer_from_torch(module: nn.Transformer) -> "Transformer":
     is always causal (PyTorch's ``tgt_mask=generate_square_subsequent_mask(T)``).
     """
     import torch.nn.functional as F
-
-    from .text.transformer import Transformer
 
     if not isinstance(module, nn.Transformer):
         raise ValueError(f"expected torch.nn.Transformer, got {type(module).__name__}")

@@ -26,7 +26,8 @@ from . import checkpoint as ckpt
 from .config import Config, config_to_dict, save_config
 from .errors import ConfigError, TrainingError
 from .seeding import seed_process
-from .task import TaskSetup
+from .layers import expert_utilization, moe_aux_loss
+from .tasks import TaskSetup
 
 __all__ = ["train", "create_accelerator", "param_groups", "lr_multiplier", "plot_curves"]
 
@@ -76,7 +77,9 @@ def _save_checkpoint(accelerator: Accelerator, run_dir: Path, name: str, cfg: Co
         tmp.mkdir(parents=True)
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
-        task.save_model(_plain(accelerator.unwrap_model(model)), tmp, ema.module if ema is not None else None)
+        ckpt.save_model(_plain(accelerator.unwrap_model(model)), tmp, cfg.model.name, task.meta,
+                        ema.module if ema is not None else None)
+        task.save_files(tmp)
         ckpt.save_optimizer(optimizer, tmp)
         ckpt.write_json(tmp / "trainer_state.json", state)
         save_config(cfg, tmp / "run_config.yaml")
@@ -89,10 +92,10 @@ def _save_checkpoint(accelerator: Accelerator, run_dir: Path, name: str, cfg: Co
 def _setup_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
                 resume_from: Path | None) -> TaskSetup:
     if cfg.task == "seq2seq":
-        from .text.task import seq2seq_task
+        from .tasks.seq2seq import seq2seq_task
 
         return seq2seq_task(cfg, accelerator, micro_batch, run_dir, resume_from)
-    from .classification import image_classification_task
+    from .tasks.classification import image_classification_task
 
     return image_classification_task(cfg, accelerator, micro_batch)
 
@@ -192,9 +195,13 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
             with metrics_file.open("a") as f:
                 f.write(json.dumps(record) + "\n")
 
+    step_aux = torch.zeros((), device=accelerator.device)  # MoE balancing loss summed over steps since the last log
+
     def optimizer_step(group: list[Any]) -> torch.Tensor:
         """Forward and backward over one global batch (this process's micro-batches), then one update.
-        Returns this process's share of the global mean loss."""
+        Returns this process's share of the global mean loss (the task's loss; MoE balancing adds to the
+        gradient and is logged apart as ``moe_aux_loss``)."""
+        nonlocal step_aux
         # Each micro-batch's mean loss, weighted by its share of the global batch: the step's loss is
         # the mean over the global batch, wherever its examples ran. DDP averages gradients over
         # processes, hence the factor num_processes. Even batches give weights of exactly 1 / k.
@@ -204,8 +211,11 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
         for i, batch in enumerate(group):
             with contextlib.nullcontext() if i == len(group) - 1 else accelerator.no_sync(model):
                 loss = task.loss(model, batch) * (counts[i] * accelerator.num_processes / total)
-                accelerator.backward(loss)
+                aux = moe_aux_loss(model)  # mixture-of-experts load balancing, already weighted
+                accelerator.backward(loss if aux is None else loss + aux / len(group))
             step_loss += loss.detach()
+            if aux is not None:
+                step_aux += aux.detach() / len(group)
         if cfg.optim.grad_clip > 0:
             accelerator.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
         optimizer.step()
@@ -214,6 +224,7 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
         return step_loss
 
     n_params = sum(p.numel() for p in model.parameters())
+    has_moe = bool(expert_utilization(model))
     selection = (f"best/ chosen on {'ema_' if ema is not None else ''}val_{task.select}" if "val" in eval_loaders
                  else "no validation split: no best/, the final epoch's test metric is the result")
     accelerator.print(f"model {cfg.model.name}: {n_params / 1e6:.2f}M params | train {task.train_size} examples, "
@@ -242,17 +253,25 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
                 ema.update(_plain(accelerator.unwrap_model(model)), step=state["global_step"])
             if state["global_step"] % t.log_every == 0:
                 mean_loss = _checked_mean(accelerator, running / seen, epoch, state["global_step"])
-                running.zero_()
-                seen = 0
                 lr = scheduler.get_last_lr()[0]
                 bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
-                log({"split": "train", "epoch": epoch, "step": state["global_step"], "loss": mean_loss, "lr": lr})
+                record = {"split": "train", "epoch": epoch, "step": state["global_step"], "loss": mean_loss, "lr": lr}
+                if has_moe:
+                    record["moe_aux_loss"] = accelerator.reduce(step_aux / seen, reduction="mean").item()
+                    step_aux.zero_()
+                log(record)
+                running.zero_()
+                seen = 0
         if seen:
             _checked_mean(accelerator, running / seen, epoch, state["global_step"])
         epoch_time = time.time() - epoch_start
         record: dict[str, Any] = {"split": "eval", "epoch": epoch, "step": state["global_step"],
                                   "epoch_time": epoch_time, "examples_per_s": task.train_size / epoch_time,
                                   "lr": scheduler.get_last_lr()[0]}
+        if has_moe:  # share of routing assignments per expert, per MoE layer, over all processes this epoch
+            counts = [accelerator.reduce(c, reduction="sum") for c in expert_utilization(model)]
+            record["expert_utilization"] = [[round(x, 4) for x in (c / c.sum().clamp(min=1)).tolist()]
+                                            for c in counts]
         is_best = False
         if epoch % t.eval_every == 0 or epoch == t.epochs:
             for name, loader in eval_loaders.items():
@@ -265,7 +284,8 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
                     is_best = True
             accelerator.print(f"epoch {epoch}: " + ", ".join(
                 f"{k} {v:.4f}" for k, v in record.items() if k.startswith(("val", "test", "ema")))
-                + f" | {epoch_time:.1f}s ({record['examples_per_s']:.0f} examples/s)")
+                + f" | {epoch_time:.1f}s ({record['examples_per_s']:.0f} examples/s)"
+                + (f" | expert use {record['expert_utilization']}" if has_moe else ""))
         log(record)
         summary = record
         state["epoch"] = epoch

@@ -18,7 +18,7 @@ import torch
 
 from vitlab.config import load_config
 from vitlab.training import train
-from vitlab.vit import VisionTransformer
+from vitlab.models import VisionTransformer
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--stop-after-epoch", type=int)

@@ -1,72 +1,24 @@
 """The encoder-decoder Transformer of "Attention Is All You Need", on vitlab's attention core.
 
-Encoder layers are the ViT's :class:`~vitlab.layers.Block`; decoder layers add causal self-attention
-and cross-attention, all three from :class:`~vitlab.attention.MultiHeadAttention`. Batch first;
+Encoder layers are the ViT's :class:`~vitlab.layers.Block`; decoder layers
+(:class:`~vitlab.layers.DecoderBlock`) add causal self-attention and cross-attention, all three from
+:class:`~vitlab.attention.MultiHeadAttention`, with the same variant options (norm, MLP, score, kernel). Batch first;
 key masks are boolean ``(B, L)`` with **True = real token**.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+from torch.nn.init import trunc_normal_
 
-from ..attention import KVCache, MultiHeadAttention
-from ..layers import Block, Mlp
-from ..pos_embed import sinusoidal_position_encoding
+from ..attention import KernelName, ScoreName
+from ..layers import Block, DecoderBlock, DecoderCache, MlpName, NormName, create_norm, sinusoidal_position_encoding
 from .decoding import beam_search, greedy_search
 
-__all__ = ["DecoderBlock", "DecoderCache", "Transformer", "Seq2SeqTransformer"]
-
-
-@dataclass
-class DecoderCache:
-    """One decoder layer's decoding state: its self-attention keys/values (growing) and its
-    cross-attention keys/values (projected once from the encoder output)."""
-
-    self_attn: KVCache = field(default_factory=KVCache)
-    cross_attn: KVCache = field(default_factory=lambda: KVCache(static=True))
-
-    def reorder(self, index: Tensor) -> None:
-        self.self_attn.reorder(index)
-        self.cross_attn.reorder(index)
-
-
-class DecoderBlock(nn.Module):
-    """Causal self-attention, cross-attention over the encoder output, feed-forward; pre- or post-norm."""
-
-    def __init__(self, dim: int, num_heads: int, dim_feedforward: int, dropout: float = 0.1, act: str = "relu",
-                 norm_first: bool = True, norm_eps: float = 1e-5) -> None:
-        super().__init__()
-        self.norm_first = norm_first
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.self_attn = MultiHeadAttention(dim, num_heads, attn_drop=dropout, proj_drop=dropout)
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.cross_attn = MultiHeadAttention(dim, num_heads, attn_drop=dropout, proj_drop=dropout)
-        self.norm3 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, dim_feedforward, act=act, drop=dropout)
-
-    def forward(self, x: Tensor, memory: Tensor | None, memory_key_mask: Tensor | None = None,
-                tgt_key_mask: Tensor | None = None, cache: DecoderCache | None = None) -> Tensor:
-        """``x`` ``(B, T, dim)`` (only the new positions when ``cache`` holds the past), ``memory``
-        ``(B, S, dim)`` (may be None once ``cache`` holds the cross-attention keys)."""
-        self_cache = cache.self_attn if cache is not None else None
-        cross_cache = cache.cross_attn if cache is not None else None
-
-        def self_attn(h: Tensor) -> Tensor:
-            return self.self_attn(h, is_causal=True, key_mask=tgt_key_mask, kv_cache=self_cache)
-
-        def cross_attn(h: Tensor) -> Tensor:
-            return self.cross_attn(h, memory, key_mask=memory_key_mask, kv_cache=cross_cache)
-
-        if self.norm_first:
-            x = x + self_attn(self.norm1(x))
-            x = x + cross_attn(self.norm2(x))
-            return x + self.mlp(self.norm3(x))
-        x = self.norm1(x + self_attn(x))
-        x = self.norm2(x + cross_attn(x))
-        return self.norm3(x + self.mlp(x))
+__all__ = ["Transformer", "Seq2SeqTransformer"]
 
 
 class Transformer(nn.Module):
@@ -82,23 +34,29 @@ class Transformer(nn.Module):
         activation: ``'relu'`` (the paper) or ``'gelu'``.
         norm_first: Pre-norm (True) or post-norm (False, the paper). A final LayerNorm closes the
             encoder and the decoder either way, as in ``torch.nn.Transformer``.
-        norm_eps: LayerNorm epsilon (PyTorch's default, 1e-5).
+        norm_eps: Norm epsilon (PyTorch's default, 1e-5).
+        variant: Options of every block (``norm_layer``, ``mlp_layer``, ``num_experts``, ``moe_top_k``,
+            ``moe_expert_layer``, ``moe_aux_loss_weight``, ``score``, ``kernel``; see
+            :class:`~vitlab.layers.Block`). Attention-weight dropout applies where the kernel forms
+            the weights (softmax, argmax).
     """
 
     def __init__(self, d_model: int = 512, num_heads: int = 8, num_encoder_layers: int = 6,
                  num_decoder_layers: int = 6, dim_feedforward: int = 2048, dropout: float = 0.1,
-                 activation: str = "relu", norm_first: bool = True, norm_eps: float = 1e-5) -> None:
+                 activation: str = "relu", norm_first: bool = True, norm_eps: float = 1e-5, **variant: Any) -> None:
         super().__init__()
         self.d_model = d_model
+        norm_layer = variant.get("norm_layer", "layernorm")
+        attn_drop = dropout if variant.get("kernel", "softmax") in ("softmax", "argmax") else 0.0
         self.encoder_layers = nn.ModuleList([
-            Block(d_model, num_heads, proj_drop=dropout, attn_drop=dropout, act=activation, norm_first=norm_first,
-                  norm_eps=norm_eps, mlp_hidden_dim=dim_feedforward)
+            Block(d_model, num_heads, proj_drop=dropout, attn_drop=attn_drop, act=activation, norm_first=norm_first,
+                  norm_eps=norm_eps, mlp_hidden_dim=dim_feedforward, **variant)
             for _ in range(num_encoder_layers)])
-        self.encoder_norm = nn.LayerNorm(d_model, eps=norm_eps)
+        self.encoder_norm = create_norm(norm_layer, d_model, norm_eps)
         self.decoder_layers = nn.ModuleList([
-            DecoderBlock(d_model, num_heads, dim_feedforward, dropout, activation, norm_first, norm_eps)
+            DecoderBlock(d_model, num_heads, dim_feedforward, dropout, activation, norm_first, norm_eps, **variant)
             for _ in range(num_decoder_layers)])
-        self.decoder_norm = nn.LayerNorm(d_model, eps=norm_eps)
+        self.decoder_norm = create_norm(norm_layer, d_model, norm_eps)
 
     def encode(self, src: Tensor, src_key_mask: Tensor | None = None) -> Tensor:
         """``src`` ``(B, S, d_model)`` -> memory ``(B, S, d_model)``."""
@@ -120,7 +78,7 @@ class Transformer(nn.Module):
 
 
 class Seq2SeqTransformer(nn.Module):
-    """Token-to-token Transformer: scaled embeddings + sinusoidal positions, the core, an output projection.
+    """Token-to-token Transformer: scaled embeddings + positions, the core, an output projection.
 
     Args:
         src_vocab_size: Source vocabulary size.
@@ -133,13 +91,19 @@ class Seq2SeqTransformer(nn.Module):
             embedding when ``tie_output``.
         tie_output: Tie the output projection to the target embedding.
         max_len: Longest sequence the position encoding covers.
+        pos_embed: ``'sinusoidal'`` (fixed, the paper) or ``'learn'`` (a learned table).
+        norm_layer, mlp_layer, num_experts, moe_top_k, moe_expert_layer, moe_aux_loss_weight, score, kernel:
+            The block variants (:class:`~vitlab.layers.Block`).
     """
 
     def __init__(self, src_vocab_size: int, tgt_vocab_size: int, d_model: int = 512, num_heads: int = 8,
                  num_encoder_layers: int = 6, num_decoder_layers: int = 6, dim_feedforward: int = 2048,
                  dropout: float = 0.1, activation: str = "relu", norm_first: bool = True, pad_id: int = 0,
                  bos_id: int = 1, eos_id: int = 2, share_embeddings: bool = False, tie_output: bool = True,
-                 max_len: int = 1024) -> None:
+                 max_len: int = 1024, pos_embed: Literal["sinusoidal", "learn"] = "sinusoidal",
+                 norm_layer: NormName = "layernorm", mlp_layer: MlpName = "mlp", num_experts: int = 4,
+                 moe_top_k: int = 2, moe_expert_layer: Literal["mlp", "swiglu"] = "mlp",
+                 moe_aux_loss_weight: float = 0.01, score: ScoreName = "dot", kernel: KernelName = "softmax") -> None:
         super().__init__()
         if share_embeddings and src_vocab_size != tgt_vocab_size:
             raise ValueError(f"share_embeddings needs one vocabulary, got src_vocab_size={src_vocab_size} and "
@@ -148,16 +112,26 @@ class Seq2SeqTransformer(nn.Module):
                            num_heads=num_heads, num_encoder_layers=num_encoder_layers,
                            num_decoder_layers=num_decoder_layers, dim_feedforward=dim_feedforward, dropout=dropout,
                            activation=activation, norm_first=norm_first, pad_id=pad_id, bos_id=bos_id, eos_id=eos_id,
-                           share_embeddings=share_embeddings, tie_output=tie_output, max_len=max_len)
+                           share_embeddings=share_embeddings, tie_output=tie_output, max_len=max_len,
+                           pos_embed=pos_embed)
+        variant = dict(norm_layer=norm_layer, mlp_layer=mlp_layer, num_experts=num_experts, moe_top_k=moe_top_k,
+                       moe_expert_layer=moe_expert_layer, moe_aux_loss_weight=moe_aux_loss_weight, score=score,
+                       kernel=kernel)
+        self.config.update(variant)
+        if pos_embed not in ("sinusoidal", "learn"):
+            raise ValueError(f"unknown pos_embed {pos_embed!r} for a text model; expected 'sinusoidal' or 'learn'")
         self.pad_id, self.bos_id, self.eos_id = pad_id, bos_id, eos_id
         self.d_model = d_model
         self.src_embed = nn.Embedding(src_vocab_size, d_model, padding_idx=pad_id)
         self.tgt_embed = self.src_embed if share_embeddings else nn.Embedding(tgt_vocab_size, d_model,
                                                                               padding_idx=pad_id)
-        self.register_buffer("pos_encoding", sinusoidal_position_encoding(max_len, d_model), persistent=False)
+        if pos_embed == "learn":
+            self.pos_encoding = nn.Parameter(trunc_normal_(torch.empty(max_len, d_model), std=0.02))
+        else:
+            self.register_buffer("pos_encoding", sinusoidal_position_encoding(max_len, d_model), persistent=False)
         self.embed_drop = nn.Dropout(dropout)
         self.transformer = Transformer(d_model, num_heads, num_encoder_layers, num_decoder_layers, dim_feedforward,
-                                       dropout, activation, norm_first)
+                                       dropout, activation, norm_first, **variant)
         self.head = nn.Linear(d_model, tgt_vocab_size, bias=False)
         self._init_weights()
         if share_embeddings or tie_output:
@@ -165,7 +139,7 @@ class Seq2SeqTransformer(nn.Module):
 
     def _init_weights(self) -> None:
         for name, p in self.named_parameters():
-            if p.dim() > 1 and "embed" not in name:
+            if p.dim() > 1 and "embed" not in name and name != "pos_encoding" and ".score." not in name:
                 nn.init.xavier_uniform_(p)
         for emb in {self.src_embed, self.tgt_embed}:
             nn.init.normal_(emb.weight, std=self.d_model ** -0.5)  # times sqrt(d_model): unit scale

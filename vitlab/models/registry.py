@@ -2,7 +2,7 @@
 
 The ImageNet presets have timm's names and exactly timm's shapes and parameter counts. The CIFAR
 presets run on 32x32 images cut into 4x4 patches (64 patch tokens + CLS = 65 tokens). The
-``transformer_*`` presets are text encoder-decoders (:class:`vitlab.text.Seq2SeqTransformer`); they
+``transformer_*`` presets are text encoder-decoders (:class:`vitlab.models.Seq2SeqTransformer`); they
 need ``src_vocab_size`` and ``tgt_vocab_size``.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 from torch import nn
 
-from .text.transformer import Seq2SeqTransformer
+from .transformer import Seq2SeqTransformer
 from .vit import VisionTransformer
 
 __all__ = ["create_model", "list_models", "model_args", "preset_class"]

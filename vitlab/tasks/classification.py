@@ -1,25 +1,26 @@
 """Image classification as a training task: ViT + CIFAR-10/ImageFolder data + (mixup) cross-entropy."""
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from accelerate import Accelerator
 from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from . import checkpoint as ckpt
-from .config import Config, DataConfig
-from .data import CIFAR10_MEAN, CIFAR10_STD, DeviceImageLoader, ImageData, TensorImageDataset, balanced_indices, \
-    eval_transform, load_split, train_transform
-from .errors import ConfigError
-from .evaluation import evaluate
-from .task import TaskSetup, build_model
+from ..data.images import CIFAR10_MEAN, CIFAR10_STD, DeviceImageLoader, ImageData, TensorImageDataset, \
+    balanced_indices, eval_transform, load_split, train_transform
+from ..errors import ConfigError
+from .base import TaskSetup, build_model
 
-__all__ = ["image_classification_task", "load_train_val_data", "load_test_data"]
+if TYPE_CHECKING:
+    from ..config import Config, DataConfig
+
+__all__ = ["image_classification_task", "load_train_val_data", "load_test_data", "evaluate_classifier",
+           "metrics_from_predictions", "gather_uneven"]
 
 
 def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int]) -> tuple[ImageData, ImageData | None]:
@@ -97,14 +98,65 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         return len(batch[1])
 
     def score(net: nn.Module, loader: Any, acc: Accelerator) -> dict[str, float]:
-        m = evaluate(net, loader, acc, num_classes)
+        m = evaluate_classifier(net, loader, acc, num_classes)
         return {"top1": m["top1"], "top5": m["top5"], "loss": m["loss"]}
 
-    def save_model(net: nn.Module, directory: Path, ema: nn.Module | None) -> None:
-        ckpt.save_model(net, directory, cfg.model.name, {"task": "classification", "classes": train_data.classes,
-                                                         "mean": list(CIFAR10_MEAN), "std": list(CIFAR10_STD)}, ema)
-
+    meta = {"task": "classification", "classes": train_data.classes, "mean": list(CIFAR10_MEAN),
+            "std": list(CIFAR10_STD)}
     return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=d.loader == "torch",
                      eval_loaders=eval_loaders, prepare_eval_loaders=d.loader == "torch", loss=loss, count=count,
                      evaluate=score,
-                     select="top1", save_model=save_model, train_size=len(train_data.labels))
+                     select="top1", meta=meta, train_size=len(train_data.labels))
+
+
+@torch.no_grad()
+def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator, num_classes: int) -> dict[str, Any]:
+    """Top-1/top-5 accuracy, mean cross-entropy, per-class accuracy and the confusion matrix.
+
+    ``loader`` must be prepared by ``accelerator``; every process gets the same result. Accuracies
+    are fractions in [0, 1]; ``confusion[i][j]`` counts images of class i predicted as j.
+    """
+    was_training = model.training
+    model.eval()
+    logits_all, labels_all = [], []
+    exact = getattr(loader, "exact_shards", False)  # a loader that shards itself, nothing repeated
+    for images, labels in loader:
+        with accelerator.autocast():
+            logits = model(images).float()
+        if not exact:  # an Accelerate-prepared loader: drop the samples it repeated to even out
+            logits, labels = accelerator.gather_for_metrics((logits, labels))
+        logits_all.append(logits)
+        labels_all.append(labels)
+    model.train(was_training)
+    logits, labels = torch.cat(logits_all), torch.cat(labels_all)
+    if exact:
+        logits, labels = gather_uneven(accelerator, logits), gather_uneven(accelerator, labels)
+    return metrics_from_predictions(logits.cpu(), labels.cpu(), num_classes)
+
+
+def gather_uneven(accelerator: Accelerator, x: Tensor) -> Tensor:
+    """Concatenate every process's ``x`` (first dimensions may differ) in process order."""
+    if accelerator.num_processes == 1:
+        return x
+    sizes = accelerator.gather(torch.tensor([len(x)], device=x.device)).tolist()
+    padded = accelerator.gather(accelerator.pad_across_processes(x, dim=0))
+    longest = max(sizes)
+    return torch.cat([padded[i * longest:i * longest + n] for i, n in enumerate(sizes)])
+
+
+def metrics_from_predictions(logits: Tensor, labels: Tensor, num_classes: int) -> dict[str, Any]:
+    """Metrics from logits ``(N, num_classes)`` and integer labels ``(N,)``."""
+    k = min(5, num_classes)
+    topk = logits.topk(k, dim=-1).indices
+    correct = topk == labels[:, None]
+    pred = topk[:, 0]
+    confusion = torch.bincount(labels * num_classes + pred, minlength=num_classes ** 2).view(num_classes, num_classes)
+    per_class_total = confusion.sum(1).clamp(min=1)
+    return {
+        "top1": correct[:, 0].float().mean().item(),
+        "top5": correct.any(-1).float().mean().item(),
+        "loss": F.cross_entropy(logits, labels).item(),
+        "per_class": (confusion.diag() / per_class_total).tolist(),
+        "confusion": confusion.tolist(),
+        "num_images": len(labels),
+    }

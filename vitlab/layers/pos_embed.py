@@ -1,11 +1,18 @@
-"""Positions: resampling learned ViT grids to new image sizes; the sinusoidal encoding of the 2017 paper."""
+"""Positions: learned ViT grids resampled to new image sizes; fixed 2-D sin-cos grids (MAE, "Better plain
+ViT baselines"); the 1-D sinusoidal encoding of the 2017 paper."""
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["resample_pos_embed", "sinusoidal_position_encoding"]
+__all__ = ["resample_pos_embed", "sinusoidal_position_encoding", "sincos_2d_position_encoding", "PosEmbedName",
+           "POS_EMBEDS"]
+
+PosEmbedName = Literal["learn", "sincos", "none"]
+POS_EMBEDS: tuple[str, ...] = ("learn", "sincos", "none")
 
 
 def resample_pos_embed(
@@ -56,3 +63,21 @@ def sinusoidal_position_encoding(max_len: int, dim: int) -> Tensor:
     pe[:, 0::2] = torch.sin(position * inv_freq)
     pe[:, 1::2] = torch.cos(position * inv_freq)
     return pe.float()
+
+
+def sincos_2d_position_encoding(grid: tuple[int, int], dim: int, temperature: float = 10000.0) -> Tensor:
+    """Fixed 2-D sin-cos positions of a ``(h, w)`` patch grid, ``(h * w, dim)``, float32, row-major.
+
+    A quarter of the channels each: ``[sin(y * f), sin(x * f), cos(y * f), cos(x * f)]`` with
+    ``f_i = temperature^(-i / (dim / 4))``, ``y`` the row and ``x`` the column index; the layout of
+    timm's ``build_sincos2d_pos_embed``. Being a function of the grid, it is recomputed exactly
+    (not interpolated) at any other image size.
+    """
+    if dim % 4:
+        raise ValueError(f"2-D sin-cos positions need a width divisible by 4, got embed_dim={dim}")
+    quarter = dim // 4
+    freq = temperature ** (-torch.arange(quarter, dtype=torch.float64) / quarter)
+    y, x = torch.meshgrid(torch.arange(grid[0], dtype=torch.float64), torch.arange(grid[1], dtype=torch.float64),
+                          indexing="ij")
+    angles = torch.stack([y.flatten(), x.flatten()], dim=1)[:, :, None] * freq  # (N, 2, dim / 4)
+    return torch.cat([angles.sin(), angles.cos()], dim=1).flatten(1).float()

@@ -6,7 +6,7 @@ sacreBLEU on detokenized output against the raw references (parallel text).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -14,13 +14,14 @@ from accelerate import Accelerator
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from .. import checkpoint as ckpt
-from ..config import Config, TextDataConfig
-from ..errors import ConfigError, DataError
-from ..task import TaskSetup, build_model
-from .data import BOS_ID, EOS_ID, PAD_ID, TokenBatchSampler, collate_pairs, load_tokenizer, read_lines, \
+from ..data.text import BOS_ID, EOS_ID, PAD_ID, TokenBatchSampler, collate_pairs, load_tokenizer, read_lines, \
     synthetic_pairs, train_bpe
-from .transformer import Seq2SeqTransformer
+from ..errors import ConfigError, DataError
+from ..models import Seq2SeqTransformer
+from .base import TaskSetup, build_model
+
+if TYPE_CHECKING:
+    from ..config import Config, TextDataConfig
 
 __all__ = ["seq2seq_task", "load_text_split", "evaluate_seq2seq", "translate", "strip_eos", "collate_indexed",
            "PairDataset"]
@@ -211,13 +212,13 @@ def seq2seq_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_di
         dataset = loader.dataset if hasattr(loader, "dataset") else loader.base_dataloader.dataset
         return evaluate_seq2seq(net, loader, acc, dataset, tokenizer, g.beam_size, g.length_penalty, g.max_new_tokens)
 
-    def save_model(net: nn.Module, directory: Path, ema: nn.Module | None) -> None:
-        meta = {"task": "seq2seq", "dataset": d.dataset, "src_lang": d.src_lang, "tgt_lang": d.tgt_lang}
-        ckpt.save_model(net, directory, cfg.model.name, meta, ema)
+    def save_files(directory: Path) -> None:
         if tokenizer is not None:
             tokenizer.save(str(directory / "tokenizer.json"))
 
     return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=d.batch_tokens == 0,
                      eval_loaders=eval_loaders, prepare_eval_loaders=True, loss=loss, count=count, evaluate=score,
-                     select="bleu" if tokenizer is not None else "exact_match", save_model=save_model,
+                     select="bleu" if tokenizer is not None else "exact_match",
+                     meta={"task": "seq2seq", "dataset": d.dataset, "src_lang": d.src_lang, "tgt_lang": d.tgt_lang},
+                     save_files=save_files,
                      train_size=len(train_set))

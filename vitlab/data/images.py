@@ -18,8 +18,8 @@ from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from .errors import DataError
-from .seeding import process_seed
+from ..errors import DataError
+from ..seeding import process_seed
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "load_split", "balanced_indices",
            "train_transform", "eval_transform", "image_transform", "create_transform", "read_image", "DeviceImageLoader"]

@@ -6,8 +6,12 @@ One image's path through the model::
       --blocks (pre-norm attention + MLP)--> --norm--> forward_features
       --pool (CLS token or mean of patches)--> --fc_norm, head--> (B, num_classes)
 
+Variants are options: ``norm_layer`` (layernorm | rmsnorm), ``mlp_layer`` (mlp | swiglu | moe),
+``score`` (dot | general | additive), ``kernel`` (softmax | streaming | argmax | linear), ``pos_embed``
+(learn | sincos | none), ``class_token`` and ``global_pool``.
+
 Running at another image size: ``model.set_input_size(64)`` resamples the learned positional
-embedding (bicubic, as timm does) in place; ``load_state_dict(checkpoint_filter_fn(sd, model))``
+embedding (bicubic, as timm does) in place, or recomputes the sin-cos one; ``load_state_dict(checkpoint_filter_fn(sd, model))``
 loads weights trained at one size into a model built for another.
 """
 from __future__ import annotations
@@ -15,11 +19,13 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
+from einops import rearrange
 from torch import Tensor, nn
 from torch.nn.init import trunc_normal_
 
-from .layers import Block, LayerNorm, drop_path_rates
-from .pos_embed import resample_pos_embed
+from ..attention import KernelName, ScoreName
+from ..layers import Block, MlpName, NormName, PosEmbedName, create_norm, drop_path_rates, resample_pos_embed, \
+    sincos_2d_position_encoding
 
 __all__ = ["PatchEmbed", "VisionTransformer", "checkpoint_filter_fn"]
 
@@ -57,7 +63,7 @@ class PatchEmbed(nn.Module):
                 f"expected an image batch (batch, {expected[0]}, {expected[1]}, {expected[2]}), got "
                 f"{tuple(x.shape)}; resize the images, or call model.set_input_size(...) to run at "
                 f"another resolution")
-        return self.proj(x).flatten(2).transpose(1, 2)  # (B, E, h, w) -> (B, N, E)
+        return rearrange(self.proj(x), "b e h w -> b (h w) e")  # patches in row-major order
 
 
 class VisionTransformer(nn.Module):
@@ -81,6 +87,17 @@ class VisionTransformer(nn.Module):
         global_pool: ``'token'`` (CLS token) or ``'avg'`` (mean of the patch tokens).
         fc_norm: Apply the final norm after pooling instead of before (timm's ``fc_norm``);
             None means True for ``'avg'`` pooling and False for ``'token'``, as in timm.
+        class_token: Prepend a learned CLS token (needs ``global_pool='avg'`` when False).
+        pos_embed: ``'learn'`` (a learned table), ``'sincos'`` (fixed 2-D sin-cos over the patch
+            grid; the CLS token gets none) or ``'none'``.
+        norm_layer: ``'layernorm'`` or ``'rmsnorm'`` (blocks and the final norm; eps 1e-6).
+        mlp_layer: ``'mlp'``, ``'swiglu'`` or ``'moe'``.
+        act_layer: MLP activation (``'gelu'``, ``'silu'``, ``'relu'``); None: GELU for ``mlp``,
+            SiLU for ``swiglu``.
+        num_experts, moe_top_k, moe_expert_layer, moe_aux_loss_weight: The mixture of experts of
+            ``mlp_layer='moe'`` (:class:`~vitlab.layers.MoE`).
+        score: Attention score, ``'dot'``, ``'general'`` or ``'additive'``.
+        kernel: Attention kernel, ``'softmax'``, ``'streaming'``, ``'argmax'`` or ``'linear'``.
     """
 
     def __init__(
@@ -101,10 +118,25 @@ class VisionTransformer(nn.Module):
         drop_path_rate: float = 0.0,
         global_pool: Literal["token", "avg"] = "token",
         fc_norm: bool | None = None,
+        class_token: bool = True,
+        pos_embed: PosEmbedName = "learn",
+        norm_layer: NormName = "layernorm",
+        mlp_layer: MlpName = "mlp",
+        act_layer: Literal["gelu", "silu", "relu"] | None = None,
+        num_experts: int = 4,
+        moe_top_k: int = 2,
+        moe_expert_layer: Literal["mlp", "swiglu"] = "mlp",
+        moe_aux_loss_weight: float = 0.01,
+        score: ScoreName = "dot",
+        kernel: KernelName = "softmax",
     ) -> None:
         super().__init__()
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+        if not class_token and global_pool == "token":
+            raise ValueError("class_token=False leaves no token to pool; set global_pool='avg'")
+        if pos_embed not in ("learn", "sincos", "none"):
+            raise ValueError(f"unknown pos_embed {pos_embed!r}; expected one of learn, sincos, none")
         if embed_dim % num_heads != 0:
             raise ValueError(
                 f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; choose num_heads "
@@ -114,59 +146,89 @@ class VisionTransformer(nn.Module):
             embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
             drop_rate=drop_rate, pos_drop_rate=pos_drop_rate, proj_drop_rate=proj_drop_rate,
             attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate, global_pool=global_pool,
-            fc_norm=fc_norm)
+            fc_norm=fc_norm, class_token=class_token, pos_embed=pos_embed, norm_layer=norm_layer, mlp_layer=mlp_layer,
+            act_layer=act_layer, num_experts=num_experts, moe_top_k=moe_top_k, moe_expert_layer=moe_expert_layer,
+            moe_aux_loss_weight=moe_aux_loss_weight, score=score, kernel=kernel)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.embed_dim = embed_dim
-        self.num_prefix_tokens = 1
+        self.num_prefix_tokens = 1 if class_token else 0
+        self.pos_embed_type = pos_embed
 
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
-        self.pos_embed = nn.Parameter(torch.zeros(1, 1 + self.patch_embed.num_patches, embed_dim))
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        if pos_embed == "learn":  # prefix tokens have a learned position too, as in timm
+            self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + self.patch_embed.num_patches,
+                                                      embed_dim))
+        else:  # fixed (a buffer, recomputed, not saved) or none
+            self.register_buffer("pos_embed", self._fixed_pos_embed(), persistent=False)
         self.pos_drop = nn.Dropout(pos_drop_rate)
+        block_args = dict(norm_layer=norm_layer, mlp_layer=mlp_layer, act=act_layer, num_experts=num_experts,
+                          moe_top_k=moe_top_k, moe_expert_layer=moe_expert_layer,
+                          moe_aux_loss_weight=moe_aux_loss_weight, score=score, kernel=kernel)
         self.blocks = nn.Sequential(*[
             Block(embed_dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop_rate,
-                  attn_drop=attn_drop_rate, drop_path=rate)
+                  attn_drop=attn_drop_rate, drop_path=rate, **block_args)
             for rate in drop_path_rates(drop_path_rate, depth)
         ])
-        self.norm = nn.Identity() if use_fc_norm else LayerNorm(embed_dim)
-        self.fc_norm = LayerNorm(embed_dim) if use_fc_norm else nn.Identity()
+        self.norm = nn.Identity() if use_fc_norm else create_norm(norm_layer, embed_dim)
+        self.fc_norm = create_norm(norm_layer, embed_dim) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
 
+    def _fixed_pos_embed(self) -> Tensor:
+        """The sin-cos table ``(1, prefix + N, E)`` (zeros at the CLS token), or an empty one for ``'none'``."""
+        if self.pos_embed_type == "none":
+            return torch.zeros(0)
+        grid = sincos_2d_position_encoding(self.patch_embed.grid_size, self.embed_dim)
+        return torch.cat([grid.new_zeros(self.num_prefix_tokens, self.embed_dim), grid])[None]
+
     def init_weights(self) -> None:
-        """timm's default ViT initialisation: truncated normal (std 0.02) for linears and pos_embed."""
-        trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.normal_(self.cls_token, std=1e-6)
+        """timm's default ViT initialisation: truncated normal (std 0.02) for linears and pos_embed,
+        then each part's own (a SwiGLU gate starts open, as in timm)."""
+        if isinstance(self.pos_embed, nn.Parameter):
+            trunc_normal_(self.pos_embed, std=0.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 trunc_normal_(m.weight, std=0.02)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
+        for m in self.modules():
+            if m is not self and hasattr(m, "init_weights"):
+                m.init_weights()
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Parameter names that the optimizer should not decay (besides norms and biases)."""
-        return {"pos_embed", "cls_token"}
+        return {n for n in ("pos_embed", "cls_token") if isinstance(getattr(self, n), nn.Parameter)}
 
     def set_input_size(self, img_size: int | tuple[int, int]) -> None:
-        """Run at another image size: resample ``pos_embed`` (bicubic) to the new patch grid."""
+        """Run at another image size: resample a learned ``pos_embed`` (bicubic) to the new patch grid;
+        recompute a sin-cos one."""
         old_grid = self.patch_embed.grid_size
         self.patch_embed.set_input_size(img_size)
-        new_pos = resample_pos_embed(self.pos_embed.data, self.patch_embed.grid_size, old_grid,
-                                     self.num_prefix_tokens)
-        self.pos_embed = nn.Parameter(new_pos, requires_grad=self.pos_embed.requires_grad)
+        if isinstance(self.pos_embed, nn.Parameter):
+            new_pos = resample_pos_embed(self.pos_embed.data, self.patch_embed.grid_size, old_grid,
+                                         self.num_prefix_tokens)
+            self.pos_embed = nn.Parameter(new_pos, requires_grad=self.pos_embed.requires_grad)
+        else:
+            self.pos_embed = self._fixed_pos_embed().to(self.pos_embed.device)
         self.config["img_size"] = self.patch_embed.img_size
 
     def _embed(self, x: Tensor) -> Tensor:
         x = self.patch_embed(x)  # (B, N, E)
-        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, E)
-        return self.pos_drop(x + self.pos_embed)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, E)
+        if self.pos_embed.numel():
+            x = x + self.pos_embed.to(x.dtype)
+        return self.pos_drop(x)
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """Images ``(B, C, H, W)`` to normed tokens ``(B, 1 + N, E)``, CLS token first."""
+        """Images ``(B, C, H, W)`` to normed tokens ``(B, prefix + N, E)``, the CLS token (if any) first."""
         return self.norm(self.blocks(self._embed(x)))
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
@@ -183,7 +245,7 @@ class VisionTransformer(nn.Module):
     def get_attention_maps(self, x: Tensor) -> list[Tensor]:
         """Every block's attention weights for images ``x``: one ``(B, heads, 1 + N, 1 + N)`` per block.
 
-        Index 0 along the last two axes is the CLS token; rows are queries and sum to 1.
+        With a CLS token, index 0 along the last two axes is the CLS token; rows are queries and sum to 1.
         """
         x = self._embed(x)
         maps = []
@@ -200,7 +262,7 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: VisionTransformer
     """
     state_dict = dict(state_dict)
     pos = state_dict.get("pos_embed")
-    if pos is not None and pos.shape != model.pos_embed.shape:
+    if pos is not None and isinstance(model.pos_embed, nn.Parameter) and pos.shape != model.pos_embed.shape:
         old_n = pos.shape[1] - model.num_prefix_tokens
         side = int(round(old_n ** 0.5))
         if side * side != old_n:

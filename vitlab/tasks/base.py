@@ -1,17 +1,19 @@
 """What the training loop needs from a task. The loop (``vitlab.training``) is the same for every
-task; a task (``vitlab.classification``, ``vitlab.text.task``) only says how to build and score."""
+task; a task (:mod:`.classification`, :mod:`.seq2seq`) only says how to build, batch and score."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from accelerate import Accelerator
 from torch import Tensor, nn
 
-from .config import Config
-from .errors import ConfigError
-from .registry import create_model
+from ..errors import ConfigError
+from ..models import create_model
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 __all__ = ["TaskSetup", "build_model"]
 
@@ -48,9 +50,10 @@ class TaskSetup:
             gets the same numbers.
         select: The metric (a key of ``evaluate``'s result, higher is better) that picks the best
             checkpoint on the ``'val'`` loader; without one no best checkpoint is kept.
-        save_model: ``save_model(unwrapped_model, directory, ema_model_or_None)`` writes the weights
-            and everything inference needs.
+        meta: What inference needs besides the architecture, stored in the checkpoint's
+            ``config.json`` (class names and normalization; the task and languages).
         train_size: Training examples, for the logs.
+        save_files: ``save_files(checkpoint_directory)`` writes the task's own files (a tokenizer).
     """
 
     model: nn.Module
@@ -62,5 +65,6 @@ class TaskSetup:
     count: Callable[[Any], int]
     evaluate: Callable[[nn.Module, Any, Accelerator], dict[str, float]]
     select: str
-    save_model: Callable[[nn.Module, Path, nn.Module | None], None]
+    meta: dict[str, Any]
     train_size: int
+    save_files: Callable[[Path], None] = field(default=lambda directory: None)

@@ -1,0 +1,89 @@
+"""The package's rooms and the direction of their imports: a lower room never imports a higher one."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "vitlab"
+
+# Lowest first. Modules of one room may import each other; a room may import only rooms before it.
+ROOMS: list[tuple[str, set[str]]] = [
+    ("foundation", {"errors", "seeding"}),
+    ("attention", {"attention"}),
+    ("layers", {"layers"}),
+    ("models", {"models", "text"}),
+    ("data", {"data"}),
+    ("tasks", {"tasks"}),
+    ("engine", {"config", "checkpoint", "training", "evaluation", "interop", "cli", "__init__"}),
+]
+ALLOWED_BELOW = {  # models and data are siblings: neither needs the other
+    "data": {"foundation"},
+    "models": {"foundation", "attention", "layers"},
+}
+
+
+def _room(top: str) -> int:
+    for i, (_, members) in enumerate(ROOMS):
+        if top in members:
+            return i
+    raise AssertionError(f"vitlab/{top} is in no room of the layout; add it to ROOMS")
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """The vitlab top-level names ``path`` imports at run time (``if TYPE_CHECKING:`` blocks excluded)."""
+    tree = ast.parse(path.read_text())
+    package = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]  # e.g. ('vitlab', 'tasks')
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+            and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = list(package[:len(package) - node.level + 1]) + (node.module.split(".") if node.module else [])
+                names = [base + [a.name] for a in node.names] if not node.module else [base]
+            else:
+                names = [node.module.split(".")]
+            found |= {n[1] for n in names if n[0] == "vitlab" and len(n) > 1}
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("vitlab.")}
+    return found
+
+
+MODULES = sorted(p for p in PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_lower_rooms_never_import_higher_ones(path: Path) -> None:
+    rel = path.relative_to(PACKAGE)
+    top = rel.parts[0].removesuffix(".py")
+    room = _room(top)
+    name = ROOMS[room][0]
+    for imported in _runtime_imports(path) - {top}:
+        other = _room(imported)
+        allowed = ALLOWED_BELOW.get(name)
+        ok = other == room or (ROOMS[other][0] in allowed if allowed is not None else other < room)
+        assert ok, f"vitlab/{rel} ({name}) imports vitlab.{imported} ({ROOMS[other][0]})"
+
+
+def test_attention_imports_only_torch_and_einops() -> None:
+    for path in (PACKAGE / "attention").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                assert node.module.split(".")[0] in {"torch", "einops", "__future__", "typing", "dataclasses",
+                                                     "math"}, f"{path.name} imports {node.module}"
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    assert a.name.split(".")[0] in {"torch", "einops", "math"}, f"{path.name} imports {a.name}"
+
+
+def test_the_public_import_paths_keep_working() -> None:
+    from vitlab.attention import KVCache, MultiHeadAttention, scaled_dot_product_attention  # noqa: F401
+    from vitlab.models import Seq2SeqTransformer
+    from vitlab.text import Seq2SeqTransformer as TextSeq2Seq
+
+    assert TextSeq2Seq is Seq2SeqTransformer  # one definition, two public names
