@@ -5,7 +5,8 @@ Each token goes to ``top_k`` of ``num_experts`` expert MLPs: a learned router sc
 (``router``, a bias-free linear), the top-k logits are kept and soft-maxed among themselves (as in
 Mixtral), and the token's output is the gate-weighted sum of its experts' outputs. Tokens are
 dispatched: each expert runs only on the tokens routed to it, so compute grows with ``top_k``, not
-with ``num_experts``.
+with ``num_experts``. (With ``top_k=1`` the gate is exactly 1, so the router learns from the
+balancing loss alone, as in Mixtral's formulation; Switch instead scales by the full-softmax probability.)
 
 Load balancing (Switch Transformer): ``aux_loss = weight * E * sum_e f_e * P_e``, where ``f_e`` is the
 fraction of the batch's routing assignments that went to expert ``e`` and ``P_e`` the mean router

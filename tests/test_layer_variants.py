@@ -1,0 +1,213 @@
+"""Norms, MLPs, mixture of experts and positions as options of the one block, against references."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from timm.layers import RmsNorm, SwiGLU
+from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+import vitlab
+from vitlab.checkpoint import load_model, save_model
+from vitlab.config import load_config
+from vitlab.errors import ConfigError
+from vitlab.interop import from_timm, to_timm
+from vitlab.layers import Mlp, MoE, create_norm, expert_utilization, moe_aux_loss, sincos_2d_position_encoding
+from vitlab.layers import SwiGLU as OurSwiGLU
+from vitlab.models import Seq2SeqTransformer
+
+TINY = dict(img_size=32, patch_size=4, num_classes=10, embed_dim=48, depth=2, num_heads=3)
+
+
+def test_rmsnorm_is_x_over_root_mean_square_times_weight():
+    norm = create_norm("rmsnorm", 16)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(4, 7, 16)
+    expected = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * norm.weight
+    torch.testing.assert_close(norm(x), expected)
+
+
+def test_swiglu_matches_timm():
+    torch.manual_seed(0)
+    ours = OurSwiGLU(16, 40)
+    theirs = SwiGLU(16, 40)
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 5, 16)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("timm_kwargs", [
+    dict(norm_layer=RmsNorm),
+    dict(mlp_layer=SwiGLU),                                # timm passes the block's GELU to the gate
+    dict(mlp_layer=SwiGLU, act_layer=torch.nn.SiLU, norm_layer=RmsNorm),
+    dict(class_token=False, global_pool="avg"),
+], ids=["rmsnorm", "swiglu-gelu", "swiglu-silu-rmsnorm", "no-cls-avg"])
+def test_timm_variants_convert_both_ways_with_equal_outputs(timm_kwargs):
+    torch.manual_seed(0)
+    theirs = TimmViT(**TINY, **timm_kwargs).eval()
+    x = torch.randn(4, 3, 32, 32)
+    ours = from_timm(theirs)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=1e-5)
+    back = to_timm(ours)
+    assert type(back.blocks[0].norm1) is type(theirs.blocks[0].norm1)
+    assert type(back.blocks[0].mlp) is type(theirs.blocks[0].mlp)
+    torch.testing.assert_close(back(x), theirs(x), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [dict(norm_layer="rmsnorm"), dict(mlp_layer="swiglu")])
+def test_vitlab_variants_convert_to_timm_and_back(kwargs):
+    torch.manual_seed(0)
+    ours = vitlab.create_model("vit_cifar_tiny_patch4_32", **kwargs).eval()
+    x = torch.randn(2, 3, 32, 32)
+    theirs = to_timm(ours)
+    torch.testing.assert_close(theirs(x), ours(x), rtol=0, atol=1e-5)
+    torch.testing.assert_close(from_timm(theirs)(x), ours(x), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs", [dict(mlp_layer="moe"), dict(kernel="linear"), dict(score="additive"),
+                                    dict(pos_embed="sincos")])
+def test_to_timm_refuses_what_timm_lacks(kwargs):
+    with pytest.raises(ValueError, match="timm's VisionTransformer has no"):
+        to_timm(vitlab.create_model("vit_cifar_tiny_patch4_32", **kwargs))
+
+
+def test_moe_with_one_expert_and_k1_equals_its_mlp():
+    torch.manual_seed(0)
+    moe = MoE(16, 32, num_experts=1, top_k=1)
+    mlp = Mlp(16, 32)
+    mlp.load_state_dict(moe.experts[0].state_dict())
+    x = torch.randn(3, 5, 16)
+    torch.testing.assert_close(moe(x), mlp(x), rtol=0, atol=0)
+
+
+def test_moe_is_the_gate_weighted_sum_of_the_top_k_experts():
+    torch.manual_seed(0)
+    moe = MoE(8, 16, num_experts=4, top_k=2).eval()
+    x = torch.randn(10, 8)
+    logits = x @ moe.router.weight.T
+    top, idx = logits.topk(2, dim=-1)
+    gates = top.softmax(-1)  # softmax over the chosen k only (Mixtral)
+    expected = torch.stack([sum(gates[t, j] * moe.experts[idx[t, j]](x[t]) for j in range(2)) for t in range(10)])
+    torch.testing.assert_close(moe(x), expected)
+
+
+def test_moe_gradients_reach_every_expert_and_compute_grows_with_k():
+    torch.manual_seed(0)
+    for k in (1, 2):
+        moe = MoE(16, 32, num_experts=4, top_k=k)
+        calls = []
+        for e in moe.experts:
+            e.register_forward_hook(lambda m, inp, out: calls.append(inp[0].shape[0]))
+        x = torch.randn(64, 16)
+        moe(x).sum().backward(retain_graph=True)
+        assert sum(calls) == 64 * k  # each token runs through exactly k experts
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for e in moe.experts for p in e.parameters())
+        # Softmax over the chosen k: with k = 1 the gate is 1 and the router learns from the balancing loss only.
+        assert (moe.router.weight.grad.abs().sum() > 0) == (k > 1)
+        moe.aux_loss.backward()
+        assert moe.router.weight.grad.abs().sum() > 0
+
+
+def test_switch_load_balancing_loss_and_utilisation():
+    torch.manual_seed(0)
+    model = vitlab.create_model("vit_cifar_tiny_patch4_32", mlp_layer="moe", num_experts=4, moe_top_k=2,
+                                moe_aux_loss_weight=0.5)
+    model(torch.randn(2, 3, 32, 32))
+    moes = [m for m in model.modules() if isinstance(m, MoE)]
+    assert len(moes) == 4
+    for m in moes:  # recompute E * sum_e f_e P_e from the router alone
+        assert m.aux_loss.item() >= 0.5 * 0.99  # >= weight x 1, equality only for uniform routing
+    counts = expert_utilization(model)
+    assert [c.sum().item() for c in counts] == [2 * 65 * 2] * 4  # tokens x k assignments per layer
+    assert all(c.sum() == 0 for c in expert_utilization(model))  # reset
+    torch.testing.assert_close(moe_aux_loss(model), sum(m.aux_loss for m in moes))
+
+
+def test_switch_loss_formula():
+    torch.manual_seed(0)
+    moe = MoE(8, 16, num_experts=4, top_k=1, aux_loss_weight=1.0)
+    x = torch.randn(50, 8)
+    moe(x)
+    probs = (x @ moe.router.weight.T).softmax(-1)
+    f = torch.bincount(probs.argmax(-1), minlength=4) / 50
+    torch.testing.assert_close(moe.aux_loss, 4 * (f * probs.mean(0)).sum())
+
+
+def test_sincos_positions_equal_timms_and_are_recomputed_at_other_sizes():
+    torch.testing.assert_close(sincos_2d_position_encoding((6, 5), 32), build_sincos2d_pos_embed([6, 5], 32))
+    model = vitlab.create_model("vit_cifar_tiny_patch4_32", pos_embed="sincos")
+    assert "pos_embed" not in model.state_dict() and "pos_embed" not in dict(model.named_parameters())
+    assert torch.equal(model.pos_embed[0, 0], torch.zeros(96))  # the CLS token gets no position
+    model.set_input_size(48)
+    torch.testing.assert_close(model.pos_embed[0, 1:], build_sincos2d_pos_embed([12, 12], 96))
+    assert model(torch.randn(1, 3, 48, 48)).shape == (1, 10)
+
+
+@pytest.mark.parametrize("pos_embed", ["learn", "sincos", "none"])
+def test_no_class_token_with_average_pooling_works_with_every_position(pos_embed):
+    model = vitlab.create_model("vit_cifar_tiny_patch4_32", class_token=False, global_pool="avg",
+                                pos_embed=pos_embed).eval()
+    x = torch.randn(2, 3, 32, 32)
+    feats = model.forward_features(x)
+    assert feats.shape == (2, 64, 96)
+    torch.testing.assert_close(model.forward_head(feats, pre_logits=True), model.fc_norm(feats.mean(1)))
+    if pos_embed == "none":  # no position at all: permuting the patches permutes nothing in the pooled output
+        perm = torch.randperm(64)
+        tokens = model.patch_embed(x)[:, perm]
+        out = model.fc_norm(model.norm(model.blocks(tokens)).mean(1))
+        torch.testing.assert_close(out, model.forward_head(feats, pre_logits=True), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="global_pool='avg'"):
+        vitlab.create_model("vit_cifar_tiny_patch4_32", class_token=False)
+
+
+VARIANTS = [dict(norm_layer="rmsnorm"), dict(mlp_layer="swiglu"), dict(mlp_layer="moe", num_experts=3, moe_top_k=2),
+            dict(score="general"), dict(score="additive"), dict(kernel="linear"), dict(kernel="streaming"),
+            dict(kernel="argmax"), dict(pos_embed="sincos")]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: "-".join(map(str, v.values())))
+def test_variants_are_saved_in_checkpoints_and_restored(variant, tmp_path):
+    torch.manual_seed(0)
+    model = vitlab.create_model("vit_cifar_tiny_patch4_32", **variant).eval()
+    save_model(model, tmp_path, "vit_cifar_tiny_patch4_32", {"classes": list("abcdefghij"), "mean": [0.5] * 3,
+                                                             "std": [0.5] * 3})
+    loaded = load_model(tmp_path)
+    assert all(loaded.config[k] == v for k, v in variant.items())
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+
+
+def test_yaml_keys_reach_the_model_and_bad_values_name_the_allowed_ones():
+    cfg = load_config("configs/cifar10_cpu_quick.yaml", ["model.norm_layer=rmsnorm", "model.mlp_layer=moe",
+                                                         "model.num_experts=4", "model.kernel=linear",
+                                                         "model.pos_embed=sincos"])
+    assert cfg.model.args == dict(norm_layer="rmsnorm", mlp_layer="moe", num_experts=4, kernel="linear",
+                                  pos_embed="sincos")
+    for override, allowed in [("model.kernel=flash", "'softmax', 'streaming', 'argmax', 'linear'"),
+                              ("model.norm_layer=batchnorm", "'layernorm', 'rmsnorm'"),
+                              ("model.mlp_layer=glu", "'mlp', 'swiglu', 'moe'"),
+                              ("model.score=cosine", "'dot', 'general', 'additive'"),
+                              ("model.pos_embed=rope", "'learn', 'sincos', 'none'")]:
+        with pytest.raises(ConfigError, match=allowed):
+            load_config("configs/cifar10_cpu_quick.yaml", [override])
+    text = load_config("configs/seq2seq_reverse.yaml", ["model.pos_embed=learn", "model.kernel=linear"])
+    assert text.model.args["pos_embed"] == "learn"
+
+
+@pytest.mark.parametrize("variant", [dict(kernel="linear"), dict(kernel="streaming"), dict(score="additive"),
+                                     dict(norm_layer="rmsnorm", mlp_layer="swiglu", pos_embed="learn"),
+                                     dict(mlp_layer="moe", num_experts=2, moe_top_k=1)],
+                         ids=["linear", "streaming", "additive", "rms-swiglu-learn", "moe"])
+def test_text_models_take_the_same_variants_and_cached_decoding_is_exact(variant):
+    torch.manual_seed(0)
+    model = Seq2SeqTransformer(20, 20, d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
+                               dim_feedforward=64, dropout=0.0, **variant).eval()
+    src = torch.randint(3, 20, (3, 9))
+    src[2, 6:] = 0
+    cached = model.generate(src, max_new_tokens=12, use_cache=True)
+    full = model.generate(src, max_new_tokens=12, use_cache=False)
+    assert torch.equal(cached, full)
+    logits = model(src, torch.randint(3, 20, (3, 7)))
+    assert logits.shape == (3, 7, 20) and torch.isfinite(logits).all()
