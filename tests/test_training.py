@@ -460,3 +460,16 @@ def test_gpu_only_paths_train_evaluate_and_reload_on_the_cpu(tiny_imagefolder, t
     if "bf16" in option:
         with create_accelerator("bf16").autocast():
             assert vitlab.load_model(run_dir)(torch.randn(2, 3, 32, 32)).dtype == torch.bfloat16
+
+
+def test_mixture_of_experts_trains_with_its_balancing_loss_and_logs_expert_use(tiny_imagefolder, tmp_path):
+    run_dir = tmp_path / "moe"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "model.mlp_layer=moe", "model.num_experts=4",
+                                           "model.moe_top_k=2", "model.moe_aux_loss_weight=0.1")))
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    aux = [r["moe_aux_loss"] for r in records if r["split"] == "train"]
+    assert aux and all(0.0 < a < 0.1 * 4 for a in aux)  # weight x E x sum f P lies in (0, weight x E]
+    use = [r["expert_utilization"] for r in records if r["split"] == "eval"]
+    assert len(use) == 2 and all(len(layers) == 1 and len(layers[0]) == 4 for layers in use)  # 1 block, 4 experts
+    assert all(abs(sum(layers[0]) - 1) < 1e-3 for layers in use)
+    assert ckpt.load_model(run_dir).config["mlp_layer"] == "moe"
