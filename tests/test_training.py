@@ -125,19 +125,22 @@ def test_interrupted_and_resumed_run_ends_with_the_same_weights(tiny_imagefolder
 
 
 
-@pytest.mark.parametrize("loader", ["torch", "gpu"])
+@pytest.mark.parametrize("loader", ["torch", "gpu", "moe"])
 def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder, tmp_path, loader):
     # No randomness beyond the (shared, seeded) shuffling: same global batches, same updates. The
     # device loader shards evaluation itself (36 test images over 2 processes, gathered unevenly).
+    # "moe": a mixture of experts under DDP (balancing loss off: it is computed per process).
+    moe = ("model.mlp_layer=moe", "model.num_experts=3", "model.moe_aux_loss_weight=0") if loader == "moe" else ()
+    loader = "torch" if loader == "moe" else loader
     extra = ("data.crop_padding=0", "data.hflip=false", "train.epochs=1", "train.label_smoothing=0.0",
-             f"data.loader={loader}", "train.batch_size=24", "data.test_subset=35")  # last eval batch: 6 + 5
+             f"data.loader={loader}", "train.batch_size=24", "data.test_subset=35", *moe)  # last eval batch: 6 + 5
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     one = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
                           *tiny_overrides(tiny_imagefolder, tmp_path / "one", *extra)],
                          capture_output=True, text=True, env=env)
     assert one.returncode == 0, one.stderr[-2000:]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          str(29533 + (loader == "gpu")), str(ROOT / "train.py"), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
+                          str(29533 + (loader == "gpu") + 2 * bool(moe)), str(ROOT / "train.py"), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
                           *tiny_overrides(tiny_imagefolder, tmp_path / "two", *extra)],
                          capture_output=True, text=True, env=env)
     assert two.returncode == 0, two.stderr[-3000:]
@@ -147,6 +150,8 @@ def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder,
     last = lambda run: [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()][-1]
     assert last(tmp_path / "one")["test_top1"] == last(tmp_path / "two")["test_top1"]
     assert last(tmp_path / "one")["test_loss"] == pytest.approx(last(tmp_path / "two")["test_loss"], abs=1e-5)
+    if moe:  # expert use is counted over every process's tokens
+        assert last(tmp_path / "one")["expert_utilization"] == last(tmp_path / "two")["expert_utilization"]
 
 
 def test_non_finite_loss_stops_and_leaves_checkpoints_as_they_were(tiny_imagefolder, tmp_path, monkeypatch):

@@ -27,12 +27,15 @@ from .core import attend_scores, full_mask, scaled_dot_product_attention
 from .kernels import LinearAttentionState, linear_attention, streaming_attention
 from .scores import AdditiveScore, GeneralScore
 
-__all__ = ["KVCache", "MultiHeadAttention", "ScoreName", "KernelName", "SCORES", "KERNELS"]
+__all__ = ["KVCache", "MultiHeadAttention", "ScoreName", "KernelName", "SCORES", "KERNELS", "KERNELS_WITH_DROPOUT",
+           "check_attention_options"]
 
 ScoreName = Literal["dot", "general", "additive"]
 KernelName = Literal["softmax", "streaming", "argmax", "linear"]
 SCORES: tuple[str, ...] = ("dot", "general", "additive")
 KERNELS: tuple[str, ...] = ("softmax", "streaming", "argmax", "linear")
+#: Kernels that form the attention weights, and so can drop them out.
+KERNELS_WITH_DROPOUT: tuple[str, ...] = ("softmax", "argmax")
 
 
 @dataclass
@@ -254,7 +257,7 @@ def check_attention_options(score: str, kernel: str, attn_drop: float = 0.0) -> 
     if kernel == "streaming" and score == "additive":
         raise ValueError("kernel='streaming' streams dot-product scores; score='additive' needs kernel='softmax' or "
                          "'argmax'")
-    if attn_drop > 0 and kernel in ("linear", "streaming"):
+    if attn_drop > 0 and kernel not in KERNELS_WITH_DROPOUT:
         raise ValueError(f"kernel={kernel!r} never forms the attention weights, so it has no attention dropout "
                          f"(attn_drop={attn_drop}); set the attention dropout to 0")
 

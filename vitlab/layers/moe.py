@@ -37,7 +37,7 @@ class MoE(nn.Module):
         aux_loss_weight: Weight of the load-balancing loss (0 = none).
 
     After a forward pass in training mode, ``aux_loss`` holds the weighted load-balancing loss and
-    ``expert_counts`` (a buffer, not saved) has grown by the assignments each expert received.
+    ``expert_counts`` ``(E,)`` (not saved) has grown by the assignments each expert received.
     """
 
     def __init__(self, dim: int, hidden_dim: int, num_experts: int = 4, top_k: int = 2, expert_layer: str = "mlp",
@@ -51,7 +51,8 @@ class MoE(nn.Module):
         self.num_experts, self.top_k, self.aux_loss_weight = num_experts, top_k, aux_loss_weight
         self.router = nn.Linear(dim, num_experts, bias=False)
         self.experts = nn.ModuleList([create_mlp(expert_layer, dim, hidden_dim, act, drop) for _ in range(num_experts)])
-        self.register_buffer("expert_counts", torch.zeros(num_experts), persistent=False)
+        # A plain attribute, not a buffer: DDP would overwrite every process's counts with process 0's.
+        self.expert_counts: Tensor | None = None
         self.aux_loss: Tensor | None = None
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -78,8 +79,8 @@ class MoE(nn.Module):
                 out = y.new_zeros(x.shape[0], shape[-1])
             out.index_add_(0, tokens, y.to(out.dtype))
         if self.training:
-            counts = torch.bincount(expert_of, minlength=self.num_experts).to(self.expert_counts.dtype)
-            self.expert_counts += counts
+            counts = torch.bincount(expert_of, minlength=self.num_experts).float()
+            self.expert_counts = counts if self.expert_counts is None else self.expert_counts + counts
             fraction = counts / expert_of.numel()
             mean_prob = logits.float().softmax(dim=-1).mean(dim=0)
             self.aux_loss = self.aux_loss_weight * self.num_experts * (fraction * mean_prob).sum()
@@ -102,7 +103,8 @@ def expert_utilization(model: nn.Module, reset: bool = True) -> list[Tensor]:
     counts = []
     for m in model.modules():
         if isinstance(m, MoE):
-            counts.append(m.expert_counts.clone())
+            counts.append(m.expert_counts if m.expert_counts is not None else
+                          torch.zeros(m.num_experts, device=m.router.weight.device))
             if reset:
-                m.expert_counts.zero_()
+                m.expert_counts = None
     return counts
