@@ -232,9 +232,11 @@ def _check_values(cfg: Config) -> None:
     need(bool(t.output_dir), "train.output_dir", t.output_dir, "a directory path")
 
 
+_TASK_MODELS = {"classification": "VisionTransformer", "seq2seq": "Seq2SeqTransformer"}
+
+
 def _task_presets(task: str) -> list[str]:
-    text = task == "seq2seq"
-    return [n for n in list_models() if (preset_class(n).__name__ == "Seq2SeqTransformer") == text]
+    return [n for n in list_models() if preset_class(n).__name__ == _TASK_MODELS[task]]
 
 
 def _build_model_section(raw: dict[str, Any], task: str) -> ModelConfig:

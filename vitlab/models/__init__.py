@@ -2,13 +2,15 @@
 
 - :class:`VisionTransformer` (:mod:`.vit`): images to class logits;
 - :class:`Transformer`, :class:`Seq2SeqTransformer` (:mod:`.transformer`): the 2017 encoder-decoder;
+- :class:`GPT` (:mod:`.gpt`): the decoder-only language model;
 - :mod:`.decoding`: greedy and beam search over any model's ``step`` function;
 - :mod:`.registry`: named presets, ``create_model`` / ``list_models``.
 """
-from .decoding import beam_search, greedy_search
+from .decoding import beam_search, greedy_search, sample_next
+from .gpt import GPT
 from .registry import create_model, list_models, model_args, preset_class
 from .transformer import Seq2SeqTransformer, Transformer
 from .vit import PatchEmbed, VisionTransformer, checkpoint_filter_fn
 
 __all__ = ["VisionTransformer", "PatchEmbed", "checkpoint_filter_fn", "Transformer", "Seq2SeqTransformer",
-           "greedy_search", "beam_search", "create_model", "list_models", "model_args", "preset_class"]
+           "GPT", "greedy_search", "beam_search", "sample_next", "create_model", "list_models", "model_args", "preset_class"]

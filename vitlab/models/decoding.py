@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["greedy_search", "beam_search"]
+__all__ = ["greedy_search", "beam_search", "sample_next"]
 
 StepFn = Callable[[Tensor, int], Tensor]
 
@@ -34,6 +34,31 @@ def _trim(out: Tensor, pad_id: int) -> Tensor:
     """Drop the trailing columns that are padding in every row."""
     real = (out != pad_id).any(0).nonzero()
     return out[:, :int(real.max()) + 1] if len(real) else out[:, :0]
+
+
+def sample_next(logits: Tensor, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                generator: torch.Generator | None = None) -> Tensor:
+    """One token per row from next-token ``logits`` ``(N, V)`` -> ids ``(N, 1)``.
+
+    ``temperature == 0`` or ``top_k == 1``: the argmax (greedy). Otherwise sample from
+    ``softmax(logits / temperature)`` restricted to the ``top_k`` most likely tokens and/or the
+    nucleus: the smallest set of most likely tokens whose probability reaches ``top_p``.
+    """
+    if temperature < 0 or (top_k is not None and top_k < 1) or (top_p is not None and not 0 < top_p <= 1):
+        raise ValueError(f"temperature={temperature} must be >= 0, top_k={top_k} >= 1, top_p={top_p} in (0, 1]")
+    logits = logits.float()
+    if temperature == 0 or top_k == 1:
+        return logits.argmax(dim=-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.shape[-1]:
+        kth = logits.topk(top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        cumulative = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cumulative - sorted_logits.softmax(-1) >= top_p  # tokens after the set reached top_p
+        logits = logits.masked_fill(drop.scatter(-1, order, drop), float("-inf"))
+    return torch.multinomial(logits.softmax(-1), 1, generator=generator)
 
 
 @torch.no_grad()
