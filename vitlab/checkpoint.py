@@ -154,7 +154,7 @@ def load_model(path: str | Path, use_ema: bool = True, map_location: str | torch
     """
     directory = resolve_checkpoint(path)
     meta = read_json(directory / "config.json")
-    if meta.get("architecture") not in ("VisionTransformer", "Seq2SeqTransformer") or "model_args" not in meta:
+    if meta.get("architecture") not in ("VisionTransformer", "Seq2SeqTransformer", "GPT") or "model_args" not in meta:
         raise CheckpointError(f"{str(directory / 'config.json')!r} does not describe a vitlab model")
     args = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["model_args"].items()}
     try:
@@ -168,7 +168,7 @@ def load_model(path: str | Path, use_ema: bool = True, map_location: str | torch
             "mean": tuple(meta["mean"]), "std": tuple(meta["std"]), "label_names": list(meta["classes"]),
             "checkpoint": str(directory),
         }
-    else:
+    else:  # text models: the task and the tokenizer saved beside the weights
         tokenizer = directory / "tokenizer.json"
         model.pretrained_cfg = {"task": meta.get("task"), "tokenizer": str(tokenizer) if tokenizer.is_file() else None,
                                 "checkpoint": str(directory)}

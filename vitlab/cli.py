@@ -1,4 +1,4 @@
-"""The ``vitlab`` command: ``train``, ``eval``, ``predict``, ``translate``, ``models``. Thin: each parses its
+"""The ``vitlab`` command: ``train``, ``eval``, ``predict``, ``translate``, ``sample``, ``models``. Thin: each parses its
 arguments and calls the library; user errors print one line and exit non-zero."""
 from __future__ import annotations
 
@@ -54,6 +54,25 @@ def _translate(args: argparse.Namespace) -> None:
         print(line)
 
 
+def _sample(args: argparse.Namespace) -> None:
+    import torch
+
+    from .checkpoint import load_model
+    from .data.corpus import load_lm_tokenizer
+    from .errors import CheckpointError
+
+    model = load_model(args.checkpoint)
+    if model.pretrained_cfg.get("task") != "lm" or model.pretrained_cfg.get("tokenizer") is None:
+        raise CheckpointError(f"{args.checkpoint!r} is not a language model; `vitlab sample` needs a run trained with "
+                              f"task: lm")
+    tokenizer = load_lm_tokenizer(model.pretrained_cfg["tokenizer"])
+    prompt = tokenizer.encode_text(args.prompt) if args.prompt else [0]
+    generator = torch.Generator().manual_seed(args.seed)
+    out = model.generate(torch.tensor([prompt]), args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                         top_p=args.top_p, generator=generator)
+    print(tokenizer.decode_ids(out[0, 0 if args.prompt else 1:].tolist()))
+
+
 def _predict(args: argparse.Namespace) -> None:
     import torch
 
@@ -76,7 +95,10 @@ def _models(args: argparse.Namespace) -> None:
     from .models import create_model, list_models
 
     for name in list_models(args.pattern):
-        if name.startswith("transformer_"):
+        if name.startswith("gpt_"):
+            model = create_model(name, vocab_size=65)
+            detail = f"context {model.block_size}, width {model.embed_dim}, {len(model.blocks)} layers (65 characters)"
+        elif name.startswith("transformer_"):
             model = create_model(name, src_vocab_size=8000, tgt_vocab_size=8000, share_embeddings=True)
             detail = f"d_model {model.d_model}, {len(model.transformer.encoder_layers)}+" \
                      f"{len(model.transformer.decoder_layers)} layers (with a shared 8k vocabulary)"
@@ -131,8 +153,9 @@ def main(argv: list[str] | None = None) -> None:
     ev = sub.add_parser("eval", help="evaluate a checkpoint: top-1/top-5, loss, per-class accuracy, confusion matrix "
                                      "(ViT); exact match or sacreBLEU (text)")
     ev.add_argument("--checkpoint", required=True, help="run directory (its best checkpoint) or checkpoint directory")
-    ev.add_argument("--output", help="write the metrics as JSON here (keys top1, top5, loss, per_class; or "
-                                     "exact_match / bleu for a text model)")
+    ev.add_argument("--output", help="write the metrics as JSON here (keys top1, top5, loss, per_class; "
+                                     "exact_match / bleu for a text model; loss, perplexity (, bpc) for a language "
+                                     "model)")
     ev.add_argument("--split", choices=("test", "val", "train"), default="test",
                     help="test; val: the validation examples the run held out (same seed and indices); train: "
                          "the examples it trained on")
@@ -147,10 +170,19 @@ def main(argv: list[str] | None = None) -> None:
     tr.add_argument("--checkpoint", required=True)
     tr.add_argument("--beam-size", type=int, default=4)
     tr.add_argument("sentences", nargs="+")
+    sa = sub.add_parser("sample", help="print text sampled from a trained language model (task: lm)")
+    sa.add_argument("--checkpoint", required=True)
+    sa.add_argument("--prompt", default="", help="text to continue (default: the first token of the vocabulary)")
+    sa.add_argument("--max-new-tokens", type=int, default=500)
+    sa.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    sa.add_argument("--top-k", type=int, default=None)
+    sa.add_argument("--top-p", type=float, default=None)
+    sa.add_argument("--seed", type=int, default=0)
     mo = sub.add_parser("models", help="list the model presets with their sizes")
     mo.add_argument("pattern", nargs="?", default="*")
     args = parser.parse_args(argv)
-    command = {"eval": _eval, "predict": _predict, "translate": _translate, "models": _models}[args.command]
+    command = {"eval": _eval, "predict": _predict, "translate": _translate, "sample": _sample,
+               "models": _models}[args.command]
     run_command(lambda: command(args))
 
 

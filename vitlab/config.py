@@ -19,7 +19,7 @@ import yaml
 from .errors import ConfigError
 from .models import list_models, preset_class
 
-__all__ = ["ConfigError", "Config", "ModelConfig", "DataConfig", "TextDataConfig", "OptimConfig", "TrainConfig",
+__all__ = ["ConfigError", "Config", "ModelConfig", "DataConfig", "TextDataConfig", "LMDataConfig", "OptimConfig", "TrainConfig",
            "GenerateConfig", "load_config", "config_to_dict", "save_config"]
 
 
@@ -79,6 +79,20 @@ class TextDataConfig:
 
 
 @dataclass
+class LMDataConfig:
+    """Data of ``task: lm``: a text corpus split by position, random windows of ``block_size`` tokens."""
+
+    dataset: Literal["text"] = "text"
+    root: str = ""               # a UTF-8 file, or a folder of .txt files
+    tokenizer: Literal["char", "bpe"] = "char"
+    vocab_size: int = 4096       # bpe only
+    val_fraction: float = 0.1    # the last part of the text validates (as nanoGPT)
+    block_size: int = 256        # context length of a training window (the model's block_size)
+    steps_per_epoch: int = 0     # optimizer steps per epoch; 0 = training tokens / (batch x block_size)
+    eval_batches: int = 0        # evaluate on only N validation batches during training (0 = all)
+
+
+@dataclass
 class GenerateConfig:
     """Decoding for evaluation and ``vitlab translate`` (``task: seq2seq``)."""
 
@@ -119,9 +133,9 @@ class TrainConfig:
 class Config:
     """A run: ``task`` picks image classification (a ViT) or sequence-to-sequence (a text Transformer)."""
 
-    task: Literal["classification", "seq2seq"] = "classification"
+    task: Literal["classification", "seq2seq", "lm"] = "classification"
     model: ModelConfig = field(default_factory=ModelConfig)
-    data: DataConfig | TextDataConfig = field(default_factory=DataConfig)
+    data: DataConfig | TextDataConfig | LMDataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
@@ -131,7 +145,7 @@ _SECTIONS = ("model", "data", "optim", "train", "generate")
 _SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig,
                   "generate": GenerateConfig}
 # Set by the data and tokenizer, not by the config.
-_DERIVED_MODEL_ARGS = {"src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id"}
+_DERIVED_MODEL_ARGS = {"src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "vocab_size", "block_size"}
 
 
 def _close(key: str, options: typing.Iterable[str]) -> str:
@@ -200,6 +214,14 @@ def _check_values(cfg: Config) -> None:
         need(d.loader == "torch" or d.augment == "none", "data.augment", d.augment,
              "'none' with data.loader=gpu (the device loader does crop + flip; use data.loader=torch for "
              "RandAugment/AutoAugment)")
+    elif isinstance(d, LMDataConfig):
+        need(bool(d.root), "data.root", d.root, "a UTF-8 text file or a folder of .txt files")
+        need(0 < d.val_fraction < 1, "data.val_fraction", d.val_fraction, "a number in (0, 1)")
+        need(d.block_size >= 1, "data.block_size", d.block_size, "an integer >= 1")
+        need(d.vocab_size >= 257 or d.tokenizer == "char", "data.vocab_size", d.vocab_size,
+             "at least 257 for a byte-level BPE")
+        for key in ("steps_per_epoch", "eval_batches"):
+            need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "an integer >= 0")
     else:
         need(d.vocab_size >= (4 if d.dataset != "parallel" else 64), "data.vocab_size", d.vocab_size,
              "at least 4 (synthetic) or 64 (BPE)")
@@ -232,7 +254,9 @@ def _check_values(cfg: Config) -> None:
     need(bool(t.output_dir), "train.output_dir", t.output_dir, "a directory path")
 
 
-_TASK_MODELS = {"classification": "VisionTransformer", "seq2seq": "Seq2SeqTransformer"}
+_TASK_MODELS = {"classification": "VisionTransformer", "seq2seq": "Seq2SeqTransformer", "lm": "GPT"}
+_TASK_DEFAULT_MODELS = {"classification": ModelConfig.name, "seq2seq": "transformer_tiny", "lm": "gpt_char_tiny"}
+_TASK_DATA = {"classification": DataConfig, "seq2seq": TextDataConfig, "lm": LMDataConfig}
 
 
 def _task_presets(task: str) -> list[str]:
@@ -241,7 +265,7 @@ def _task_presets(task: str) -> list[str]:
 
 def _build_model_section(raw: dict[str, Any], task: str) -> ModelConfig:
     raw = dict(raw)
-    default = ModelConfig.name if task == "classification" else "transformer_tiny"
+    default = _TASK_DEFAULT_MODELS[task]
     name = _coerce("model.name", raw.pop("name", default), str)
     presets = _task_presets(task)
     if name not in presets:
@@ -260,7 +284,7 @@ def _build_model_section(raw: dict[str, Any], task: str) -> ModelConfig:
 
 
 def _build_section(name: str, raw: Any, task: str) -> Any:
-    cls = TextDataConfig if (name == "data" and task == "seq2seq") else _SECTION_TYPES[name]
+    cls = _TASK_DATA[task] if name == "data" else _SECTION_TYPES[name]
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

@@ -29,8 +29,32 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: 
     directory = resolve_checkpoint(checkpoint)
     cfg = load_config(directory / "run_config.yaml", overrides)
     model = load_model(directory, use_ema=use_ema)
-    run = _evaluate_classifier if isinstance(model, VisionTransformer) else _evaluate_seq2seq
+    run = (_evaluate_classifier if isinstance(model, VisionTransformer) else _evaluate_lm if cfg.task == "lm"
+           else _evaluate_seq2seq)
     return run(directory, cfg, model, split, batch_size, Path(output) if output else None)
+
+
+def _evaluate_lm(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
+                 output: Path | None) -> dict[str, Any]:
+    from .data.corpus import WindowLoader, load_lm_tokenizer
+    from .tasks.lm import evaluate_lm, load_lm_data
+
+    if split == "test":
+        split = "val"  # a language-model run has a training and a validation part of its text
+    d = cfg.data
+    _, train_tokens, val_tokens = load_lm_data(d, load_lm_tokenizer(model.pretrained_cfg["tokenizer"]))
+    accelerator = create_accelerator(cfg.train.mixed_precision)
+    tokens = val_tokens if split == "val" else train_tokens
+    loader = WindowLoader(tokens, d.block_size, batch_size, accelerator.device, train=False,
+                          num_processes=accelerator.num_processes, process_index=accelerator.process_index)
+    metrics = evaluate_lm(accelerator.prepare(model), loader, accelerator, d.tokenizer == "char")
+    if accelerator.is_main_process:
+        print(f"checkpoint {directory} | {split} split: {loader.num_windows * d.block_size} tokens")
+        print("  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        if output:
+            write_json(output, {**metrics, "num_tokens": loader.num_windows * d.block_size,
+                                "checkpoint": str(directory), "split": split})
+    return metrics
 
 
 def _evaluate_seq2seq(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,

@@ -95,6 +95,10 @@ def _setup_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir
         from .tasks.seq2seq import seq2seq_task
 
         return seq2seq_task(cfg, accelerator, micro_batch, run_dir, resume_from)
+    if cfg.task == "lm":
+        from .tasks.lm import lm_task
+
+        return lm_task(cfg, accelerator, micro_batch, run_dir, resume_from)
     from .tasks.classification import image_classification_task
 
     return image_classification_task(cfg, accelerator, micro_batch)
@@ -279,7 +283,8 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
                     record.update({f"{prefix}{name}_{k}": v for k, v in task.evaluate(net, loader, accelerator).items()})
             if "val" in eval_loaders:
                 metric = record[("ema_" if ema is not None else "") + "val_" + task.select]
-                if state["best_metric"] is None or metric > state["best_metric"]:
+                best = state["best_metric"]
+                if best is None or (metric < best if task.select_lower else metric > best):
                     state.update(best_metric=metric, best_epoch=epoch)
                     is_best = True
             accelerator.print(f"epoch {epoch}: " + ", ".join(

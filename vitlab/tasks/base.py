@@ -48,11 +48,12 @@ class TaskSetup:
             accumulation steps.
         evaluate: ``evaluate(model, prepared_loader, accelerator) -> {metric: value}``; every process
             gets the same numbers.
-        select: The metric (a key of ``evaluate``'s result, higher is better) that picks the best
-            checkpoint on the ``'val'`` loader; without one no best checkpoint is kept.
+        select: The metric (a key of ``evaluate``'s result) that picks the best checkpoint on the
+            ``'val'`` loader; without one no best checkpoint is kept.
+        select_lower: Lower ``select`` is better (a loss); default: higher (an accuracy).
         meta: What inference needs besides the architecture, stored in the checkpoint's
             ``config.json`` (class names and normalization; the task and languages).
-        train_size: Training examples, for the logs.
+        train_size: Training examples (for a language model: tokens) per epoch, for the logs.
         save_files: ``save_files(checkpoint_directory)`` writes the task's own files (a tokenizer).
     """
 
@@ -68,3 +69,4 @@ class TaskSetup:
     meta: dict[str, Any]
     train_size: int
     save_files: Callable[[Path], None] = field(default=lambda directory: None)
+    select_lower: bool = False

@@ -1,0 +1,79 @@
+"""The language-model task: windows, the loop, evaluation, sampling, bad input."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vitlab.config import load_config
+from vitlab.data.corpus import CharTokenizer, WindowLoader, read_corpus, split_tokens
+from vitlab.errors import DataError
+from vitlab.training import train
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAKESPEARE = os.environ.get("VITLAB_TINYSHAKESPEARE")
+
+
+def test_evaluation_windows_cover_every_validation_token_once_over_processes():
+    tokens = torch.arange(1000)
+    seen = []
+    for rank in range(3):
+        for x, y in WindowLoader(tokens, 16, 8, "cpu", train=False, num_processes=3, process_index=rank):
+            assert torch.equal(y, x + 1)  # next tokens
+            seen.append(y.flatten())
+    seen = torch.cat(seen).sort().values
+    assert torch.equal(seen, torch.arange(1, 1 + (999 // 16) * 16))  # every predicted token exactly once
+
+
+def test_training_windows_are_one_global_batch_split_over_processes():
+    tokens = torch.arange(5000)
+    one = [x for x, _ in WindowLoader(tokens, 32, 12, "cpu", steps=3, seed=7)]
+    two = [[x for x, _ in WindowLoader(tokens, 32, 12, "cpu", steps=3, seed=7, num_processes=2, process_index=r)]
+           for r in range(2)]
+    for step in range(3):
+        assert torch.equal(torch.cat([two[0][step], two[1][step]]), one[step])
+    again = WindowLoader(tokens, 32, 12, "cpu", steps=3, seed=7)
+    again.set_epoch(1)
+    assert not torch.equal(next(iter(again))[0], one[0])  # another epoch, other windows
+
+
+def test_bad_text_input_is_one_clear_line(tmp_path):
+    with pytest.raises(DataError, match="does not exist"):
+        read_corpus(tmp_path / "missing.txt")
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(DataError, match="is empty"):
+        read_corpus(tmp_path / "empty.txt")
+    with pytest.raises(DataError, match="validation text has 10 tokens, fewer than data.block_size"):
+        split_tokens(list(range(100)), 0.1, 64)
+    with pytest.raises(DataError, match="outside the model's 3-character vocabulary: 'z'"):
+        CharTokenizer.from_text("abc").encode_text("abz")
+
+
+@pytest.mark.skipif(not SHAKESPEARE, reason="tiny Shakespeare not available: set VITLAB_TINYSHAKESPEARE")
+def test_char_gpt_learns_tiny_shakespeare_and_eval_and_sample_agree(tmp_path):
+    run_dir = tmp_path / "lm"
+    summary = train(load_config(ROOT / "configs/lm_shakespeare_char_cpu.yaml", [
+        f"data.root={SHAKESPEARE}", f"train.output_dir={run_dir}", "data.steps_per_epoch=60", "train.epochs=2",
+        "optim.warmup_epochs=0.5"]))
+    assert summary["val_loss"] < math.log(65) - 1.0  # well below uniform over the 65 characters
+    assert summary["best_epoch"] == 2 and summary["best_metric"] == summary["val_loss"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = tmp_path / "m.json"
+    subprocess.run([sys.executable, "-m", "vitlab.cli", "eval", "--checkpoint", str(run_dir), "--output", str(out)],
+                   check=True, capture_output=True, env=env)
+    m = json.loads(out.read_text())
+    assert m["loss"] == pytest.approx(summary["val_loss"], abs=1e-6)  # the whole validation split, both times
+    assert m["perplexity"] == pytest.approx(math.exp(m["loss"])) and m["bpc"] == pytest.approx(m["loss"] / math.log(2))
+    sample = [sys.executable, "-m", "vitlab.cli", "sample", "--checkpoint", str(run_dir), "--prompt", "ROMEO:",
+              "--max-new-tokens", "40", "--seed", "3"]
+    first = subprocess.run(sample, check=True, capture_output=True, text=True, env=env).stdout
+    assert first.startswith("ROMEO:") and len(first.rstrip("\n")) == 46
+    assert subprocess.run(sample, check=True, capture_output=True, text=True, env=env).stdout == first
+    bad = subprocess.run(sample[:-4] + ["--prompt", "ROMEO€"], capture_output=True, text=True, env=env)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "'€'" in bad.stderr
