@@ -154,7 +154,7 @@ def load_model(path: str | Path, use_ema: bool = True, map_location: str | torch
     """
     directory = resolve_checkpoint(path)
     meta = read_json(directory / "config.json")
-    if meta.get("architecture") not in ("VisionTransformer", "Seq2SeqTransformer", "GPT") or "model_args" not in meta:
+    if meta.get("architecture") not in ("VisionTransformer", "Seq2SeqTransformer", "RNNSeq2Seq", "GPT") or "model_args" not in meta:
         raise CheckpointError(f"{str(directory / 'config.json')!r} does not describe a vitlab model")
     args = {k: tuple(v) if isinstance(v, list) else v for k, v in meta["model_args"].items()}
     try:

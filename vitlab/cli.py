@@ -98,6 +98,9 @@ def _models(args: argparse.Namespace) -> None:
         if name.startswith("gpt_"):
             model = create_model(name, vocab_size=65)
             detail = f"context {model.block_size}, width {model.embed_dim}, {len(model.blocks)} layers (65 characters)"
+        elif name.startswith("rnn_"):
+            model = create_model(name, src_vocab_size=8000, tgt_vocab_size=8000, share_embeddings=True)
+            detail = f"GRU {model.config['hidden_dim']}, {model.config['score']} attention (with a shared 8k vocabulary)"
         elif name.startswith("transformer_"):
             model = create_model(name, src_vocab_size=8000, tgt_vocab_size=8000, share_embeddings=True)
             detail = f"d_model {model.d_model}, {len(model.transformer.encoder_layers)}+" \

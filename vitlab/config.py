@@ -254,13 +254,14 @@ def _check_values(cfg: Config) -> None:
     need(bool(t.output_dir), "train.output_dir", t.output_dir, "a directory path")
 
 
-_TASK_MODELS = {"classification": "VisionTransformer", "seq2seq": "Seq2SeqTransformer", "lm": "GPT"}
+_TASK_MODELS = {"classification": ("VisionTransformer",), "seq2seq": ("Seq2SeqTransformer", "RNNSeq2Seq"),
+                "lm": ("GPT",)}
 _TASK_DEFAULT_MODELS = {"classification": ModelConfig.name, "seq2seq": "transformer_tiny", "lm": "gpt_char_tiny"}
 _TASK_DATA = {"classification": DataConfig, "seq2seq": TextDataConfig, "lm": LMDataConfig}
 
 
 def _task_presets(task: str) -> list[str]:
-    return [n for n in list_models() if preset_class(n).__name__ == _TASK_MODELS[task]]
+    return [n for n in list_models() if preset_class(n).__name__ in _TASK_MODELS[task]]
 
 
 def _build_model_section(raw: dict[str, Any], task: str) -> ModelConfig:

@@ -27,7 +27,7 @@ from .core import attend_scores, full_mask, scaled_dot_product_attention
 from .kernels import LinearAttentionState, linear_attention, streaming_attention
 from .scores import AdditiveScore, GeneralScore
 
-__all__ = ["KVCache", "MultiHeadAttention", "ScoreName", "KernelName", "SCORES", "KERNELS", "KERNELS_WITH_DROPOUT",
+__all__ = ["KVCache", "MultiHeadAttention", "attend", "ScoreName", "KernelName", "SCORES", "KERNELS", "KERNELS_WITH_DROPOUT",
            "check_attention_options"]
 
 ScoreName = Literal["dot", "general", "additive"]
@@ -194,21 +194,9 @@ class MultiHeadAttention(nn.Module):
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool,
                 need_weights: bool) -> Tensor | tuple[Tensor, Tensor]:
-        drop = self.attn_drop if self.training else 0.0
-        hard = self.kernel == "argmax"
-        if self.score_type == "additive":
-            return attend_scores(self.score(q, k), v, full_mask(q, k, mask, is_causal), hard=hard, dropout_p=drop,
-                                 need_weights=need_weights)
-        if self.score_type == "general":
-            q = self.score.transform_query(q)
-        scale = self.head_dim ** -0.5
-        if hard:
-            return attend_scores((q @ k.transpose(-2, -1)) * scale, v, full_mask(q, k, mask, is_causal), hard=True,
-                                 dropout_p=drop, need_weights=need_weights)
-        if self.kernel == "streaming" and not need_weights:
-            return streaming_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, block_size=self.block_size)
-        return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, dropout_p=drop,
-                                            need_weights=need_weights, scale=scale)
+        return attend(q, k, v, self.score, self.kernel, mask=mask, is_causal=is_causal, need_weights=need_weights,
+                      dropout_p=self.attn_drop if self.training else 0.0, scale=self.head_dim ** -0.5,
+                      block_size=self.block_size)
 
     def _attend_linear(self, x: Tensor, context: Tensor | None, mask: Tensor | None, is_causal: bool,
                        need_weights: bool, key_mask: Tensor | None, cache: KVCache | None) -> Tensor | tuple[Tensor, Tensor]:
@@ -244,6 +232,34 @@ class MultiHeadAttention(nn.Module):
     def extra_repr(self) -> str:
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, score={self.score_type}, "
                 f"kernel={self.kernel}, attn_drop={self.attn_drop}")
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, score: nn.Module | None = None, kernel: str = "softmax",
+           mask: Tensor | None = None, is_causal: bool = False, need_weights: bool = False, dropout_p: float = 0.0,
+           scale: float | None = None, block_size: int = 128) -> Tensor | tuple[Tensor, Tensor]:
+    """Attention with a score function and a softmax-like kernel, on ``(B, H, L, D)`` tensors.
+
+    Args:
+        score: None for the dot product, a :class:`GeneralScore` or an :class:`AdditiveScore`.
+        kernel: ``'softmax'``, ``'streaming'`` or ``'argmax'`` (``'linear'`` has its own state and
+            mask rules: :func:`~vitlab.attention.linear_attention`).
+        scale: Scale of dot-product scores (default ``1 / sqrt(D)``; Luong's and Bahdanau's use 1).
+        mask, is_causal, need_weights, dropout_p: As in :func:`scaled_dot_product_attention`.
+    """
+    hard = kernel == "argmax"
+    if isinstance(score, AdditiveScore):
+        return attend_scores(score(q, k), v, full_mask(q, k, mask, is_causal), hard=hard, dropout_p=dropout_p,
+                             need_weights=need_weights)
+    if isinstance(score, GeneralScore):
+        q = score.transform_query(q)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    if hard:
+        return attend_scores((q @ k.transpose(-2, -1)) * scale, v, full_mask(q, k, mask, is_causal), hard=True,
+                             dropout_p=dropout_p, need_weights=need_weights)
+    if kernel == "streaming" and not need_weights:
+        return streaming_attention(q, k, v, mask=mask, is_causal=is_causal, scale=scale, block_size=block_size)
+    return scaled_dot_product_attention(q, k, v, mask=mask, is_causal=is_causal, dropout_p=dropout_p,
+                                        need_weights=need_weights, scale=scale)
 
 
 def check_attention_options(score: str, kernel: str, attn_drop: float = 0.0) -> None:

@@ -3,7 +3,8 @@
 The ImageNet presets have timm's names and exactly timm's shapes and parameter counts. The CIFAR
 presets run on 32x32 images cut into 4x4 patches (64 patch tokens + CLS = 65 tokens). The
 ``transformer_*`` presets are text encoder-decoders (:class:`vitlab.models.Seq2SeqTransformer`); they
-need ``src_vocab_size`` and ``tgt_vocab_size``. The ``gpt_*`` presets are decoder-only language models
+need ``src_vocab_size`` and ``tgt_vocab_size``, as do the ``rnn_attention_*`` RNN encoder-decoders
+(:class:`vitlab.models.RNNSeq2Seq`). The ``gpt_*`` presets are decoder-only language models
 (:class:`vitlab.models.GPT`); they need ``vocab_size``.
 """
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from torch import nn
 
 from .gpt import GPT
+from .rnn import RNNSeq2Seq
 from .transformer import Seq2SeqTransformer
 from .vit import VisionTransformer
 
@@ -46,6 +48,13 @@ _TEXT_PRESETS: dict[str, dict[str, Any]] = {
     "transformer_tiny": dict(d_model=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2,
                              dim_feedforward=256, dropout=0.0, norm_first=True),
 }
+_RNN_PRESETS: dict[str, dict[str, Any]] = {
+    # Bahdanau et al.'s shape scaled to Multi30k: 256-d embeddings, 512-d decoder, bidirectional 2 x 256 encoder.
+    "rnn_attention_small": dict(embed_dim=256, hidden_dim=512, dropout=0.3, score="additive"),
+    # For the synthetic tasks.
+    "rnn_attention_tiny": dict(embed_dim=64, hidden_dim=128, dropout=0.0, score="additive"),
+}
+
 _LM_PRESETS: dict[str, dict[str, Any]] = {
     # nanoGPT's shakespeare-char model: 6 layers, 6 heads, 384 wide, context 256, dropout 0.2 (10.7M + embeddings).
     "gpt_char_small": dict(block_size=256, embed_dim=384, depth=6, num_heads=6, dropout=0.2),
@@ -53,6 +62,7 @@ _LM_PRESETS: dict[str, dict[str, Any]] = {
     "gpt_char_tiny": dict(block_size=64, embed_dim=128, depth=4, num_heads=4, dropout=0.0),
 }
 _PRESETS.update(_TEXT_PRESETS)
+_PRESETS.update(_RNN_PRESETS)
 _PRESETS.update(_LM_PRESETS)
 
 
@@ -62,12 +72,14 @@ def list_models(pattern: str = "*") -> list[str]:
 
 
 def preset_class(name: str) -> type[nn.Module]:
-    """The class preset ``name`` builds: ``VisionTransformer``, ``Seq2SeqTransformer`` or ``GPT``."""
+    """The class preset ``name`` builds: ``VisionTransformer``, ``Seq2SeqTransformer``, ``RNNSeq2Seq`` or ``GPT``."""
     if name not in _PRESETS:
         close = difflib.get_close_matches(name, _PRESETS, n=3, cutoff=0.4)
         hint = f"did you mean {', '.join(close)}? " if close else ""
         raise ValueError(f"unknown model {name!r}; {hint}available: {', '.join(list_models())}")
-    return Seq2SeqTransformer if name in _TEXT_PRESETS else GPT if name in _LM_PRESETS else VisionTransformer
+    if name in _TEXT_PRESETS:
+        return Seq2SeqTransformer
+    return RNNSeq2Seq if name in _RNN_PRESETS else GPT if name in _LM_PRESETS else VisionTransformer
 
 
 def model_args(name: str, **overrides: Any) -> dict[str, Any]:

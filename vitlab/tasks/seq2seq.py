@@ -17,7 +17,6 @@ from torch.utils.data import DataLoader, Dataset
 from ..data.text import BOS_ID, EOS_ID, PAD_ID, TokenBatchSampler, collate_pairs, load_tokenizer, read_lines, \
     synthetic_pairs, train_bpe
 from ..errors import ConfigError, DataError
-from ..models import Seq2SeqTransformer
 from .base import TaskSetup, build_model
 
 if TYPE_CHECKING:
@@ -137,7 +136,7 @@ def evaluate_seq2seq(model: nn.Module, loader: Any, accelerator: Accelerator, da
 
 
 @torch.no_grad()
-def translate(model: Seq2SeqTransformer, tokenizer: Any, sentences: Sequence[str], beam_size: int = 4,
+def translate(model: nn.Module, tokenizer: Any, sentences: Sequence[str], beam_size: int = 4,
               length_penalty: float = 1.0, max_new_tokens: int = 0, max_tokens: int = 128) -> list[str]:
     """Translate raw sentences with a trained model and its tokenizer (detokenized output)."""
     ids = _encode(tokenizer, sentences, max_tokens)
@@ -165,7 +164,7 @@ def _tokenizer(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from
     return load_tokenizer(path)
 
 
-def _build(cfg: Config, vocab: int) -> Seq2SeqTransformer:
+def _build(cfg: Config, vocab: int) -> nn.Module:
     return build_model(cfg, src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID)
 
 
