@@ -25,6 +25,10 @@ def test_shipped_configs_load_and_build_their_model(path, tmp_path):
         model = build_model(cfg)
         assert model.num_classes == 10 and model.patch_embed.img_size == (32, 32)  # CIFAR-10
         logits = model.eval()(torch.randn(2, 3, 32, 32))
+    elif cfg.task == "lm":
+        model = build_model(cfg, vocab_size=64, block_size=cfg.data.block_size).eval()
+        assert model.block_size == cfg.data.block_size
+        logits = model(torch.tensor([[5, 6, 7]]))
     else:
         model = vitlab.create_model(cfg.model.name, src_vocab_size=64, tgt_vocab_size=64, **cfg.model.args).eval()
         logits = model(torch.tensor([[5, 6, 7]]), torch.tensor([[1, 9]]))
