@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
                                      "model)")
     ev.add_argument("--split", choices=("test", "val", "train"), default="test",
                     help="test; val: the validation examples the run held out (same seed and indices); train: "
-                         "the examples it trained on")
+                         "the examples it trained on (a language model has only train and val: test means val)")
     ev.add_argument("--batch-size", type=int, default=256)
     ev.add_argument("--no-ema", action="store_true", help="evaluate the raw weights even if the run kept an EMA")
     ev.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. data.root=... data.test_subset=1000")

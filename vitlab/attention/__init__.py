@@ -13,10 +13,10 @@ Mask convention everywhere: boolean, **True = may attend** (key masks: True = re
 """
 from .core import attend_scores, causal_mask, scaled_dot_product_attention
 from .kernels import LinearAttentionState, elu_feature_map, linear_attention, streaming_attention
-from .multihead import KERNELS, attend, KERNELS_WITH_DROPOUT, SCORES, KernelName, KVCache, MultiHeadAttention, ScoreName
+from .multihead import KERNELS, attend, attention_dropout, KERNELS_WITH_DROPOUT, SCORES, KernelName, KVCache, MultiHeadAttention, ScoreName
 from .scores import AdditiveScore, GeneralScore, additive_attention, additive_scores, general_attention
 
-__all__ = ["scaled_dot_product_attention", "attend", "attend_scores", "causal_mask", "MultiHeadAttention", "KVCache",
+__all__ = ["scaled_dot_product_attention", "attend", "attention_dropout", "attend_scores", "causal_mask", "MultiHeadAttention", "KVCache",
            "linear_attention", "LinearAttentionState", "elu_feature_map", "streaming_attention", "general_attention",
            "additive_attention", "additive_scores", "GeneralScore", "AdditiveScore", "ScoreName", "KernelName",
            "SCORES", "KERNELS", "KERNELS_WITH_DROPOUT"]

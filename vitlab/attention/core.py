@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["scaled_dot_product_attention", "attend_scores", "causal_mask", "full_mask", "check_qkv", "check_mask"]
+__all__ = ["scaled_dot_product_attention", "attend_scores", "causal_mask", "full_mask", "check_qkv", "check_mask", "check_key_mask"]
 
 
 def causal_mask(q_len: int, k_len: int, device: torch.device | None = None) -> Tensor:
@@ -61,6 +61,13 @@ def check_mask(mask: Tensor, q: Tensor, k: Tensor) -> None:
             f"(batch, heads, q_len, k_len) = {expected}; use e.g. (batch, 1, 1, k_len) for a "
             f"key mask or (q_len, k_len) for one mask shared by all sequences"
         )
+
+
+def check_key_mask(key_mask: Tensor, batch: int, k_len: int) -> None:
+    """Raise a ``ValueError`` unless ``key_mask`` is boolean ``(batch, k_len)`` (True = real token)."""
+    if key_mask.dtype != torch.bool or tuple(key_mask.shape) != (batch, k_len):
+        raise ValueError(f"key_mask must be boolean (batch, k_len) = {(batch, k_len)} with True = real token; got "
+                         f"{key_mask.dtype} {tuple(key_mask.shape)}")
 
 
 def full_mask(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor | None:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .core import causal_mask, check_mask, check_qkv
+from .core import causal_mask, check_key_mask, check_mask, check_qkv
 
 __all__ = ["linear_attention", "LinearAttentionState", "elu_feature_map", "streaming_attention"]
 
@@ -122,9 +122,7 @@ def linear_attention(
                          f"pass the past as state=LinearAttentionState and only the new tokens as q, k, v")
     phi_q, phi_k, vf = elu_feature_map(q.float()), elu_feature_map(k.float()), v.float()
     if key_mask is not None:
-        if key_mask.dtype != torch.bool or tuple(key_mask.shape) != (b, lk):
-            raise ValueError(f"key_mask must be boolean (batch, k_len) = {(b, lk)} with True = real key; got "
-                             f"{key_mask.dtype} {tuple(key_mask.shape)}")
+        check_key_mask(key_mask, b, lk)
         keep = key_mask[:, None, :, None].to(phi_k.dtype)
         phi_k, vf = phi_k * keep, vf * keep  # a padded key adds nothing to any sum
     if is_causal:

@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .core import attend_scores, full_mask, scaled_dot_product_attention
+from .core import attend_scores, check_key_mask, full_mask, scaled_dot_product_attention
 from .kernels import LinearAttentionState, linear_attention, streaming_attention
 from .scores import AdditiveScore, GeneralScore
 
-__all__ = ["KVCache", "MultiHeadAttention", "attend", "ScoreName", "KernelName", "SCORES", "KERNELS", "KERNELS_WITH_DROPOUT",
+__all__ = ["KVCache", "MultiHeadAttention", "attend", "attention_dropout", "ScoreName", "KernelName", "SCORES", "KERNELS", "KERNELS_WITH_DROPOUT",
            "check_attention_options"]
 
 ScoreName = Literal["dot", "general", "additive"]
@@ -173,7 +173,7 @@ class MultiHeadAttention(nn.Module):
         else:
             q, k, v = self._cached_qkv(x, context, kv_cache)
             if key_mask is not None:
-                _check_key_mask(key_mask, x.shape[0], k.shape[2])
+                check_key_mask(key_mask, x.shape[0], k.shape[2])
                 km = key_mask[:, None, None, :]
                 mask = km if mask is None else mask & km
             result = self._attend(q, k, v, mask, is_causal, need_weights)
@@ -204,16 +204,14 @@ class MultiHeadAttention(nn.Module):
             raise ValueError("kernel='linear' honours key padding (key_mask) and causality (is_causal) only, not an "
                              "arbitrary attention mask; pass key_mask=..., or use kernel='softmax'")
         if cache is not None and cache.static and cache.filled:  # cross-attention to a context seen before
-            q = self._split_heads(F.linear(x, *self._qkv_params(0, 1)))
-            out = cache.state.readout(q)
             if need_weights:
                 raise ValueError("need_weights with a filled linear cross-attention cache: the keys are no longer "
                                  "kept; ask for weights without a cache")
-            return out
+            return cache.state.readout(self._split_heads(F.linear(x, *self._qkv_params(0, 1))))
         q, k, v = self._project(x, context)
         past = cache.length if cache is not None and not cache.static else 0
         if key_mask is not None:
-            _check_key_mask(key_mask, x.shape[0], past + k.shape[2])
+            check_key_mask(key_mask, x.shape[0], past + k.shape[2])
             key_mask = key_mask[:, past:]
         result = linear_attention(q, k, v, key_mask=key_mask, is_causal=is_causal, need_weights=need_weights,
                                   state=cache.state if cache is not None else None, return_state=cache is not None)
@@ -262,6 +260,12 @@ def attend(q: Tensor, k: Tensor, v: Tensor, score: nn.Module | None = None, kern
                                         need_weights=need_weights, scale=scale)
 
 
+def attention_dropout(dropout: float, kernel: str) -> float:
+    """A model's dropout rate as attention-weight dropout: ``dropout`` where ``kernel`` forms the
+    weights (softmax, argmax), 0 where it never does (linear, streaming)."""
+    return dropout if kernel in KERNELS_WITH_DROPOUT else 0.0
+
+
 def check_attention_options(score: str, kernel: str, attn_drop: float = 0.0) -> None:
     """Raise a ``ValueError`` naming the allowed values for an unknown or unsupported combination."""
     if score not in SCORES:
@@ -276,12 +280,6 @@ def check_attention_options(score: str, kernel: str, attn_drop: float = 0.0) -> 
     if attn_drop > 0 and kernel not in KERNELS_WITH_DROPOUT:
         raise ValueError(f"kernel={kernel!r} never forms the attention weights, so it has no attention dropout "
                          f"(attn_drop={attn_drop}); set the attention dropout to 0")
-
-
-def _check_key_mask(key_mask: Tensor, batch: int, k_len: int) -> None:
-    if key_mask.dtype != torch.bool or tuple(key_mask.shape) != (batch, k_len):
-        raise ValueError(f"key_mask must be boolean (batch, k_len) = {(batch, k_len)} with True = real token; got "
-                         f"{key_mask.dtype} {tuple(key_mask.shape)}")
 
 
 def _divisors(n: int) -> list[int]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
-from ..attention import KERNELS_WITH_DROPOUT, KVCache, MultiHeadAttention
+from ..attention import KVCache, MultiHeadAttention, attention_dropout
 from .drop import DropPath
 from .mlp import create_mlp
 from .norm import create_norm
@@ -124,8 +124,7 @@ class DecoderBlock(nn.Module):
                  mlp_layer: str = "mlp", num_experts: int = 4, moe_top_k: int = 2, moe_expert_layer: str = "mlp",
                  moe_aux_loss_weight: float = 0.01, score: str = "dot", kernel: str = "softmax") -> None:
         super().__init__()
-        attn_drop = dropout if kernel in KERNELS_WITH_DROPOUT else 0.0
-        attn = dict(attn_drop=attn_drop, proj_drop=dropout, score=score, kernel=kernel)
+        attn = dict(attn_drop=attention_dropout(dropout, kernel), proj_drop=dropout, score=score, kernel=kernel)
         self.norm_first = norm_first
         self.norm1 = create_norm(norm_layer, dim, norm_eps)
         self.self_attn = MultiHeadAttention(dim, num_heads, **attn)

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.init import trunc_normal_
 
-from ..attention import KERNELS_WITH_DROPOUT, KernelName, KVCache, ScoreName
+from ..attention import KernelName, KVCache, ScoreName, attention_dropout
 from ..layers import Block, MlpName, NormName, create_norm, sinusoidal_position_encoding
 from .decoding import sample_next
 
@@ -59,7 +59,7 @@ class GPT(nn.Module):
         else:
             self.register_buffer("pos_embed", sinusoidal_position_encoding(block_size, embed_dim), persistent=False)
         self.drop = nn.Dropout(dropout)
-        attn_drop = dropout if kernel in KERNELS_WITH_DROPOUT else 0.0
+        attn_drop = attention_dropout(dropout, kernel)
         self.blocks = nn.ModuleList([
             Block(embed_dim, num_heads, mlp_ratio, proj_drop=dropout, attn_drop=attn_drop, act=act_layer,
                   norm_layer=norm_layer, mlp_layer=mlp_layer, num_experts=num_experts, moe_top_k=moe_top_k,

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.init import trunc_normal_
 
-from ..attention import KERNELS_WITH_DROPOUT, KernelName, ScoreName
+from ..attention import KernelName, ScoreName, attention_dropout
 from ..layers import Block, DecoderBlock, DecoderCache, MlpName, NormName, create_norm, sinusoidal_position_encoding
 from .decoding import beam_search, greedy_search
 
@@ -47,7 +47,7 @@ class Transformer(nn.Module):
         super().__init__()
         self.d_model = d_model
         norm_layer = variant.get("norm_layer", "layernorm")
-        attn_drop = dropout if variant.get("kernel", "softmax") in KERNELS_WITH_DROPOUT else 0.0
+        attn_drop = attention_dropout(dropout, variant.get("kernel", "softmax"))
         self.encoder_layers = nn.ModuleList([
             Block(d_model, num_heads, proj_drop=dropout, attn_drop=attn_drop, act=activation, norm_first=norm_first,
                   norm_eps=norm_eps, mlp_hidden_dim=dim_feedforward, **variant)
