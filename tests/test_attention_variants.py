@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitlab.attention import (KVCache, LinearAttentionState, MultiHeadAttention, additive_attention,
-                              general_attention, linear_attention, scaled_dot_product_attention,
+from vitlab.attention import (AdditiveScore, KVCache, LinearAttentionState, MultiHeadAttention, additive_attention,
+                              attend, general_attention, linear_attention, scaled_dot_product_attention,
                               streaming_attention)
 
 
@@ -176,6 +176,15 @@ def test_additive_score_is_bahdanaus_mlp_over_each_pair():
     ref_w = ref.masked_fill(~mask, float("-inf")).softmax(-1)
     torch.testing.assert_close(weights, ref_w)
     torch.testing.assert_close(out, ref_w @ v)
+
+
+def test_additive_keys_projected_once_give_the_same_attention():
+    q, k, v = _qkv(lq=4, lk=5)
+    score = AdditiveScore(3, 8)
+    expected = attend(q, k, v, score)
+    torch.testing.assert_close(attend(q, k, v, score, projected_keys=score.project_keys(k)), expected)
+    with pytest.raises(ValueError, match="additive score"):
+        attend(q, k, v, None, projected_keys=score.project_keys(k))
 
 
 @pytest.mark.parametrize("score,kernel", [("dot", "softmax"), ("general", "softmax"), ("additive", "softmax"),

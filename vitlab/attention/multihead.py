@@ -234,7 +234,8 @@ class MultiHeadAttention(nn.Module):
 
 def attend(q: Tensor, k: Tensor, v: Tensor, score: nn.Module | None = None, kernel: str = "softmax",
            mask: Tensor | None = None, is_causal: bool = False, need_weights: bool = False, dropout_p: float = 0.0,
-           scale: float | None = None, block_size: int = 128) -> Tensor | tuple[Tensor, Tensor]:
+           scale: float | None = None, block_size: int = 128,
+           projected_keys: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """Attention with a score function and a softmax-like kernel, on ``(B, H, L, D)`` tensors.
 
     Args:
@@ -243,10 +244,14 @@ def attend(q: Tensor, k: Tensor, v: Tensor, score: nn.Module | None = None, kern
             mask rules: :func:`~vitlab.attention.linear_attention`).
         scale: Scale of dot-product scores (default ``1 / sqrt(D)``; Luong's and Bahdanau's use 1).
         mask, is_causal, need_weights, dropout_p: As in :func:`scaled_dot_product_attention`.
+        projected_keys: Additive score only: ``score.project_keys(k)``, computed once for keys that are
+            attended to again and again (the RNN decoder's annotations).
     """
     hard = kernel == "argmax"
+    if projected_keys is not None and not isinstance(score, AdditiveScore):
+        raise ValueError("projected_keys belongs to the additive score; the dot and general scores take k as is")
     if isinstance(score, AdditiveScore):
-        return attend_scores(score(q, k), v, full_mask(q, k, mask, is_causal), hard=hard, dropout_p=dropout_p,
+        return attend_scores(score(q, k, projected_keys), v, full_mask(q, k, mask, is_causal), hard=hard, dropout_p=dropout_p,
                              need_weights=need_weights)
     if isinstance(score, GeneralScore):
         q = score.transform_query(q)

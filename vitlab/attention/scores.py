@@ -41,11 +41,16 @@ def general_query(q: Tensor, weight: Tensor) -> Tensor:
     return torch.einsum("bhqd,hde->bhqe", q, weight)
 
 
-def additive_scores(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor) -> Tensor:
+def additive_scores(q: Tensor, k: Tensor, w_q: Tensor, w_k: Tensor, w_v: Tensor,
+                    projected_keys: Tensor | None = None) -> Tensor:
     """Bahdanau's scores ``w_v^T tanh(q W_q + k W_k)``: q ``(B, H, Lq, D)``, k ``(B, H, Lk, D)``,
-    ``w_q``, ``w_k`` ``(H, D, A)``, ``w_v`` ``(H, A)`` -> ``(B, H, Lq, Lk)``."""
+    ``w_q``, ``w_k`` ``(H, D, A)``, ``w_v`` ``(H, A)`` -> ``(B, H, Lq, Lk)``.
+
+    ``projected_keys``: ``k W_k`` ``(B, H, Lk, A)`` computed once by the caller (a recurrent decoder
+    attends to the same keys at every step, as Bahdanau et al. precompute ``U_a h_j``); ``k`` is then unused.
+    """
     qa = torch.einsum("bhqd,hda->bhqa", q, w_q)
-    ka = torch.einsum("bhkd,hda->bhka", k, w_k)
+    ka = torch.einsum("bhkd,hda->bhka", k, w_k) if projected_keys is None else projected_keys
     return torch.einsum("bhqka,ha->bhqk", torch.tanh(qa.unsqueeze(3) + ka.unsqueeze(2)), w_v)
 
 
@@ -82,6 +87,11 @@ class AdditiveScore(nn.Module):
         self.w_k = nn.Parameter(torch.randn(num_heads, head_dim, attn_dim) / math.sqrt(head_dim))
         self.w_v = nn.Parameter(torch.randn(num_heads, attn_dim) / math.sqrt(attn_dim))
 
-    def forward(self, q: Tensor, k: Tensor) -> Tensor:
+    def project_keys(self, k: Tensor) -> Tensor:
+        """``k W_k``: ``(B, H, Lk, D)`` -> ``(B, H, Lk, A)``, to pass as ``projected_keys`` when the same
+        keys are scored again and again."""
+        return torch.einsum("bhkd,hda->bhka", k, self.w_k)
+
+    def forward(self, q: Tensor, k: Tensor, projected_keys: Tensor | None = None) -> Tensor:
         """Scores ``(B, H, Lq, Lk)``."""
-        return additive_scores(q, k, self.w_q, self.w_k, self.w_v)
+        return additive_scores(q, k, self.w_q, self.w_k, self.w_v, projected_keys)

@@ -78,13 +78,18 @@ class RNNSeq2Seq(nn.Module):
         annotations, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True, total_length=src.shape[1])
         return annotations, torch.tanh(self.init_state(last[-1]))  # last[-1]: top layer, backward direction
 
-    def _step(self, prev: Tensor, state: Tensor, annotations: Tensor, key_mask: Tensor,
+    def _project_keys(self, annotations: Tensor) -> Tensor | None:
+        """``U_a h_j`` of the additive score, computed once per source rather than at every step."""
+        return self.score.project_keys(annotations[:, None]) if isinstance(self.score, AdditiveScore) else None
+
+    def _step(self, prev: Tensor, state: Tensor, annotations: Tensor, key_mask: Tensor, keys: Tensor | None,
               need_weights: bool = False) -> tuple[Tensor, Tensor, Tensor | None]:
-        """One decoder step: previous ids ``(B,)``, state ``(B, hidden)`` -> logits ``(B, V)``, new state,
-        attention weights ``(B, S)`` if asked."""
+        """One decoder step: previous ids ``(B,)``, state ``(B, hidden)``, annotations and their projection
+        ``keys`` -> logits ``(B, V)``, new state, attention weights ``(B, S)`` if asked."""
         e = self.drop(self.tgt_embed(prev))
         q, kv = state[:, None, None, :], annotations[:, None]  # one head: (B, 1, 1, hidden), (B, 1, S, hidden)
-        result = attend(q, kv, kv, self.score, mask=key_mask[:, None, None, :], need_weights=need_weights)
+        result = attend(q, kv, kv, self.score, mask=key_mask[:, None, None, :], need_weights=need_weights,
+                        projected_keys=keys)
         context, weights = result if need_weights else (result, None)
         context = context[:, 0, 0]
         # Bahdanau: the context enters the recurrence; the output reads the new state, the context and y_{t-1}.
@@ -102,9 +107,10 @@ class RNNSeq2Seq(nn.Module):
                         need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         src_key_mask = src != self.pad_id if src_key_mask is None else src_key_mask
         annotations, state = self.encode(src, src_key_mask)
+        keys = self._project_keys(annotations)
         logits, weights = [], []
         for t in range(tgt.shape[1]):
-            out, state, w = self._step(tgt[:, t], state, annotations, src_key_mask, need_weights)
+            out, state, w = self._step(tgt[:, t], state, annotations, src_key_mask, keys, need_weights)
             logits.append(out)
             weights.append(w)
         return torch.stack(logits, 1), (torch.stack(weights, 1) if need_weights else None)
@@ -125,10 +131,11 @@ class RNNSeq2Seq(nn.Module):
         annotations, state = self.encode(src, src_key_mask)
         annotations = annotations.repeat_interleave(beam_size, 0)
         key_mask = src_key_mask.repeat_interleave(beam_size, 0)
+        keys = self._project_keys(annotations)
         states = [state.repeat_interleave(beam_size, 0)]
 
         def step(tokens: Tensor, t: int) -> Tensor:
-            logits, states[0], _ = self._step(tokens[:, -1], states[0], annotations, key_mask)
+            logits, states[0], _ = self._step(tokens[:, -1], states[0], annotations, key_mask, keys)
             return logits.float().log_softmax(-1)
 
         def reorder(index: Tensor) -> None:
