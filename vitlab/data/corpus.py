@@ -173,7 +173,11 @@ class WindowLoader:
         self.epoch = epoch
 
     def __len__(self) -> int:
-        return self.steps if self.train else -(-self.num_windows // self.batch_size)
+        return self.steps if self.train else -(-self.num_windows // self.batch_size) + bool(self._tail())
+
+    def _tail(self) -> int:
+        """Evaluation: tokens left after the whole windows, scored as one shorter window at the end."""
+        return len(self.tokens) - 1 - self.num_windows * self.block_size
 
     def _windows(self, starts: Tensor) -> tuple[Tensor, Tensor]:
         idx = starts[:, None] + torch.arange(self.block_size + 1, device=starts.device)
@@ -191,6 +195,10 @@ class WindowLoader:
                 yield self._windows(part.to(device))
             return
         starts = torch.arange(self.num_windows, device=device) * self.block_size
-        for i in range(len(self)):
+        for i in range(-(-self.num_windows // self.batch_size)):
             batch = starts[i * self.batch_size:(i + 1) * self.batch_size]
             yield self._windows(torch.tensor_split(batch, self.num_processes)[self.process_index])
+        if tail := self._tail():
+            start = self.num_windows * self.block_size
+            chunk = self.tokens[start:start + tail + 1][None]
+            yield (chunk[:, :-1], chunk[:, 1:]) if self.process_index == 0 else (chunk[:0, :-1], chunk[:0, 1:])
