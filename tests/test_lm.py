@@ -72,6 +72,7 @@ def test_char_gpt_learns_tiny_shakespeare_and_eval_and_sample_agree(tmp_path):
                    check=True, capture_output=True, env=env)
     m = json.loads(out.read_text())
     assert m["loss"] == pytest.approx(summary["val_loss"], abs=1e-6)  # the whole validation split, both times
+    assert m["num_tokens"] == 111_540 - 1  # nanoGPT's prepare.py: "val has 111,540 tokens"; all but the first predicted
     assert m["perplexity"] == pytest.approx(math.exp(m["loss"])) and m["bpc"] == pytest.approx(m["loss"] / math.log(2))
     sample = [sys.executable, "-m", "vitlab.cli", "sample", "--checkpoint", str(run_dir), "--prompt", "ROMEO:",
               "--max-new-tokens", "40", "--seed", "3"]

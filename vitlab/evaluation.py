@@ -49,10 +49,10 @@ def _evaluate_lm(directory: Path, cfg: Config, model: nn.Module, split: str, bat
                           num_processes=accelerator.num_processes, process_index=accelerator.process_index)
     metrics = evaluate_lm(accelerator.prepare(model), loader, accelerator, d.tokenizer == "char")
     if accelerator.is_main_process:
-        print(f"checkpoint {directory} | {split} split: {loader.num_windows * d.block_size} tokens")
+        print(f"checkpoint {directory} | {split} split: {loader.num_targets} tokens")
         print("  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
         if output:
-            write_json(output, {**metrics, "num_tokens": loader.num_windows * d.block_size,
+            write_json(output, {**metrics, "num_tokens": loader.num_targets,
                                 "checkpoint": str(directory), "split": split})
     return metrics
 

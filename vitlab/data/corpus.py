@@ -175,6 +175,11 @@ class WindowLoader:
     def __len__(self) -> int:
         return self.steps if self.train else -(-self.num_windows // self.batch_size) + bool(self._tail())
 
+    @property
+    def num_targets(self) -> int:
+        """Evaluation: the tokens predicted, every token but the first."""
+        return len(self.tokens) - 1
+
     def _tail(self) -> int:
         """Evaluation: tokens left after the whole windows, scored as one shorter window at the end."""
         return len(self.tokens) - 1 - self.num_windows * self.block_size
