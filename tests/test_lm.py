@@ -4,15 +4,20 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
+import threading
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import torch
 
 from vitlab.config import load_config
-from vitlab.data.corpus import CharTokenizer, WindowLoader, read_corpus, split_tokens
+from vitlab.data import corpus
+from vitlab.data.corpus import CharTokenizer, WindowLoader, read_corpus, split_tokens, tiny_shakespeare
 from vitlab.errors import DataError
 from vitlab.training import train
 
@@ -56,6 +61,38 @@ def test_bad_text_input_is_one_clear_line(tmp_path):
         split_tokens(list(range(100)), 0.1, 64)
     with pytest.raises(DataError, match="outside the model's 3-character vocabulary: 'z'"):
         CharTokenizer.from_text("abc").encode_text("abz")
+
+
+@pytest.fixture
+def http_folder(tmp_path):
+    """A folder served over HTTP on localhost: ``(folder, base_url)``."""
+    folder = tmp_path / "served"
+    folder.mkdir()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(SimpleHTTPRequestHandler, directory=str(folder)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield folder, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_tiny_shakespeare_download_is_checked_and_never_left_half_written(tmp_path, monkeypatch, http_folder):
+    served, url = http_folder
+    with pytest.raises(DataError, match="not found at .*set data.download=true"):
+        tiny_shakespeare(tmp_path)
+    (served / "wrong.txt").write_text("not Shakespeare")
+    monkeypatch.setattr(corpus, "TINY_SHAKESPEARE_URL", f"{url}/wrong.txt")
+    with pytest.raises(DataError, match="could not download tiny Shakespeare .*data.dataset=text"):
+        tiny_shakespeare(tmp_path / "data", download=True)  # the checksum fails
+    assert not any((tmp_path / "data" / "tinyshakespeare").iterdir())  # nothing half-written stays
+    monkeypatch.setattr(corpus, "TINY_SHAKESPEARE_URL", f"{url}/missing.txt")
+    with pytest.raises(DataError, match="could not download tiny Shakespeare"):
+        tiny_shakespeare(tmp_path / "data", download=True)  # HTTP 404
+    if SHAKESPEARE:
+        shutil.copy(SHAKESPEARE, served / "input.txt")
+        monkeypatch.setattr(corpus, "TINY_SHAKESPEARE_URL", f"{url}/input.txt")
+        path = tiny_shakespeare(tmp_path / "data", download=True)
+        assert path == tmp_path / "data" / "tinyshakespeare" / "input.txt" and len(read_corpus(path)) == 1_115_394
+        assert tiny_shakespeare(tmp_path / "data") == path  # found, not fetched again
 
 
 @pytest.mark.skipif(not SHAKESPEARE, reason="tiny Shakespeare not available: set VITLAB_TINYSHAKESPEARE")

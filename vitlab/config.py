@@ -82,8 +82,10 @@ class TextDataConfig:
 class LMDataConfig:
     """Data of ``task: lm``: a text corpus split by position, random windows of ``block_size`` tokens."""
 
-    dataset: Literal["text"] = "text"
-    root: str = ""               # a UTF-8 file, or a folder of .txt files
+    dataset: Literal["text", "tinyshakespeare"] = "text"
+    root: str = ""               # text: a UTF-8 file or a folder of .txt files; tinyshakespeare: the folder
+                                 # holding tinyshakespeare/input.txt
+    download: bool = True        # tinyshakespeare: fetch char-rnn's input.txt into root if absent
     tokenizer: Literal["char", "bpe"] = "char"
     vocab_size: int = 4096       # bpe only
     val_fraction: float = 0.1    # the last part of the text validates (as nanoGPT)
@@ -215,7 +217,8 @@ def _check_values(cfg: Config) -> None:
              "'none' with data.loader=gpu (the device loader does crop + flip; use data.loader=torch for "
              "RandAugment/AutoAugment)")
     elif isinstance(d, LMDataConfig):
-        need(bool(d.root), "data.root", d.root, "a UTF-8 text file or a folder of .txt files")
+        need(bool(d.root), "data.root", d.root, "a UTF-8 text file or a folder of .txt files" if d.dataset == "text"
+             else "the folder that holds (or is to hold) tinyshakespeare/input.txt, e.g. ./data")
         need(0 < d.val_fraction < 1, "data.val_fraction", d.val_fraction, "a number in (0, 1)")
         need(d.block_size >= 1, "data.block_size", d.block_size, "an integer >= 1")
         need(d.vocab_size >= 257 or d.tokenizer == "char", "data.vocab_size", d.vocab_size,

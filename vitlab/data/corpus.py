@@ -18,8 +18,35 @@ from torch import Tensor
 from ..errors import DataError
 from ..seeding import process_seed
 
-__all__ = ["read_corpus", "CharTokenizer", "train_lm_bpe", "load_lm_tokenizer", "split_tokens", "WindowLoader",
+__all__ = ["read_corpus", "tiny_shakespeare", "TINY_SHAKESPEARE_URL", "CharTokenizer", "train_lm_bpe", "load_lm_tokenizer", "split_tokens", "WindowLoader",
            "LMTokenizer"]
+
+
+# char-rnn's tiny Shakespeare (1,115,394 characters), the file nanoGPT's shakespeare_char downloads.
+TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
+_TINY_SHAKESPEARE_MD5 = "6fb458f1232090904fb40fe944165e91"
+
+
+def tiny_shakespeare(root: str | Path, download: bool = False) -> Path:
+    """The path of ``<root>/tinyshakespeare/input.txt``; with ``download``, fetched from char-rnn's
+    repository first if absent (MD5-checked, written under a temporary name and renamed when whole)."""
+    path = Path(root) / "tinyshakespeare" / "input.txt"
+    if path.is_file():
+        return path
+    if not download:
+        raise DataError(f"tiny Shakespeare not found at {path}; set data.download=true to download it, or "
+                        f"data.dataset=text data.root=<path of input.txt>")
+    from torchvision.datasets.utils import download_url  # only here: importing torchvision costs a second
+
+    part = path.with_name(path.name + ".part")
+    try:
+        download_url(TINY_SHAKESPEARE_URL, str(path.parent), part.name, _TINY_SHAKESPEARE_MD5)
+    except (OSError, RuntimeError) as e:  # URLError is an OSError; a wrong checksum a RuntimeError
+        part.unlink(missing_ok=True)
+        raise DataError(f"could not download tiny Shakespeare into {path.parent} ({e}); without network, set "
+                        f"data.dataset=text data.root=<path of a copy of input.txt>") from None
+    part.replace(path)
+    return path
 
 
 class LMTokenizer(Protocol):

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import Tensor, nn
 
-from ..data.corpus import CharTokenizer, WindowLoader, load_lm_tokenizer, read_corpus, split_tokens, train_lm_bpe
+from ..data.corpus import (CharTokenizer, WindowLoader, load_lm_tokenizer, read_corpus, split_tokens, tiny_shakespeare,
+                           train_lm_bpe)
 from .base import TaskSetup, build_model
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ __all__ = ["lm_task", "evaluate_lm", "load_lm_data"]
 def load_lm_data(d: "LMDataConfig", tokenizer: Any = None) -> tuple[Any, Tensor, Tensor]:
     """The corpus's tokenizer (given, or built: the alphabet for ``char``, a BPE trained on the training
     part for ``bpe``) and its training and validation token ids."""
-    text = read_corpus(d.root)
+    text = read_corpus(tiny_shakespeare(d.root, d.download) if d.dataset == "tinyshakespeare" else d.root)
     if tokenizer is None:
         if d.tokenizer == "char":
             tokenizer = CharTokenizer.from_text(text)  # the corpus's alphabet, as nanoGPT
