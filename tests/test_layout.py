@@ -16,6 +16,7 @@ ROOMS: list[tuple[str, set[str]]] = [
     ("models", {"models", "text"}),
     ("data", {"data"}),
     ("tasks", {"tasks"}),
+    ("visualize", {"visualize"}),
     ("engine", {"config", "checkpoint", "training", "evaluation", "interop", "cli", "__init__"}),
 ]
 ALLOWED_BELOW = {  # models and data are siblings: neither needs the other
