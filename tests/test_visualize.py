@@ -1,11 +1,21 @@
 """Attention rollout (Abnar & Zuidema 2020) against a step-by-step computation, and the attention maps."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
+from PIL import Image
 
-from vitlab import create_model
-from vitlab.visualize import attention_rollout, block_attention_map, cls_attention_map
+from conftest import reset_accelerate, tiny_overrides
+from vitlab import create_model, load_model
+from vitlab.cli import main
+from vitlab.config import load_config
+from vitlab.data import read_image
+from vitlab.training import train
+from vitlab.visualize import (attention_heatmaps, attention_rollout, block_attention_map, cls_attention_map,
+                              plot_attention)
 
 
 def _random_maps(blocks=3, b=2, h=4, n=10, seed=0) -> list[torch.Tensor]:
@@ -82,3 +92,54 @@ def test_rollout_rejects_bad_options():
         attention_rollout(maps, head_fusion="median")
     with pytest.raises(ValueError, match=r"discard_ratio=1.0.*\[0, 1\)"):
         attention_rollout(maps, discard_ratio=1.0)
+
+
+@pytest.fixture(scope="module")
+def image_run(tiny_imagefolder, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("attn") / "run"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=1", "model.depth=2")))
+    reset_accelerate()
+    return run_dir
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "vitlab.cli", *args], capture_output=True, text=True)
+
+
+def test_plot_attention_from_python_draws_each_image_and_its_overlay(image_run, tiny_imagefolder):
+    model = load_model(image_run)
+    images = [read_image(p) for p in sorted((tiny_imagefolder / "test" / "class_1").glob("*.png"))[:3]]
+    fig = plot_attention(model, images, discard_ratio=0.5)
+    assert len(fig.axes) == 6  # 3 rows x (image, overlay)
+    assert fig.axes[1].get_title().startswith(("class_0 ", "class_1 ", "class_2 "))
+    heat, probs = attention_heatmaps(model, images, method="block", block=1, head=0)
+    assert heat.shape == (3, 8, 8) and torch.allclose(probs.sum(-1), torch.ones(3))
+
+
+def test_attention_command_writes_pngs_and_refuses_bad_input_in_one_line(image_run, tiny_imagefolder, tmp_path,
+                                                                         capsys):
+    files = [str(p) for p in sorted((tiny_imagefolder / "test" / "class_0").glob("*.png"))[:2]]
+    out = tmp_path / "attention.png"
+    ok = _cli("attention", "--checkpoint", str(image_run), *files, "--output", str(out), "--discard-ratio", "0.9")
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    with Image.open(out) as img:
+        assert img.format == "PNG" and img.size == (500, 500)  # 2 rows of 5 x 2.5 inches at 100 dpi
+    grid = tmp_path / "grid.png"
+    ok = _cli("attention", "--checkpoint", str(image_run), files[0], "--grid", "--output", str(grid))
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    with Image.open(grid) as img:
+        assert img.size == (320, 360)  # 2 blocks x 2 heads, 1.6 inches each + a title
+    bad_image = tmp_path / "bad.png"
+    bad_image.write_text("not a picture")
+    for args, code, message in [
+        (["--method", "block", "--block", "5", files[0]], 2, "--block 5 is out of range: the model has 2 blocks"),
+        (["--method", "block", "--head", "3", files[0]], 2, "--head 3 is out of range: each block has 2 heads"),
+        (["--grid", *files], 2, "--grid draws every block x head of one image; got 2 images"),
+        ([files[0], str(bad_image)], 1, f"cannot read image '{bad_image}'"),
+    ]:
+        target = tmp_path / "never.png"
+        with pytest.raises(SystemExit) as exit_info:  # in this process: the same run_command, without a start-up
+            main(["attention", "--checkpoint", str(image_run), "--output", str(target), *args])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == code and err.count("\n") == 1 and message in err, err
+        assert not target.exists()

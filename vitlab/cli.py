@@ -1,4 +1,4 @@
-"""The ``vitlab`` command: ``train``, ``eval``, ``predict``, ``translate``, ``sample``, ``models``. Thin: each parses its
+"""The ``vitlab`` command: ``train``, ``eval``, ``predict``, ``attention``, ``translate``, ``sample``, ``models``. Thin: each parses its
 arguments and calls the library; user errors print one line and exit non-zero."""
 from __future__ import annotations
 
@@ -91,6 +91,47 @@ def _predict(args: argparse.Namespace) -> None:
         print(f"{path}: " + ", ".join(f"{names[i]} {v:.3f}" for v, i in zip(top.values.tolist(), top.indices.tolist())))
 
 
+def _attention(args: argparse.Namespace) -> None:
+    from .checkpoint import load_model
+    from .data.images import read_image
+    from .errors import CheckpointError
+    from .models import VisionTransformer
+    from .visualize import plot_attention, plot_attention_grid, save_figure
+
+    model = load_model(args.checkpoint)
+    if not isinstance(model, VisionTransformer):
+        raise CheckpointError(f"{args.checkpoint!r} holds a {type(model).__name__}, not an image model; `vitlab "
+                              f"attention` draws a ViT's attention over images (translations: `vitlab translate "
+                              f"--attention`)")
+    blocks, heads = len(model.blocks), model.blocks[0].attn.num_heads
+    if not -blocks <= args.block < blocks:
+        raise ConfigError(f"--block {args.block} is out of range: the model has {blocks} blocks (0..{blocks - 1}, "
+                          f"or -1 for the last)")
+    head: int | str = args.head if args.head == "mean" else _int_or_fail(args.head, "--head", "a head index or mean")
+    if head != "mean" and not -heads <= head < heads:
+        raise ConfigError(f"--head {head} is out of range: each block has {heads} heads (0..{heads - 1}, or mean)")
+    if not 0 <= args.discard_ratio < 1:
+        raise ConfigError(f"--discard-ratio {args.discard_ratio} must be in [0, 1): the share of each row's weights "
+                          f"to zero")
+    if args.grid and len(args.images) != 1:
+        raise ConfigError(f"--grid draws every block x head of one image; got {len(args.images)} images")
+    images = [read_image(path) for path in args.images]  # every file read before anything is written
+    if args.grid:
+        fig = plot_attention_grid(model, images[0])
+    else:
+        fig = plot_attention(model, images, titles=[Path(p).name for p in args.images], method=args.method,
+                             block=args.block, head=head, head_fusion=args.head_fusion,
+                             discard_ratio=args.discard_ratio)
+    print(f"wrote {save_figure(fig, args.output)}")
+
+
+def _int_or_fail(value: str, flag: str, expected: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"{flag} {value!r} is not {expected}") from None
+
+
 def _models(args: argparse.Namespace) -> None:
     from .models import create_model, list_models
 
@@ -169,6 +210,17 @@ def main(argv: list[str] | None = None) -> None:
     pr.add_argument("--checkpoint", required=True)
     pr.add_argument("--topk", type=int, default=5)
     pr.add_argument("images", nargs="+")
+    at = sub.add_parser("attention", help="draw where a ViT looks: attention rollout or one block/head over images")
+    at.add_argument("--checkpoint", required=True)
+    at.add_argument("--output", required=True, help="the figure (.png, .pdf, .svg)")
+    at.add_argument("--method", choices=("rollout", "block"), default="rollout")
+    at.add_argument("--block", type=int, default=-1, help="--method block: the block (default the last)")
+    at.add_argument("--head", default="mean", help="--method block: a head index or mean (default)")
+    at.add_argument("--head-fusion", choices=("mean", "max", "min"), default="mean", help="rollout: fuse heads so")
+    at.add_argument("--discard-ratio", type=float, default=0.0,
+                    help="rollout: zero this share of each row's lowest weights (never the CLS column), in [0, 1)")
+    at.add_argument("--grid", action="store_true", help="every block x head for one image")
+    at.add_argument("images", nargs="+")
     tr = sub.add_parser("translate", help="translate sentences with a trained text model")
     tr.add_argument("--checkpoint", required=True)
     tr.add_argument("--beam-size", type=int, default=4)
@@ -184,8 +236,8 @@ def main(argv: list[str] | None = None) -> None:
     mo = sub.add_parser("models", help="list the model presets with their sizes")
     mo.add_argument("pattern", nargs="?", default="*")
     args = parser.parse_args(argv)
-    command = {"eval": _eval, "predict": _predict, "translate": _translate, "sample": _sample,
-               "models": _models}[args.command]
+    command = {"eval": _eval, "predict": _predict, "attention": _attention, "translate": _translate,
+               "sample": _sample, "models": _models}[args.command]
     run_command(lambda: command(args))
 
 

@@ -1,0 +1,128 @@
+"""Figures: ViT attention over images (rollout or one block/head), every block x head for one image.
+
+Every function returns a matplotlib ``Figure`` (the Agg backend: no display needed); :func:`save_figure`
+writes it whole or not at all.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..data.images import create_transform
+from .rollout import HeadFusion, attention_rollout, block_attention_map, cls_attention_map
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["attention_heatmaps", "plot_attention", "plot_attention_grid", "save_figure"]
+
+Method = Literal["rollout", "block"]
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: "Figure", path: str | Path, dpi: int = 100) -> Path:
+    """Write ``fig`` as an image file (format from the suffix) through a temporary file renamed into place."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=dpi)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        _pyplot().close(fig)
+    return path
+
+
+@torch.no_grad()
+def attention_heatmaps(model: nn.Module, images: Sequence[Tensor], method: Method = "rollout", block: int = -1,
+                       head: int | Literal["mean"] = "mean", head_fusion: HeadFusion = "mean",
+                       discard_ratio: float = 0.0) -> tuple[Tensor, Tensor]:
+    """Patch-grid heat maps ``(B, gh, gw)`` and class probabilities ``(B, classes)`` for uint8 RGB images
+    ``(3, H, W)`` of any size, preprocessed as the model's ``pretrained_cfg`` says.
+
+    ``method='rollout'``: :func:`~vitlab.visualize.attention_rollout` read from the CLS token;
+    ``method='block'``: the raw CLS-to-patch weights of ``block`` and ``head`` (an index or ``'mean'``).
+    """
+    if method not in ("rollout", "block"):
+        raise ValueError(f"method={method!r} is not one of rollout, block")
+    model.eval()
+    x = torch.stack([create_transform(model)(img) for img in images])
+    maps = model.get_attention_maps(x)
+    if method == "rollout":
+        heat = cls_attention_map(attention_rollout(maps, head_fusion, discard_ratio, model.num_prefix_tokens), model)
+    else:
+        heat = block_attention_map(maps, model, block, head)
+    return heat, model(x).float().softmax(-1)
+
+
+def _overlay(ax: Any, image: Tensor, heat: Tensor) -> None:
+    """``image`` uint8 ``(3, H, W)``; ``heat`` ``(gh, gw)`` scaled to [0, 1], upsampled to the image, on top."""
+    h, w = image.shape[-2:]
+    up = F.interpolate(heat[None, None].float(), size=(h, w), mode="bilinear", align_corners=False)[0, 0]
+    up = (up - up.min()) / (up.max() - up.min()).clamp(min=1e-12)
+    ax.imshow(image.permute(1, 2, 0).numpy())
+    ax.imshow(up.numpy(), cmap="jet", alpha=0.5)
+    ax.axis("off")
+
+
+def _label(model: nn.Module, index: int) -> str:
+    names = getattr(model, "pretrained_cfg", {}).get("label_names")
+    return names[index] if names and index < len(names) else f"class {index}"
+
+
+def plot_attention(model: nn.Module, images: Sequence[Tensor], titles: Sequence[str] | None = None,
+                   method: Method = "rollout", block: int = -1, head: int | Literal["mean"] = "mean",
+                   head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0) -> "Figure":
+    """One row per image: the image, and its heat map upsampled and overlaid, titled with the predicted
+    class and its probability. ``images``: uint8 RGB ``(3, H, W)`` tensors (``vitlab.data.read_image``)."""
+    heat, probs = attention_heatmaps(model, images, method, block, head, head_fusion, discard_ratio)
+    plt = _pyplot()
+    what = (f"rollout ({head_fusion} over heads" + (f", discard {discard_ratio:g})" if discard_ratio else ")")
+            if method == "rollout" else f"block {block}, head {head}")
+    fig, axes = plt.subplots(len(images), 2, figsize=(5.0, 2.5 * len(images)), squeeze=False)
+    for i, image in enumerate(images):
+        p, c = probs[i].max(0)
+        axes[i, 0].imshow(image.permute(1, 2, 0).numpy())
+        axes[i, 0].axis("off")
+        axes[i, 0].set_title(titles[i] if titles else f"image {i}", fontsize=8)
+        _overlay(axes[i, 1], image, heat[i])
+        axes[i, 1].set_title(f"{_label(model, int(c))} {p:.2f}", fontsize=9)
+    fig.suptitle(f"attention: {what}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_attention_grid(model: nn.Module, image: Tensor) -> "Figure":
+    """Every block (rows) x head (columns) of one image: each head's raw CLS-to-patch weights, overlaid."""
+    model.eval()
+    with torch.no_grad():
+        x = create_transform(model)(image)[None]
+        maps = model.get_attention_maps(x)
+        p, c = model(x).float().softmax(-1)[0].max(0)
+    blocks, heads = len(maps), maps[0].shape[1]
+    plt = _pyplot()
+    fig, axes = plt.subplots(blocks, heads, figsize=(1.6 * heads, 1.6 * blocks + 0.4), squeeze=False)
+    for b in range(blocks):
+        for h in range(heads):
+            _overlay(axes[b, h], image, block_attention_map(maps, model, b, h)[0])
+            axes[b, h].set_title(f"block {b} head {h}", fontsize=7)
+    fig.suptitle(f"predicted {_label(model, int(c))} {p:.2f}", fontsize=9)
+    fig.tight_layout()
+    return fig
