@@ -284,3 +284,26 @@ def test_text_eval_under_two_processes_equals_one(reverse_run, tmp_path):
     assert outputs[2]["exact_match"] == outputs[1]["exact_match"]
     assert outputs[2]["token_acc"] == outputs[1]["token_acc"]
     assert outputs[2]["loss"] == pytest.approx(outputs[1]["loss"], abs=1e-6)
+
+
+def test_translate_draws_the_alignment_of_one_sentence(parallel_run, tmp_path, capsys):
+    from PIL import Image
+
+    from vitlab.cli import main
+
+    out = tmp_path / "align.png"
+    main(["translate", "--checkpoint", str(parallel_run), "Ein Mann läuft.", "--attention", str(out)])
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 1 and f"wrote {out}" in captured.err
+    with Image.open(out) as img:
+        assert img.format == "PNG" and img.size[0] > 100 and img.size[1] > 100
+    for args, message in [(["Ein Mann läuft.", "--layer", "2"],
+                           "--layer 2 is out of range: the decoder has 2 attention layer(s)"),
+                          (["Ein Mann läuft.", "Die Katze schläft."],
+                           "--attention draws one sentence's alignment; got 2 sentences")]:
+        target = tmp_path / "never.png"
+        with pytest.raises(SystemExit) as exit_info:
+            main(["translate", "--checkpoint", str(parallel_run), "--attention", str(target), *args])
+        err = capsys.readouterr().err
+        assert exit_info.value.code == 2 and err.count("\n") == 1 and message in err, err
+        assert not target.exists()

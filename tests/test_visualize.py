@@ -13,9 +13,11 @@ from vitlab import create_model, load_model
 from vitlab.cli import main
 from vitlab.config import load_config
 from vitlab.data import read_image
+from vitlab.data.text import train_bpe
+from vitlab.tasks.seq2seq import alignment
 from vitlab.training import train
 from vitlab.visualize import (attention_heatmaps, attention_rollout, block_attention_map, cls_attention_map,
-                              plot_attention)
+                              plot_alignment, plot_attention, save_figure)
 
 
 def _random_maps(blocks=3, b=2, h=4, n=10, seed=0) -> list[torch.Tensor]:
@@ -143,3 +145,44 @@ def test_attention_command_writes_pngs_and_refuses_bad_input_in_one_line(image_r
         err = capsys.readouterr().err
         assert exit_info.value.code == code and err.count("\n") == 1 and message in err, err
         assert not target.exists()
+
+
+def test_transformer_cross_attention_weights_are_torch_multihead_attentions():
+    torch.manual_seed(0)
+    model = create_model("transformer_tiny", src_vocab_size=30, tgt_vocab_size=30).eval()
+    src = torch.randint(3, 30, (2, 7))
+    src[1, 5:] = 0  # padding
+    tgt = torch.randint(3, 30, (2, 4))
+    inputs = {}
+    last = model.transformer.decoder_layers[-1]
+    last.cross_attn.register_forward_hook(lambda m, args, kwargs, out: inputs.update(q=args[0], kv=args[1]),
+                                          with_kwargs=True)
+    weights = model.attention_weights(src, tgt)  # (B, T, S), the last layer, mean over heads
+    reference = torch.nn.MultiheadAttention(64, 4, batch_first=True).eval()
+    with torch.no_grad():
+        reference.in_proj_weight.copy_(last.cross_attn.qkv.weight)
+        reference.in_proj_bias.copy_(last.cross_attn.qkv.bias)
+    _, expected = reference(inputs["q"], inputs["kv"], inputs["kv"], key_padding_mask=src == 0,
+                            need_weights=True, average_attn_weights=True)
+    torch.testing.assert_close(weights, expected)
+    assert (weights[1, :, 5:] == 0).all()
+    first = model.attention_weights(src, tgt, layer=0)
+    assert first.shape == (2, 4, 7) and not torch.allclose(first, weights)
+    with pytest.raises(ValueError, match="layer 2 is out of range: the decoder has 2 layers"):
+        model.attention_weights(src, tgt, layer=2)
+
+
+@pytest.mark.parametrize("name", ["transformer_tiny", "rnn_attention_tiny"])
+def test_alignment_of_a_translation_labels_every_source_and_generated_subword(name, tmp_path):
+    texts = ["ein mann fährt fahrrad", "a man rides a bike", "eine frau liest", "a woman reads"] * 5
+    tokenizer = train_bpe(texts, 64, tmp_path / "tokenizer.json")
+    torch.manual_seed(0)
+    model = create_model(name, src_vocab_size=tokenizer.get_vocab_size(), tgt_vocab_size=tokenizer.get_vocab_size(),
+                         pad_id=0, bos_id=1, eos_id=2).eval()
+    weights, source, target = alignment(model, tokenizer, "ein mann liest", beam_size=2)
+    assert source == tokenizer.encode("ein mann liest").tokens
+    assert weights.shape == (len(target), len(source)) and len(target) >= 1
+    torch.testing.assert_close(weights.sum(-1), torch.ones(len(target)))  # each generated subword's attention
+    path = save_figure(plot_alignment(weights, source, target, "test"), tmp_path / "align.png")
+    with Image.open(path) as img:
+        assert img.format == "PNG" and img.size[0] > 100

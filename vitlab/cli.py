@@ -43,15 +43,35 @@ def _translate(args: argparse.Namespace) -> None:
     from .checkpoint import load_model
     from .errors import CheckpointError
     from .data.text import load_tokenizer
+    from .models import RNNSeq2Seq, Seq2SeqTransformer
     from .tasks.seq2seq import translate
 
     model = load_model(args.checkpoint)
-    if getattr(model, "pretrained_cfg", {}).get("tokenizer") is None:
+    if not isinstance(model, (Seq2SeqTransformer, RNNSeq2Seq)) or model.pretrained_cfg.get("tokenizer") is None:
         raise CheckpointError(f"{args.checkpoint!r} is not a translation model with a tokenizer; `vitlab translate` "
                               f"needs a run trained with data.dataset=parallel")
     tokenizer = load_tokenizer(model.pretrained_cfg["tokenizer"])
+    if args.attention:
+        _alignment_figure(model, tokenizer, args)
     for line in translate(model, tokenizer, args.sentences, beam_size=args.beam_size):
         print(line)
+
+
+def _alignment_figure(model: object, tokenizer: object, args: argparse.Namespace) -> None:
+    """``translate --attention``: the sentence's cross-attention, drawn before anything is printed."""
+    from .tasks.seq2seq import alignment
+    from .visualize import plot_alignment, save_figure
+
+    layers = len(model.transformer.decoder_layers) if hasattr(model, "transformer") else 1
+    if not -layers <= args.layer < layers:
+        raise ConfigError(f"--layer {args.layer} is out of range: the decoder has {layers} attention layer(s) "
+                          f"(0..{layers - 1}, or -1 for the last)")
+    if len(args.sentences) != 1:
+        raise ConfigError(f"--attention draws one sentence's alignment; got {len(args.sentences)} sentences")
+    weights, source, target = alignment(model, tokenizer, args.sentences[0], args.beam_size, args.layer)
+    what = (f"decoder layer {args.layer % layers}, mean over its heads" if hasattr(model, "transformer")
+            else f"{model.config['score']} attention")
+    print(f"wrote {save_figure(plot_alignment(weights, source, target, what), args.attention)}", file=sys.stderr)
 
 
 def _sample(args: argparse.Namespace) -> None:
@@ -224,6 +244,9 @@ def main(argv: list[str] | None = None) -> None:
     tr = sub.add_parser("translate", help="translate sentences with a trained text model")
     tr.add_argument("--checkpoint", required=True)
     tr.add_argument("--beam-size", type=int, default=4)
+    tr.add_argument("--attention", metavar="PNG", help="also draw the sentence's alignment (cross-attention: "
+                                                       "source x generated subwords) into this file")
+    tr.add_argument("--layer", type=int, default=-1, help="--attention: the decoder layer (default the last)")
     tr.add_argument("sentences", nargs="+")
     sa = sub.add_parser("sample", help="print text sampled from a trained language model (task: lm)")
     sa.add_argument("--checkpoint", required=True)

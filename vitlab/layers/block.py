@@ -135,22 +135,31 @@ class DecoderBlock(nn.Module):
                               moe_aux_loss_weight)
 
     def forward(self, x: Tensor, memory: Tensor | None, memory_key_mask: Tensor | None = None,
-                tgt_key_mask: Tensor | None = None, cache: DecoderCache | None = None) -> Tensor:
+                tgt_key_mask: Tensor | None = None, cache: DecoderCache | None = None,
+                need_weights: bool = False) -> Tensor | tuple[Tensor, Tensor]:
         """``x`` ``(B, T, dim)`` (only the new positions when ``cache`` holds the past), ``memory``
-        ``(B, S, dim)`` (may be None once ``cache`` holds the cross-attention keys)."""
+        ``(B, S, dim)`` (may be None once ``cache`` holds the cross-attention keys). With ``need_weights``
+        also the cross-attention weights ``(B, H, T, S)`` (the explicit path; training never asks)."""
         self_cache = cache.self_attn if cache is not None else None
         cross_cache = cache.cross_attn if cache is not None else None
+        weights: list[Tensor] = []
 
         def self_attn(h: Tensor) -> Tensor:
             return self.self_attn(h, is_causal=True, key_mask=tgt_key_mask, kv_cache=self_cache)
 
         def cross_attn(h: Tensor) -> Tensor:
-            return self.cross_attn(h, memory, key_mask=memory_key_mask, kv_cache=cross_cache)
+            if not need_weights:
+                return self.cross_attn(h, memory, key_mask=memory_key_mask, kv_cache=cross_cache)
+            out, w = self.cross_attn(h, memory, key_mask=memory_key_mask, kv_cache=cross_cache, need_weights=True)
+            weights.append(w)
+            return out
 
         if self.norm_first:
             x = x + self_attn(self.norm1(x))
             x = x + cross_attn(self.norm2(x))
-            return x + self.mlp(self.norm3(x))
-        x = self.norm1(x + self_attn(x))
-        x = self.norm2(x + cross_attn(x))
-        return self.norm3(x + self.mlp(x))
+            x = x + self.mlp(self.norm3(x))
+        else:
+            x = self.norm1(x + self_attn(x))
+            x = self.norm2(x + cross_attn(x))
+            x = self.norm3(x + self.mlp(x))
+        return (x, weights[0]) if need_weights else x

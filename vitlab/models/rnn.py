@@ -116,8 +116,12 @@ class RNNSeq2Seq(nn.Module):
         return torch.stack(logits, 1), (torch.stack(weights, 1) if need_weights else None)
 
     @torch.no_grad()
-    def attention_weights(self, src: Tensor, tgt: Tensor, src_key_mask: Tensor | None = None) -> Tensor:
-        """Cross-attention weights ``(B, T, S)`` under teacher forcing: row t is where step t looked."""
+    def attention_weights(self, src: Tensor, tgt: Tensor, src_key_mask: Tensor | None = None,
+                          layer: int = -1) -> Tensor:
+        """Cross-attention weights ``(B, T, S)`` under teacher forcing: row t is where step t looked.
+        (``layer``: the Transformer's interface; the RNN has one attention, layer 0 = -1.)"""
+        if layer not in (0, -1):
+            raise ValueError(f"layer {layer} is out of range: the RNN decoder has one attention (0, or -1)")
         return self._teacher_forced(src, tgt, src_key_mask, need_weights=True)[1]
 
     @torch.no_grad()

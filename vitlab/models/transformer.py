@@ -169,6 +169,21 @@ class Seq2SeqTransformer(nn.Module):
         return self.head(out)
 
     @torch.no_grad()
+    def attention_weights(self, src: Tensor, tgt: Tensor, src_key_mask: Tensor | None = None,
+                          layer: int = -1) -> Tensor:
+        """Cross-attention weights ``(B, T, S)`` of decoder ``layer`` (default the last), mean over its heads,
+        under teacher forcing: row t is where step t looked (as :meth:`RNNSeq2Seq.attention_weights`)."""
+        layers = self.transformer.decoder_layers
+        if not -len(layers) <= layer < len(layers):
+            raise ValueError(f"layer {layer} is out of range: the decoder has {len(layers)} layers "
+                             f"(0..{len(layers) - 1}, or -1 for the last)")
+        src_key_mask = src != self.pad_id if src_key_mask is None else src_key_mask
+        x, memory = self._embed(tgt, self.tgt_embed), self.encode(src, src_key_mask)
+        for block in list(layers)[:layer % len(layers) + 1]:
+            x, weights = block(x, memory, src_key_mask, tgt != self.pad_id, need_weights=True)
+        return weights.mean(1)
+
+    @torch.no_grad()
     def generate(self, src: Tensor, src_key_mask: Tensor | None = None, max_new_tokens: int = 64, beam_size: int = 1,
                  length_penalty: float = 1.0, use_cache: bool = True) -> Tensor:
         """Decode target ids for a batch of sources: greedily (``beam_size=1``) or by beam search

@@ -22,8 +22,8 @@ from .base import TaskSetup, build_model
 if TYPE_CHECKING:
     from ..config import Config, TextDataConfig
 
-__all__ = ["seq2seq_task", "load_text_split", "evaluate_seq2seq", "translate", "strip_eos", "collate_indexed",
-           "PairDataset"]
+__all__ = ["seq2seq_task", "load_text_split", "evaluate_seq2seq", "translate", "alignment", "strip_eos",
+           "collate_indexed", "PairDataset"]
 
 
 class PairDataset(Dataset):
@@ -148,6 +148,23 @@ def translate(model: nn.Module, tokenizer: Any, sentences: Sequence[str], beam_s
     out = model.generate(src, src != PAD_ID, _max_new_tokens(max_new_tokens, src), beam_size=beam_size,
                          length_penalty=length_penalty)
     return [tokenizer.decode(strip_eos(row)).strip() for row in out.tolist()]
+
+
+@torch.no_grad()
+def alignment(model: nn.Module, tokenizer: Any, sentence: str, beam_size: int = 4, layer: int = -1,
+              max_tokens: int = 128) -> tuple[Tensor, list[str], list[str]]:
+    """Translate one sentence and return where each generated subword looked: the cross-attention weights
+    ``(T, S)`` (generated subwords, EOS included, x source subwords; for a Transformer, decoder ``layer``
+    averaged over its heads), the source subwords and the generated ones."""
+    src_ids = _encode(tokenizer, [sentence], max_tokens)[0]
+    if not src_ids:
+        raise DataError(f"the sentence {sentence!r} has no tokens to translate")
+    src = torch.tensor([src_ids], device=next(model.parameters()).device)
+    out = [i for i in model.generate(src, max_new_tokens=_max_new_tokens(0, src), beam_size=beam_size)[0].tolist()
+           if i != PAD_ID]
+    tgt_in = torch.tensor([[BOS_ID] + out[:-1]], device=src.device)
+    weights = model.attention_weights(src, tgt_in, layer=layer)[0].float().cpu()
+    return weights, [tokenizer.id_to_token(i) for i in src_ids], [tokenizer.id_to_token(i) for i in out]
 
 
 def _tokenizer(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from: Path | None) -> Any:

@@ -20,7 +20,7 @@ from .rollout import HeadFusion, attention_rollout, block_attention_map, cls_att
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["attention_heatmaps", "plot_attention", "plot_attention_grid", "save_figure"]
+__all__ = ["attention_heatmaps", "plot_attention", "plot_attention_grid", "plot_alignment", "save_figure"]
 
 Method = Literal["rollout", "block"]
 
@@ -124,5 +124,23 @@ def plot_attention_grid(model: nn.Module, image: Tensor) -> "Figure":
             _overlay(axes[b, h], image, block_attention_map(maps, model, b, h)[0])
             axes[b, h].set_title(f"block {b} head {h}", fontsize=7)
     fig.suptitle(f"predicted {_label(model, int(c))} {p:.2f}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_alignment(weights: Tensor, source: Sequence[str], target: Sequence[str], title: str = "") -> "Figure":
+    """A translation's alignment as in Bahdanau et al. 2015, Figure 3: ``weights`` ``(T, S)``, one row per
+    generated token (``target``), one column per source token (``source``); white = 1, black = 0."""
+    if tuple(weights.shape) != (len(target), len(source)):
+        raise ValueError(f"weights of shape {tuple(weights.shape)} do not match {len(target)} target x "
+                         f"{len(source)} source tokens")
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(1.2 + 0.42 * len(source), 1.0 + 0.32 * len(target)))
+    ax.imshow(weights.float().numpy(), cmap="gray", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(len(source)), list(source), rotation=90, fontsize=8)
+    ax.set_yticks(range(len(target)), list(target), fontsize=8)
+    ax.xaxis.tick_top()
+    if title:
+        ax.set_xlabel(title, fontsize=8)
     fig.tight_layout()
     return fig
