@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 
+from vitlab.cli import main
 from vitlab.config import load_config
 from vitlab.data import corpus
 from vitlab.data.corpus import CharTokenizer, WindowLoader, read_corpus, split_tokens, tiny_shakespeare
@@ -118,3 +120,12 @@ def test_char_gpt_learns_tiny_shakespeare_and_eval_and_sample_agree(tmp_path):
     assert subprocess.run(sample, check=True, capture_output=True, text=True, env=env).stdout == first
     bad = subprocess.run(sample[:-4] + ["--prompt", "ROMEO€"], capture_output=True, text=True, env=env)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "'€'" in bad.stderr
+    pattern = tmp_path / "pattern.png"
+    main(["sample", "--checkpoint", str(run_dir), "--prompt", "ROMEO:", "--max-new-tokens", "5", "--attention",
+          str(pattern)])
+    with Image.open(pattern) as img:
+        assert img.format == "PNG" and img.size[0] > 100
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sample", "--checkpoint", str(run_dir), "--prompt", "ROMEO:", "--attention", str(tmp_path / "x.png"),
+              "--layer", "4"])
+    assert exit_info.value.code == 2 and not (tmp_path / "x.png").exists()

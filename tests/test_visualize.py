@@ -186,3 +186,23 @@ def test_alignment_of_a_translation_labels_every_source_and_generated_subword(na
     path = save_figure(plot_alignment(weights, source, target, "test"), tmp_path / "align.png")
     with Image.open(path) as img:
         assert img.format == "PNG" and img.size[0] > 100
+
+
+def test_gpt_attention_maps_are_causal_and_torchs_multihead_attention():
+    torch.manual_seed(0)
+    model = create_model("gpt_char_tiny", vocab_size=20).eval()
+    idx = torch.randint(0, 20, (2, 9))
+    inputs = {}
+    block = model.blocks[1]
+    block.attn.register_forward_hook(lambda m, args, kwargs, out: inputs.update(h=args[0]), with_kwargs=True)
+    maps = model.get_attention_maps(idx)
+    assert len(maps) == 4 and maps[1].shape == (2, 4, 9, 9)
+    reference = torch.nn.MultiheadAttention(128, 4, batch_first=True).eval()
+    with torch.no_grad():
+        reference.in_proj_weight.copy_(block.attn.qkv.weight)
+        reference.in_proj_bias.copy_(block.attn.qkv.bias)
+    causal = torch.ones(9, 9, dtype=torch.bool).triu(1)  # torch: True = blocked
+    _, expected = reference(inputs["h"], inputs["h"], inputs["h"], attn_mask=causal, need_weights=True,
+                            average_attn_weights=False)
+    torch.testing.assert_close(maps[1], expected)
+    assert (maps[1].masked_select(causal) == 0).all()

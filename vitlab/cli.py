@@ -87,10 +87,31 @@ def _sample(args: argparse.Namespace) -> None:
                               f"task: lm")
     tokenizer = load_lm_tokenizer(model.pretrained_cfg["tokenizer"])
     prompt = tokenizer.encode_text(args.prompt) if args.prompt else [0]
+    if args.attention:
+        _attention_pattern(model, tokenizer, prompt, args)
     generator = torch.Generator().manual_seed(args.seed)
     out = model.generate(torch.tensor([prompt]), args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                          top_p=args.top_p, generator=generator)
     print(tokenizer.decode_ids(out[0, 0 if args.prompt else 1:].tolist()))
+
+
+def _attention_pattern(model: object, tokenizer: object, prompt: list[int], args: argparse.Namespace) -> None:
+    """``sample --attention``: the causal attention over the prompt of one block (mean over its heads)."""
+    import torch
+
+    from .visualize import plot_alignment, save_figure
+
+    blocks = len(model.blocks)
+    if not -blocks <= args.layer < blocks:
+        raise ConfigError(f"--layer {args.layer} is out of range: the model has {blocks} blocks (0..{blocks - 1}, "
+                          f"or -1 for the last)")
+    if not args.prompt or len(prompt) > model.block_size:
+        raise ConfigError(f"--attention draws the attention over the prompt: give --prompt with 1 to "
+                          f"{model.block_size} tokens")
+    weights = model.get_attention_maps(torch.tensor([prompt]))[args.layer][0].mean(0)
+    tokens = [tokenizer.decode_ids([i]).replace(" ", "\u2423").replace("\n", "\\n") for i in prompt]  # ␣ for a space
+    fig = plot_alignment(weights, tokens, tokens, f"block {args.layer % blocks}, mean over its heads (rows: queries)")
+    print(f"wrote {save_figure(fig, args.attention)}", file=sys.stderr)
 
 
 def _predict(args: argparse.Namespace) -> None:
@@ -256,6 +277,8 @@ def main(argv: list[str] | None = None) -> None:
     sa.add_argument("--top-k", type=int, default=None)
     sa.add_argument("--top-p", type=float, default=None)
     sa.add_argument("--seed", type=int, default=0)
+    sa.add_argument("--attention", metavar="PNG", help="also draw the causal attention over the prompt into this file")
+    sa.add_argument("--layer", type=int, default=-1, help="--attention: the block (default the last)")
     mo = sub.add_parser("models", help="list the model presets with their sizes")
     mo.add_argument("pattern", nargs="?", default="*")
     args = parser.parse_args(argv)

@@ -106,6 +106,20 @@ class GPT(nn.Module):
             x = block(x, is_causal=True, kv_cache=caches[i] if caches is not None else None)
         return self.head(self.norm(x))
 
+    @torch.no_grad()
+    def get_attention_maps(self, idx: Tensor) -> list[Tensor]:
+        """Every block's causal self-attention weights for ids ``(B, L)``: one ``(B, heads, L, L)`` per block
+        (rows are queries and sum to 1; the explicit path, which training never takes)."""
+        if idx.dim() != 2 or idx.shape[1] > self.block_size:
+            raise ValueError(f"expected token ids (batch, length <= block_size={self.block_size}), got shape "
+                             f"{tuple(idx.shape)}")
+        x = self.tok_embed(idx) + self.pos_embed[:idx.shape[1]].to(self.tok_embed.weight.dtype)
+        maps = []
+        for block in self.blocks:
+            x, weights = block(x, is_causal=True, need_weights=True)
+            maps.append(weights)
+        return maps
+
     def new_caches(self) -> list[KVCache]:
         return [KVCache() for _ in self.blocks]
 

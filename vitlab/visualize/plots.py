@@ -130,7 +130,8 @@ def plot_attention_grid(model: nn.Module, image: Tensor) -> "Figure":
 
 def plot_alignment(weights: Tensor, source: Sequence[str], target: Sequence[str], title: str = "") -> "Figure":
     """A translation's alignment as in Bahdanau et al. 2015, Figure 3: ``weights`` ``(T, S)``, one row per
-    generated token (``target``), one column per source token (``source``); white = 1, black = 0."""
+    generated token (``target``), one column per source token (``source``); white = 1, black = 0. Any
+    query x key weights draw the same way (a language model's causal pattern: the prompt on both axes)."""
     if tuple(weights.shape) != (len(target), len(source)):
         raise ValueError(f"weights of shape {tuple(weights.shape)} do not match {len(target)} target x "
                          f"{len(source)} source tokens")
