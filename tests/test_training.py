@@ -236,6 +236,7 @@ def test_eval_command_writes_metrics_and_confusion_matrix(trained_run, tmp_path)
     # Per-class accuracy is the confusion matrix's diagonal over its row sums.
     assert list(metrics["per_class"].values()) == pytest.approx([matrix[i][i] / sum(matrix[i]) for i in range(3)])
     assert (out.parent / "confusion_matrix.png").stat().st_size > 1000
+    assert (out.parent / "mistakes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "top1" in result.stdout and "class_2" in result.stdout
 
 

@@ -17,7 +17,7 @@ from vitlab.data.text import train_bpe
 from vitlab.tasks.seq2seq import alignment
 from vitlab.training import train
 from vitlab.visualize import (attention_heatmaps, attention_rollout, block_attention_map, cls_attention_map,
-                              plot_alignment, plot_attention, save_figure)
+                              plot_alignment, plot_attention, plot_mistakes, save_figure)
 
 
 def _random_maps(blocks=3, b=2, h=4, n=10, seed=0) -> list[torch.Tensor]:
@@ -206,3 +206,18 @@ def test_gpt_attention_maps_are_causal_and_torchs_multihead_attention():
                             average_attn_weights=False)
     torch.testing.assert_close(maps[1], expected)
     assert (maps[1].masked_select(causal) == 0).all()
+
+
+def test_mistakes_figure_shows_the_most_confident_mistakes_first():
+    images = torch.randint(0, 256, (6, 3, 8, 8), dtype=torch.uint8)
+    labels = torch.tensor([0, 1, 2, 0, 1, 2])
+    probs = torch.tensor([[0.9, 0.05, 0.05],   # right
+                          [0.7, 0.2, 0.1],     # wrong, 0.7
+                          [0.1, 0.85, 0.05],   # wrong, 0.85
+                          [0.4, 0.6, 0.0],     # wrong, 0.6
+                          [0.1, 0.8, 0.1],     # right
+                          [0.3, 0.3, 0.4]])    # right
+    fig = plot_mistakes(images, labels, probs, ["cat", "dog", "frog"], count=2, columns=2)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles == ["true frog\npred dog 0.85", "true dog\npred cat 0.70"]
+    assert fig._suptitle.get_text() == "the 2 most confident of 3 mistakes"

@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -17,8 +16,9 @@ from .config import Config, load_config
 from .errors import ConfigError
 from .models import VisionTransformer
 from .training import create_accelerator
+from .visualize import plot_confusion_matrix, plot_mistakes, save_figure
 
-__all__ = ["evaluate_checkpoint", "plot_confusion_matrix"]
+__all__ = ["evaluate_checkpoint"]
 
 
 def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: tuple[str, ...] = (),
@@ -99,7 +99,8 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
     loader = DataLoader(TensorImageDataset(data, image_transform(size, info["mean"], info["std"])),
                         batch_size=batch_size, num_workers=d.num_workers)
     metrics = evaluate_classifier(accelerator.prepare(model), accelerator.prepare(loader), accelerator,
-                                  len(data.classes))
+                                  len(data.classes), keep_probs=True)
+    probs = metrics.pop("probs")
     if not accelerator.is_main_process:
         return metrics
     print(f"checkpoint {directory} | {split} split: {metrics['num_images']} images")
@@ -109,36 +110,14 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
     out_dir = output.parent if output else directory
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "confusion_matrix.json", {"classes": data.classes, "matrix": metrics["confusion"]})
-    plot_confusion_matrix(metrics["confusion"], data.classes, out_dir / "confusion_matrix.png")
+    save_figure(plot_confusion_matrix(metrics["confusion"], data.classes), out_dir / "confusion_matrix.png", dpi=120)
     print(f"confusion matrix: {out_dir / 'confusion_matrix.json'}, {out_dir / 'confusion_matrix.png'}")
+    if accelerator.num_processes == 1:  # probabilities in the data set's order (one process, no sharding)
+        save_figure(plot_mistakes(data.images, data.labels, probs, data.classes), out_dir / "mistakes.png")
+        print(f"most confident mistakes: {out_dir / 'mistakes.png'}")
     if output:
         per_class = dict(zip(data.classes, metrics["per_class"]))
         write_json(output, {"top1": metrics["top1"], "top5": metrics["top5"], "loss": metrics["loss"],
                             "per_class": per_class, "num_images": metrics["num_images"],
                             "checkpoint": str(directory), "split": split})
     return metrics
-
-
-def plot_confusion_matrix(confusion: list[list[int]], classes: list[str], path: Path) -> None:
-    """Row-normalized confusion matrix as a PNG (rows: true class, columns: predicted)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cm = torch.tensor(confusion, dtype=torch.float64)
-    frac = cm / cm.sum(1, keepdim=True).clamp(min=1)
-    n = len(classes)
-    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * n, 0.8 + 0.6 * n))
-    ax.imshow(frac.numpy(), cmap="Blues", vmin=0, vmax=1)
-    ax.set_xticks(range(n), classes, rotation=45, ha="right")
-    ax.set_yticks(range(n), classes)
-    ax.set_xlabel("predicted")
-    ax.set_ylabel("true")
-    for i in range(n):
-        for j in range(n):
-            ax.text(j, i, f"{frac[i, j]:.2f}", ha="center", va="center", fontsize=7,
-                    color="white" if frac[i, j] > 0.5 else "black")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

@@ -110,11 +110,13 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
 
 
 @torch.no_grad()
-def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator, num_classes: int) -> dict[str, Any]:
+def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator, num_classes: int,
+                        keep_probs: bool = False) -> dict[str, Any]:
     """Top-1/top-5 accuracy, mean cross-entropy, per-class accuracy and the confusion matrix.
 
     ``loader`` must be prepared by ``accelerator``; every process gets the same result. Accuracies
-    are fractions in [0, 1]; ``confusion[i][j]`` counts images of class i predicted as j.
+    are fractions in [0, 1]; ``confusion[i][j]`` counts images of class i predicted as j. With
+    ``keep_probs`` also ``probs``, the predicted probabilities ``(N, num_classes)`` in the loader's order.
     """
     was_training = model.training
     model.eval()
@@ -131,7 +133,10 @@ def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator,
     logits, labels = torch.cat(logits_all), torch.cat(labels_all)
     if exact:
         logits, labels = gather_uneven(accelerator, logits), gather_uneven(accelerator, labels)
-    return metrics_from_predictions(logits.cpu(), labels.cpu(), num_classes)
+    metrics = metrics_from_predictions(logits.cpu(), labels.cpu(), num_classes)
+    if keep_probs:
+        metrics["probs"] = logits.cpu().softmax(-1)
+    return metrics
 
 
 def gather_uneven(accelerator: Accelerator, x: Tensor) -> Tensor:

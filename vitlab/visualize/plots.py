@@ -1,4 +1,5 @@
-"""Figures: ViT attention over images (rollout or one block/head), every block x head for one image.
+"""Figures: ViT attention over images (rollout or one block/head), every block x head for one image,
+translation alignments and attention patterns, a classifier's most confident mistakes and its confusion matrix.
 
 Every function returns a matplotlib ``Figure`` (the Agg backend: no display needed); :func:`save_figure`
 writes it whole or not at all.
@@ -20,7 +21,8 @@ from .rollout import HeadFusion, attention_rollout, block_attention_map, cls_att
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["attention_heatmaps", "plot_attention", "plot_attention_grid", "plot_alignment", "save_figure"]
+__all__ = ["attention_heatmaps", "plot_attention", "plot_attention_grid", "plot_alignment", "plot_mistakes",
+           "plot_confusion_matrix", "save_figure"]
 
 Method = Literal["rollout", "block"]
 
@@ -143,5 +145,45 @@ def plot_alignment(weights: Tensor, source: Sequence[str], target: Sequence[str]
     ax.xaxis.tick_top()
     if title:
         ax.set_xlabel(title, fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_mistakes(images: Tensor, labels: Tensor, probs: Tensor, classes: Sequence[str], count: int = 16,
+                  columns: int = 4) -> "Figure":
+    """The ``count`` most confident mistakes: uint8 ``images`` ``(N, 3, H, W)``, true ``labels`` ``(N,)``,
+    predicted probabilities ``probs`` ``(N, classes)``; each titled true class, predicted class, probability."""
+    confidence, predicted = probs.float().max(-1)
+    wrong = (predicted != labels).nonzero().flatten()
+    order = wrong[confidence[wrong].argsort(descending=True)][:count]
+    plt = _pyplot()
+    rows = max(1, -(-len(order) // columns))
+    fig, axes = plt.subplots(rows, columns, figsize=(2.0 * columns, 2.2 * rows), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for ax, i in zip(axes.flat, order.tolist()):
+        ax.imshow(images[i].permute(1, 2, 0).numpy())
+        ax.set_title(f"true {classes[labels[i]]}\npred {classes[predicted[i]]} {confidence[i]:.2f}", fontsize=8)
+    fig.suptitle(f"the {len(order)} most confident of {len(wrong)} mistakes", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_confusion_matrix(confusion: Sequence[Sequence[int]], classes: Sequence[str]) -> "Figure":
+    """Row-normalised confusion matrix (rows: true class, columns: predicted)."""
+    cm = torch.tensor(confusion, dtype=torch.float64)
+    frac = cm / cm.sum(1, keepdim=True).clamp(min=1)
+    n = len(classes)
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * n, 0.8 + 0.6 * n))
+    ax.imshow(frac.numpy(), cmap="Blues", vmin=0, vmax=1)
+    ax.set_xticks(range(n), list(classes), rotation=45, ha="right")
+    ax.set_yticks(range(n), list(classes))
+    ax.set_xlabel("predicted")
+    ax.set_ylabel("true")
+    for i in range(n):
+        for j in range(n):
+            ax.text(j, i, f"{frac[i, j]:.2f}", ha="center", va="center", fontsize=7,
+                    color="white" if frac[i, j] > 0.5 else "black")
     fig.tight_layout()
     return fig
