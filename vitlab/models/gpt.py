@@ -15,13 +15,15 @@ from torch import Tensor, nn
 from torch.nn.init import trunc_normal_
 
 from ..attention import KernelName, KVCache, ScoreName, attention_dropout
-from ..layers import Block, MlpName, NormName, create_norm, sinusoidal_position_encoding
+from ..layers import Block, GradCheckpointing, MlpName, NormName, checkpointed, create_norm, \
+    sinusoidal_position_encoding
 from .decoding import sample_next
+from .hub import HubMixin
 
 __all__ = ["GPT"]
 
 
-class GPT(nn.Module):
+class GPT(nn.Module, HubMixin, GradCheckpointing):
     """Decoder-only Transformer language model: ids ``(B, L)`` -> next-token logits ``(B, L, vocab_size)``.
 
     Args:
@@ -103,7 +105,10 @@ class GPT(nn.Module):
         x = self.tok_embed(idx) + self.pos_embed[offset:offset + idx.shape[1]].to(self.tok_embed.weight.dtype)
         x = self.drop(x)
         for i, block in enumerate(self.blocks):
-            x = block(x, is_causal=True, kv_cache=caches[i] if caches is not None else None)
+            if caches is None:
+                x = checkpointed(self.grad_checkpointing, block, x, is_causal=True)
+            else:
+                x = block(x, is_causal=True, kv_cache=caches[i])
         return self.head(self.norm(x))
 
     @torch.no_grad()

@@ -21,7 +21,7 @@ from .rnn import RNNSeq2Seq
 from .transformer import Seq2SeqTransformer
 from .vit import VisionTransformer
 
-__all__ = ["create_model", "list_models", "model_args", "preset_class"]
+__all__ = ["create_model", "list_models", "model_args", "preset_class", "model_class"]
 
 _PRESETS: dict[str, dict[str, Any]] = {
     # timm's ImageNet ViTs (224x224, 16x16 patches, 1000 classes).
@@ -80,6 +80,16 @@ def preset_class(name: str) -> type[nn.Module]:
     if name in _TEXT_PRESETS:
         return Seq2SeqTransformer
     return RNNSeq2Seq if name in _RNN_PRESETS else GPT if name in _LM_PRESETS else VisionTransformer
+
+
+_CLASSES: dict[str, type[nn.Module]] = {c.__name__: c for c in (VisionTransformer, Seq2SeqTransformer, RNNSeq2Seq, GPT)}
+
+
+def model_class(architecture: str) -> type[nn.Module]:
+    """The model class named ``architecture`` (a ``config.json``'s ``"architecture"``)."""
+    if architecture not in _CLASSES:
+        raise ValueError(f"unknown architecture {architecture!r}; vitlab has {', '.join(_CLASSES)}")
+    return _CLASSES[architecture]
 
 
 def model_args(name: str, **overrides: Any) -> dict[str, Any]:

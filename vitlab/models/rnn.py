@@ -19,12 +19,14 @@ import torch
 from torch import Tensor, nn
 
 from ..attention import AdditiveScore, GeneralScore, ScoreName, attend
+from ..layers import GradCheckpointing, checkpointed
+from .hub import HubMixin
 from .decoding import beam_search, greedy_search
 
 __all__ = ["RNNSeq2Seq"]
 
 
-class RNNSeq2Seq(nn.Module):
+class RNNSeq2Seq(nn.Module, HubMixin, GradCheckpointing):
     """Bidirectional-GRU encoder, attentive GRU decoder; ids in, logits out.
 
     Args:
@@ -110,7 +112,8 @@ class RNNSeq2Seq(nn.Module):
         keys = self._project_keys(annotations)
         logits, weights = [], []
         for t in range(tgt.shape[1]):
-            out, state, w = self._step(tgt[:, t], state, annotations, src_key_mask, keys, need_weights)
+            out, state, w = checkpointed(self.grad_checkpointing, self._step, tgt[:, t], state, annotations,
+                                         src_key_mask, keys, need_weights)
             logits.append(out)
             weights.append(w)
         return torch.stack(logits, 1), (torch.stack(weights, 1) if need_weights else None)

@@ -15,13 +15,15 @@ from torch import Tensor, nn
 from torch.nn.init import trunc_normal_
 
 from ..attention import KernelName, ScoreName, attention_dropout
-from ..layers import Block, DecoderBlock, DecoderCache, MlpName, NormName, create_norm, sinusoidal_position_encoding
+from ..layers import Block, DecoderBlock, DecoderCache, GradCheckpointing, MlpName, NormName, checkpointed, \
+    create_norm, sinusoidal_position_encoding
 from .decoding import beam_search, greedy_search
+from .hub import HubMixin
 
 __all__ = ["Transformer", "Seq2SeqTransformer"]
 
 
-class Transformer(nn.Module):
+class Transformer(nn.Module, GradCheckpointing):
     """The encoder-decoder core on embeddings, batch first (``torch.nn.Transformer``'s layout).
 
     Args:
@@ -61,14 +63,17 @@ class Transformer(nn.Module):
     def encode(self, src: Tensor, src_key_mask: Tensor | None = None) -> Tensor:
         """``src`` ``(B, S, d_model)`` -> memory ``(B, S, d_model)``."""
         for layer in self.encoder_layers:
-            src = layer(src, key_mask=src_key_mask)
+            src = checkpointed(self.grad_checkpointing, layer, src, key_mask=src_key_mask)
         return self.encoder_norm(src)
 
     def decode(self, tgt: Tensor, memory: Tensor | None, src_key_mask: Tensor | None = None,
                tgt_key_mask: Tensor | None = None, caches: list[DecoderCache] | None = None) -> Tensor:
         """``tgt`` ``(B, T, d_model)`` attending causally to itself and to ``memory`` -> ``(B, T, d_model)``."""
         for i, layer in enumerate(self.decoder_layers):
-            tgt = layer(tgt, memory, src_key_mask, tgt_key_mask, caches[i] if caches is not None else None)
+            if caches is None:
+                tgt = checkpointed(self.grad_checkpointing, layer, tgt, memory, src_key_mask, tgt_key_mask)
+            else:
+                tgt = layer(tgt, memory, src_key_mask, tgt_key_mask, caches[i])
         return self.decoder_norm(tgt)
 
     def forward(self, src: Tensor, tgt: Tensor, src_key_mask: Tensor | None = None,
@@ -77,7 +82,7 @@ class Transformer(nn.Module):
         return self.decode(tgt, self.encode(src, src_key_mask), src_key_mask, tgt_key_mask)
 
 
-class Seq2SeqTransformer(nn.Module):
+class Seq2SeqTransformer(nn.Module, HubMixin, GradCheckpointing):
     """Token-to-token Transformer: scaled embeddings + positions, the core, an output projection.
 
     Args:

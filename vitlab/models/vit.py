@@ -24,8 +24,9 @@ from torch import Tensor, nn
 from torch.nn.init import trunc_normal_
 
 from ..attention import KernelName, ScoreName
-from ..layers import Block, MlpName, NormName, PosEmbedName, create_norm, drop_path_rates, resample_pos_embed, \
-    sincos_2d_position_encoding
+from ..layers import Block, GradCheckpointing, MlpName, NormName, PosEmbedName, checkpointed, create_norm, drop_path_rates, \
+    resample_pos_embed, sincos_2d_position_encoding
+from .hub import HubMixin
 
 __all__ = ["PatchEmbed", "VisionTransformer", "checkpoint_filter_fn"]
 
@@ -66,7 +67,7 @@ class PatchEmbed(nn.Module):
         return rearrange(self.proj(x), "b e h w -> b (h w) e")  # patches in row-major order
 
 
-class VisionTransformer(nn.Module):
+class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
     """Vision Transformer for image classification.
 
     Args:
@@ -206,6 +207,30 @@ class VisionTransformer(nn.Module):
         """Parameter names that the optimizer should not decay (besides norms and biases)."""
         return {n for n in ("pos_embed", "cls_token") if isinstance(getattr(self, n), nn.Parameter)}
 
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """timm's parameter groups by depth (for ``timm.optim.param_groups_layer_decay``): the stem, each
+        block, then the final norm with the last."""
+        return dict(stem=r"^cls_token|pos_embed|patch_embed",
+                    blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Literal["token", "avg"] | None = None) -> None:
+        """A new head for ``num_classes`` classes (0: none), initialised as in :meth:`init_weights`
+        (timm's ``reset_classifier``; fine-tuning on another label set starts here)."""
+        if global_pool is not None:
+            if global_pool not in ("token", "avg") or (global_pool == "token" and self.cls_token is None):
+                raise ValueError(f"global_pool={global_pool!r} is not available for this model")
+            self.global_pool = self.config["global_pool"] = global_pool
+        device = next(self.parameters()).device
+        self.head = nn.Linear(self.embed_dim, num_classes, device=device) if num_classes > 0 else nn.Identity()
+        if num_classes > 0:
+            trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+        self.num_classes = self.config["num_classes"] = num_classes
+
     def set_input_size(self, img_size: int | tuple[int, int]) -> None:
         """Run at another image size: resample a learned ``pos_embed`` (bicubic) to the new patch grid;
         recompute a sin-cos one."""
@@ -229,7 +254,10 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images ``(B, C, H, W)`` to normed tokens ``(B, prefix + N, E)``, the CLS token (if any) first."""
-        return self.norm(self.blocks(self._embed(x)))
+        x = self._embed(x)
+        for block in self.blocks:
+            x = checkpointed(self.grad_checkpointing, block, x)
+        return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         """Tokens ``(B, 1 + N, E)`` to logits ``(B, num_classes)`` (or pooled ``(B, E)`` if ``pre_logits``)."""

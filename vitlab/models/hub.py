@@ -1,0 +1,226 @@
+"""A model on disk, and on the Hugging Face Hub: ``config.json`` + ``model.safetensors``.
+
+Every vitlab model class mixes in :class:`HubMixin` (``huggingface_hub.PyTorchModelHubMixin``), so it
+has ``save_pretrained(dir)``, ``Model.from_pretrained(dir_or_repo_id)`` and ``push_to_hub(repo_id)``.
+A ``save_pretrained`` directory has the layout of a training checkpoint's model files::
+
+    config.json        {"architecture": "VisionTransformer", "model_args": {...}, + what inference needs:
+                        "classes", "mean", "std" for an image model; "task" for a text model}
+    model.safetensors  the weights (tied weights stored once)
+    tokenizer.json     a text model's tokenizer, when it has one
+    README.md          the model card
+
+so ``vitlab.load_model`` reads run directories, checkpoint directories and ``save_pretrained``
+directories alike. Nothing is unpickled.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
+from huggingface_hub.errors import EntryNotFoundError
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from ..errors import CheckpointError
+
+__all__ = ["HubMixin", "CONFIG_NAME", "WEIGHTS_NAME", "TOKENIZER_NAME", "read_json", "write_json", "load_tensors",
+           "weights_for_saving", "load_weights", "write_model_files", "load_model_dir",
+           "resolve_checkpoint", "OLD_SUFFIX"]
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+TOKENIZER_NAME = "tokenizer.json"
+OLD_SUFFIX = ".old"  # a directory being replaced (vitlab.checkpoint.replace_dir); still a good checkpoint
+
+_MODEL_CARD = """---
+{{ card_data }}
+---
+
+# A vitlab {{ architecture }}
+
+Saved with vitlab's `save_pretrained` (Hugging Face `PyTorchModelHubMixin`):
+`config.json` rebuilds the model, `model.safetensors` holds its weights.
+
+```python
+import vitlab
+
+model = vitlab.load_model("path/to/this/folder")  # or vitlab.models.{{ architecture }}.from_pretrained("user/repo")
+```
+"""
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2) + "\n")
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint file {str(path)!r} is missing; the checkpoint is incomplete") from None
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt: {e}") from None
+
+
+def load_tensors(path: Path) -> dict[str, Tensor]:
+    """A safetensors file's tensors; a missing or corrupt file raises :class:`CheckpointError`."""
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint file {str(path)!r} is missing; the checkpoint is incomplete")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt: {e}") from None
+
+
+def weights_for_saving(model: nn.Module) -> dict[str, Tensor]:
+    """The state dict under plain names (without a ``torch.compile`` wrapper), each tied weight once
+    (safetensors refuses shared storage; :func:`load_weights` ties them again)."""
+    model = getattr(model, "_orig_mod", model)
+    state, seen = {}, set()
+    for k, v in model.state_dict().items():
+        if v.data_ptr() in seen:
+            continue
+        seen.add(v.data_ptr())
+        state[k] = v.detach().contiguous()
+    return state
+
+
+def load_weights(model: nn.Module, path: Path) -> None:
+    """Load a safetensors state dict written by :func:`write_model_files` into ``model`` (tied weights included);
+    any missing or unexpected name raises :class:`CheckpointError`."""
+    model = getattr(model, "_orig_mod", model)
+    try:
+        missing, unexpected = model.load_state_dict(load_tensors(path), strict=False)
+    except RuntimeError as e:
+        raise CheckpointError(f"weights in {str(path)!r} do not fit the model: {str(e).splitlines()[0]}") from None
+    tied = {name for name, p in model.named_parameters(remove_duplicate=False)} - {
+        name for name, p in model.named_parameters()}  # second names of shared parameters
+    if unexpected or set(missing) - tied:
+        raise CheckpointError(f"weights in {str(path)!r} do not fit the model: missing "
+                              f"{sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
+
+
+def resolve_checkpoint(path: str | Path, which: str = "best") -> Path:
+    """A checkpoint directory from a run directory (its ``which`` checkpoint) or a checkpoint directory.
+
+    Raises:
+        CheckpointError: if there is no checkpoint there.
+    """
+    path = Path(path)
+    candidates = [path, path / "checkpoints" / which, path / "checkpoints" / "last"]
+    for c in candidates:
+        for d in (c, c.with_name(c.name + OLD_SUFFIX)):
+            if (d / "config.json").is_file():
+                return d
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
+    raise CheckpointError(f"no checkpoint in {str(path)!r}: expected a run directory with checkpoints/{which}/ "
+                          f"or a checkpoint or save_pretrained directory with config.json and model.safetensors")
+
+
+def _model_args(model: nn.Module) -> dict[str, Any]:
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in model.config.items()}
+
+
+def write_model_files(model: nn.Module, directory: Path, meta: dict[str, Any], preset: str | None = None,
+                      ema: nn.Module | None = None) -> None:
+    """Write ``model.safetensors`` (and ``ema.safetensors``) and ``config.json`` into ``directory``.
+
+    ``meta`` adds what inference needs besides the architecture (class names and normalization for
+    an image model; the task for a text model).
+    """
+    save_file(weights_for_saving(model), str(directory / WEIGHTS_NAME))
+    if ema is not None:
+        save_file(weights_for_saving(ema), str(directory / "ema.safetensors"))
+    model = getattr(model, "_orig_mod", model)
+    write_json(directory / CONFIG_NAME, {"architecture": type(model).__name__, "preset": preset,
+                                         "model_args": _model_args(model), "has_ema": ema is not None, **meta})
+
+
+def _meta_of(model: nn.Module) -> dict[str, Any]:
+    """What a loaded or trained model's ``pretrained_cfg`` says beyond the architecture, as ``config.json`` keys."""
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    meta = {}
+    if cfg.get("label_names") is not None:
+        meta["classes"] = list(cfg["label_names"])
+    for key in ("mean", "std", "task"):
+        if cfg.get(key) is not None:
+            meta[key] = list(cfg[key]) if isinstance(cfg[key], tuple) else cfg[key]
+    return meta
+
+
+def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], use_ema: bool = False,
+                   map_location: str | torch.device = "cpu", **overrides: Any) -> nn.Module:
+    """Build ``cls`` from ``config.json``'s ``meta`` (arguments overridden by ``overrides``), load the
+    weights of ``directory`` and set ``model.pretrained_cfg``; returns the model in eval mode.
+
+    ``pretrained_cfg`` says what the model expects: for an image model ``input_size`` and, when the
+    model was trained or saved with them, ``mean``, ``std`` and ``label_names``; for a text model
+    the ``task`` and the ``tokenizer`` file beside the weights.
+    """
+    config_file = directory / CONFIG_NAME
+    if meta.get("architecture") != cls.__name__ or "model_args" not in meta:
+        found = meta.get("architecture") if "model_args" in meta else "no vitlab model"
+        raise CheckpointError(f"{str(config_file)!r} describes {found}, not a {cls.__name__}; "
+                              f"load it with vitlab.load_model")
+    args = {k: tuple(v) if isinstance(v, list) else v for k, v in {**meta["model_args"], **overrides}.items()}
+    try:
+        model = cls(**args)
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{str(config_file)!r} holds invalid model arguments: {e}") from None
+    load_weights(model, directory / ("ema.safetensors" if use_ema and meta.get("has_ema") else WEIGHTS_NAME))
+    if hasattr(model, "patch_embed"):  # an image model
+        cfg: dict[str, Any] = {"input_size": (model.patch_embed.in_chans, *model.patch_embed.img_size)}
+        cfg.update({k: tuple(meta[k]) for k in ("mean", "std") if k in meta})
+        if "classes" in meta:
+            cfg["label_names"] = list(meta["classes"])
+    else:  # a text model: the task and the tokenizer saved beside the weights
+        tokenizer = directory / TOKENIZER_NAME
+        cfg = {"task": meta.get("task"), "tokenizer": str(tokenizer) if tokenizer.is_file() else None}
+    model.pretrained_cfg = {**cfg, "checkpoint": str(directory)}
+    return model.to(map_location).eval()
+
+
+class HubMixin(PyTorchModelHubMixin, library_name="vitlab", tags=["vitlab"], model_card_template=_MODEL_CARD):
+    """``save_pretrained`` / ``from_pretrained`` / ``push_to_hub`` for vitlab models (Hugging Face
+    ``PyTorchModelHubMixin``), in vitlab's format: the model's current arguments (``model.config``,
+    which follows ``set_input_size`` and ``reset_classifier``), its ``pretrained_cfg`` and its tokenizer.
+
+    ``from_pretrained`` loads strictly (a missing or unexpected weight is an error) and returns the
+    model in eval mode; keyword arguments override model arguments (e.g. ``drop_path_rate=0.1``).
+    """
+
+    def _save_pretrained(self, save_directory: Path) -> None:
+        write_model_files(self, save_directory, _meta_of(self))
+        tokenizer = (getattr(self, "pretrained_cfg", None) or {}).get("tokenizer")
+        if tokenizer and Path(tokenizer).resolve() != (save_directory / TOKENIZER_NAME).resolve():
+            shutil.copyfile(tokenizer, save_directory / TOKENIZER_NAME)
+
+    def generate_model_card(self, *args: Any, **kwargs: Any):  # noqa: ANN201 (huggingface_hub's ModelCard)
+        return super().generate_model_card(*args, architecture=type(self).__name__, **kwargs)
+
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, revision: str | None, cache_dir: str | Path | None,
+                         force_download: bool, local_files_only: bool, token: str | bool | None,
+                         config: dict[str, Any] | None = None, map_location: str | torch.device = "cpu",
+                         **overrides: Any) -> nn.Module:
+        if os.path.isdir(model_id):
+            directory = Path(model_id)
+        else:
+            download = dict(repo_id=model_id, revision=revision, cache_dir=cache_dir, force_download=force_download,
+                            token=token, local_files_only=local_files_only)
+            directory = Path(hf_hub_download(filename=WEIGHTS_NAME, **download)).parent
+            try:
+                hf_hub_download(filename=TOKENIZER_NAME, **download)
+            except EntryNotFoundError:
+                pass  # an image model, or a text model saved without its tokenizer
+        if config is None:
+            raise CheckpointError(f"{model_id!r} has no {CONFIG_NAME}; it was not written by save_pretrained")
+        return load_model_dir(cls, directory, config, map_location=map_location, **overrides)
