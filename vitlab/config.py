@@ -25,11 +25,21 @@ __all__ = ["ConfigError", "Config", "ModelConfig", "DataConfig", "TextDataConfig
 
 @dataclass
 class ModelConfig:
-    """``name``: a preset (``vitlab.list_models()``); ``args``: overrides of its VisionTransformer
-    arguments, written in YAML beside ``name`` (``model.depth=4``)."""
+    """``name``: a preset (``vitlab.list_models()``); ``args``: overrides of its constructor arguments,
+    written in YAML beside ``name`` (``model.depth=4``).
+
+    ``pretrained`` starts an image model from weights (fine-tuning): ``timm:<name>`` (timm's weights,
+    downloaded by timm, or read from ``pretrained_file`` offline), a ``.safetensors`` / ``.pth`` file
+    of a timm or vitlab ViT, or a vitlab run / checkpoint / ``save_pretrained`` directory. The head is
+    reset to the data's classes and the positional embedding resampled to the model's ``img_size``.
+    ``grad_checkpointing`` recomputes each block's activations in the backward pass (less memory).
+    """
 
     name: str = "vit_cifar_small_patch4_32"
     args: dict[str, Any] = field(default_factory=dict)
+    pretrained: str = ""
+    pretrained_file: str = ""
+    grad_checkpointing: bool = False
 
 
 @dataclass
@@ -52,6 +62,10 @@ class DataConfig:
     # gpu: the whole data set on the accelerator's device, crop + flip batch-wise there (no workers;
     # RandAugment/AutoAugment are not available there). On a CPU-only machine "gpu" runs on the CPU.
     loader: Literal["torch", "gpu"] = "torch"
+    # ImageFolder images are resized to decode_size x decode_size once, when decoded (0 = the model's
+    # input size); the loaders resize each batch to the model's input size (CIFAR-10 stays 32 x 32 in
+    # memory while a fine-tuned ViT sees 224 x 224).
+    decode_size: int = 0
 
 
 @dataclass
@@ -113,6 +127,8 @@ class OptimConfig:
     warmup_epochs: float = 5.0
     schedule: Literal["cosine", "inverse_sqrt"] = "cosine"  # after warmup: cosine to min_lr, or lr * sqrt(warmup / step)
     grad_clip: float = 1.0    # max global grad norm; 0 = no clipping
+    layer_decay: float = 0.0  # layer-wise lr decay (BEiT / timm): block i of n gets lr * layer_decay ** (n + 1 - i);
+                              # 0 = off (a ViT only)
 
 
 @dataclass
@@ -207,7 +223,7 @@ def _check_values(cfg: Config) -> None:
 
     d, o, t, g = cfg.data, cfg.optim, cfg.train, cfg.generate
     if isinstance(d, DataConfig):
-        for key in ("train_subset", "test_subset", "val_size", "crop_padding", "num_workers"):
+        for key in ("train_subset", "test_subset", "val_size", "crop_padding", "num_workers", "decode_size"):
             need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "an integer >= 0")
         need(0 <= d.randaugment_magnitude <= 30, "data.randaugment_magnitude", d.randaugment_magnitude, "0..30")
         need(d.randaugment_ops >= 1, "data.randaugment_ops", d.randaugment_ops, "an integer >= 1")
@@ -244,6 +260,14 @@ def _check_values(cfg: Config) -> None:
     need(all(0 <= b < 1 for b in o.betas), "optim.betas", list(o.betas), "two numbers in [0, 1)")
     need(o.warmup_epochs >= 0, "optim.warmup_epochs", o.warmup_epochs, "a number >= 0")
     need(o.grad_clip >= 0, "optim.grad_clip", o.grad_clip, "a number >= 0 (0 = off)")
+    need(0 <= o.layer_decay <= 1, "optim.layer_decay", o.layer_decay, "a number in [0, 1] (0 = off; e.g. 0.65)")
+    need(o.layer_decay == 0 or cfg.task == "classification", "optim.layer_decay", o.layer_decay,
+         "0 for a text model (layer-wise decay is for fine-tuning a ViT)")
+    m = cfg.model
+    need(not m.pretrained or cfg.task == "classification", "model.pretrained", m.pretrained,
+         "'' for a text model (fine-tuning from pretrained weights is for image models)")
+    need(not m.pretrained_file or m.pretrained.startswith("timm:"), "model.pretrained_file", m.pretrained_file,
+         "'' unless model.pretrained=timm:<name> (it is the local copy of timm's weights for that name)")
     need(t.epochs >= 1, "train.epochs", t.epochs, "an integer >= 1")
     need(t.batch_size >= 1, "train.batch_size", t.batch_size, "an integer >= 1")
     need(t.grad_accum_steps >= 1, "train.grad_accum_steps", t.grad_accum_steps, "an integer >= 1")
@@ -257,6 +281,7 @@ def _check_values(cfg: Config) -> None:
     need(bool(t.output_dir), "train.output_dir", t.output_dir, "a directory path")
 
 
+_MODEL_OPTIONS = ["name", "pretrained", "pretrained_file", "grad_checkpointing"]
 _TASK_MODELS = {"classification": ("VisionTransformer",), "seq2seq": ("Seq2SeqTransformer", "RNNSeq2Seq"),
                 "lm": ("GPT",)}
 _TASK_DEFAULT_MODELS = {"classification": ModelConfig.name, "seq2seq": "transformer_tiny", "lm": "gpt_char_tiny"}
@@ -277,14 +302,16 @@ def _build_model_section(raw: dict[str, Any], task: str) -> ModelConfig:
                           f"(available: {', '.join(presets)})")
     hints = {k: v for k, v in typing.get_type_hints(preset_class(name).__init__).items()
              if k != "return" and k not in _DERIVED_MODEL_ARGS}
+    option_types = typing.get_type_hints(ModelConfig)
+    options = {key: _coerce(f"model.{key}", raw.pop(key), option_types[key]) for key in _MODEL_OPTIONS[1:] if key in raw}
     args = dict(raw.pop("args", {}) or {})
     args.update(raw)
     for key, value in args.items():
         if key not in hints:
-            raise ConfigError(f"unknown key model.{key}{_close(key, list(hints) + ['name'])} "
-                              f"(model keys: name, {', '.join(hints)})")
+            raise ConfigError(f"unknown key model.{key}{_close(key, list(hints) + _MODEL_OPTIONS)} "
+                              f"(model keys: {', '.join(_MODEL_OPTIONS)}, {', '.join(hints)})")
         args[key] = _coerce(f"model.{key}", value, hints[key])
-    return ModelConfig(name=name, args=args)
+    return ModelConfig(name=name, args=args, **options)
 
 
 def _build_section(name: str, raw: Any, task: str) -> Any:
@@ -357,7 +384,8 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     """The config as plain YAML-able data; the model section in its YAML form (name + arguments)."""
     out: dict[str, Any] = {"task": cfg.task}
     out.update({name: dataclasses.asdict(getattr(cfg, name)) for name in _SECTIONS})
-    out["model"] = {"name": cfg.model.name, **cfg.model.args}
+    m = cfg.model
+    out["model"] = {"name": m.name, **{k: getattr(m, k) for k in _MODEL_OPTIONS[1:] if getattr(m, k)}, **m.args}
     for section in out.values():
         if not isinstance(section, dict):
             continue

@@ -32,10 +32,22 @@ from .tasks import TaskSetup
 __all__ = ["train", "create_accelerator", "param_groups", "lr_multiplier", "plot_curves"]
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+def param_groups(model: nn.Module, weight_decay: float, lr: float = 1.0, layer_decay: float = 0.0) -> list[dict[str, Any]]:
     """AdamW groups: no weight decay on norms, biases, embeddings tables named by ``no_weight_decay()``
-    (the ViT's CLS token and positional embedding) and other 1-d parameters."""
+    (the ViT's CLS token and positional embedding) and other 1-d parameters.
+
+    With ``layer_decay`` in (0, 1), timm's layer-wise decay (``param_groups_layer_decay``, over the
+    model's ``group_matcher``): the head keeps ``lr``, each block below gets ``layer_decay`` times the
+    one above, the embeddings the least; each group's ``lr`` is set, so the schedule scales them all.
+    """
     skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
+    if 0 < layer_decay < 1:
+        from timm.optim import param_groups_layer_decay
+
+        if not hasattr(model, "group_matcher"):
+            raise ConfigError(f"optim.layer_decay needs a model with layers by depth (a ViT), not {type(model).__name__}")
+        groups = param_groups_layer_decay(model, weight_decay, no_weight_decay_list=skip, layer_decay=layer_decay)
+        return [{**g, "lr": lr * g["lr_scale"]} for g in groups]
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if p.requires_grad:
@@ -101,7 +113,7 @@ def _setup_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir
         return lm_task(cfg, accelerator, micro_batch, run_dir, resume_from)
     from .tasks.classification import image_classification_task
 
-    return image_classification_task(cfg, accelerator, micro_batch)
+    return image_classification_task(cfg, accelerator, micro_batch, resume_from)
 
 
 def create_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Accelerator:
@@ -151,8 +163,8 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     set_seed(t.seed)  # the initial weights depend on train.seed only: equal on every process
     task = _setup_task(cfg, accelerator, micro_batch, run_dir, resume_from)
     model = task.model
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay), lr=cfg.optim.lr,
-                                  betas=cfg.optim.betas, fused=torch.cuda.is_available() or None)
+    optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay, cfg.optim.lr, cfg.optim.layer_decay),
+                                  lr=cfg.optim.lr, betas=cfg.optim.betas, fused=torch.cuda.is_available() or None)
     if t.compile:
         model = torch.compile(model)  # checkpoints strip the wrapper: they load compiled or not
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -257,7 +269,7 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
                 ema.update(_plain(accelerator.unwrap_model(model)), step=state["global_step"])
             if state["global_step"] % t.log_every == 0:
                 mean_loss = _checked_mean(accelerator, running / seen, epoch, state["global_step"])
-                lr = scheduler.get_last_lr()[0]
+                lr = max(scheduler.get_last_lr())
                 bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
                 record = {"split": "train", "epoch": epoch, "step": state["global_step"], "loss": mean_loss, "lr": lr}
                 if has_moe:
@@ -271,7 +283,7 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
         epoch_time = time.time() - epoch_start
         record: dict[str, Any] = {"split": "eval", "epoch": epoch, "step": state["global_step"],
                                   "epoch_time": epoch_time, "examples_per_s": task.train_size / epoch_time,
-                                  "lr": scheduler.get_last_lr()[0]}
+                                  "lr": max(scheduler.get_last_lr())}
         if has_moe:  # share of routing assignments per expert, per MoE layer, over all processes this epoch
             counts = [accelerator.reduce(c, reduction="sum") for c in expert_utilization(model)]
             record["expert_utilization"] = [[round(x, 4) for x in (c / c.sum().clamp(min=1)).tolist()]

@@ -159,14 +159,18 @@ def load_split(dataset: str, root: str | Path, split: str, *, download: bool = F
     return _load_imagefolder(root, split, subset, seed, size)
 
 
-def _normalize() -> list[v2.Transform]:
-    return [v2.ToDtype(torch.float32, scale=True), v2.Normalize(CIFAR10_MEAN, CIFAR10_STD)]
+def _resize_and_normalize(out_size: tuple[int, int] | None, mean: tuple[float, ...],
+                          std: tuple[float, ...]) -> list[v2.Transform]:
+    resize = [v2.Resize(out_size, interpolation=v2.InterpolationMode.BICUBIC, antialias=True)] if out_size else []
+    return resize + [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
 
 
 def train_transform(size: tuple[int, int], crop_padding: int = 4, hflip: bool = True, augment: str = "none",
-                    randaugment_ops: int = 2, randaugment_magnitude: int = 9) -> v2.Compose:
-    """Random crop with zero padding, horizontal flip, ``augment`` (``'none'``, ``'randaugment'``,
-    ``'autoaugment'`` with the CIFAR-10 policy), then normalization; uint8 ``(C, H, W)`` in."""
+                    randaugment_ops: int = 2, randaugment_magnitude: int = 9, out_size: tuple[int, int] | None = None,
+                    mean: tuple[float, ...] = CIFAR10_MEAN, std: tuple[float, ...] = CIFAR10_STD) -> v2.Compose:
+    """Random crop of ``size`` with zero padding, horizontal flip, ``augment`` (``'none'``, ``'randaugment'``,
+    ``'autoaugment'`` with the CIFAR-10 policy), a bicubic resize to ``out_size`` (the model's input, if
+    it differs from the stored images), then normalization; uint8 ``(C, H, W)`` in."""
     ops: list[v2.Transform] = []
     if crop_padding > 0:
         ops.append(v2.RandomCrop(size, padding=crop_padding))
@@ -178,12 +182,13 @@ def train_transform(size: tuple[int, int], crop_padding: int = 4, hflip: bool = 
         ops.append(v2.AutoAugment(v2.AutoAugmentPolicy.CIFAR10))
     elif augment != "none":
         raise ValueError(f"augment={augment!r}; expected 'none', 'randaugment' or 'autoaugment'")
-    return v2.Compose(ops + _normalize())
+    return v2.Compose(ops + _resize_and_normalize(out_size, mean, std))
 
 
-def eval_transform() -> v2.Compose:
-    """uint8 ``(C, H, W)`` -> normalized float32."""
-    return v2.Compose(_normalize())
+def eval_transform(out_size: tuple[int, int] | None = None, mean: tuple[float, ...] = CIFAR10_MEAN,
+                   std: tuple[float, ...] = CIFAR10_STD) -> v2.Compose:
+    """uint8 ``(C, H, W)`` -> (resized to ``out_size``, if given) normalized float32."""
+    return v2.Compose(_resize_and_normalize(out_size, mean, std))
 
 
 def image_transform(size: tuple[int, int], mean: tuple[float, ...] = CIFAR10_MEAN,
@@ -212,6 +217,9 @@ class DeviceImageLoader:
     come from a generator of this process's own (:func:`vitlab.seeding.process_seed` of ``seed``,
     ``process_index`` and the epoch), so processes augment independently.
 
+    With ``size`` (the model's input) other than the stored images', each batch is resized there after
+    the crop and flip (bicubic, as the per-image transforms), so small images stay small in memory.
+
     ``batch_size`` is global. Each batch is cut into ``num_processes`` contiguous parts and this
     process takes its own; for evaluation (``train=False``) the parts of the last batch may differ
     in size by one and nothing is repeated, so gathering the results gives every image exactly once
@@ -225,8 +233,9 @@ class DeviceImageLoader:
     def __init__(self, data: ImageData, batch_size: int, device: torch.device | str, train: bool = True,
                  crop_padding: int = 4, hflip: bool = True, seed: int = 0, num_processes: int = 1,
                  process_index: int = 0, mean: tuple[float, ...] = CIFAR10_MEAN,
-                 std: tuple[float, ...] = CIFAR10_STD) -> None:
+                 std: tuple[float, ...] = CIFAR10_STD, size: tuple[int, int] | None = None) -> None:
         self.images = data.images.to(device)
+        self.size = tuple(size) if size is not None and tuple(size) != tuple(data.images.shape[-2:]) else None
         self.labels = data.labels.to(device)
         self.batch_size, self.train, self.seed = batch_size, train, seed
         self.crop_padding, self.hflip = (crop_padding, hflip) if train else (0, False)
@@ -276,4 +285,7 @@ class DeviceImageLoader:
             x = self.images[part]
             if self.train:
                 x = self._augment(x)
-            yield (x.float() - self.mean) / self.std, self.labels[part]
+            x = x.float()
+            if self.size is not None:
+                x = torch.nn.functional.interpolate(x, self.size, mode="bicubic", align_corners=False).clamp_(0, 255)
+            yield (x - self.mean) / self.std, self.labels[part]

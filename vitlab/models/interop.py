@@ -9,8 +9,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .attention import MultiHeadAttention
-from .models import Transformer, VisionTransformer
+from ..attention import MultiHeadAttention
+from .transformer import Transformer
+from .vit import VisionTransformer
 
 __all__ = ["from_timm", "to_timm", "mha_from_torch", "transformer_from_torch"]
 

@@ -19,12 +19,14 @@ __all__ = ["TaskSetup", "build_model"]
 
 
 def build_model(cfg: Config, **derived: Any) -> nn.Module:
-    """The model of ``cfg.model`` plus arguments the data decides (vocabulary sizes, special ids);
-    invalid arguments raise :class:`ConfigError` naming the preset and the overrides."""
+    """The model of ``cfg.model`` plus arguments the data decides (vocabulary sizes, special ids), with
+    gradient checkpointing as ``model.grad_checkpointing`` says; invalid arguments raise :class:`ConfigError` naming the preset and the overrides."""
     try:
-        return create_model(cfg.model.name, **derived, **cfg.model.args)
+        model = create_model(cfg.model.name, **derived, **cfg.model.args)
     except ValueError as e:
         raise ConfigError(f"model ({cfg.model.name} with {cfg.model.args or 'no overrides'}): {e}") from None
+    model.set_grad_checkpointing(cfg.model.grad_checkpointing)
+    return model
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Image classification as a training task: ViT + CIFAR-10/ImageFolder data + (mixup) cross-entropy."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,6 +15,8 @@ from torch.utils.data import DataLoader
 from ..data.images import CIFAR10_MEAN, CIFAR10_STD, DeviceImageLoader, ImageData, TensorImageDataset, \
     balanced_indices, eval_transform, load_split, train_transform
 from ..errors import ConfigError
+from ..models.hub import read_json
+from ..models.pretrained import load_pretrained
 from .base import TaskSetup, build_model
 
 if TYPE_CHECKING:
@@ -46,17 +49,36 @@ def load_test_data(d: DataConfig, seed: int, size: tuple[int, int]) -> ImageData
     return load_split(d.dataset, d.root, "test", download=d.download, subset=d.test_subset, seed=seed, size=size)
 
 
-def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch: int) -> TaskSetup:
-    """Build the ViT, decode the data and define the loss; ``micro_batch`` is the global batch per step."""
+def _normalization(cfg: Config, model: nn.Module, resume_from: Path | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Load ``model.pretrained`` into ``model`` (not when resuming: the checkpoint's weights replace
+    them) and return the normalization its images need: the pretrained weights' (or, on resume, the
+    run's own), else CIFAR-10's statistics."""
+    if resume_from is not None:
+        meta = read_json(resume_from / "config.json")
+        return tuple(meta["mean"]), tuple(meta["std"])
+    if not cfg.model.pretrained:
+        return CIFAR10_MEAN, CIFAR10_STD
+    pretrained = load_pretrained(model, cfg.model.pretrained, cfg.model.pretrained_file, cfg.model.name)
+    return tuple(pretrained["mean"]), tuple(pretrained["std"])
+
+
+def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch: int,
+                              resume_from: Path | None = None) -> TaskSetup:
+    """Build the ViT (from ``model.pretrained`` weights, if set), decode the data and define the loss;
+    ``micro_batch`` is the global batch per step. Images are kept at ``data.decode_size`` (ImageFolder;
+    CIFAR-10 at 32) and resized to the model's input by the loaders."""
     d, t = cfg.data, cfg.train
     mixing = d.mixup_alpha > 0 or d.cutmix_alpha > 0
     if mixing and (micro_batch // accelerator.num_processes) % 2:
         raise ConfigError(f"mixup/cutmix need an even per-process batch; train.batch_size={t.batch_size} gives "
                           f"{micro_batch // accelerator.num_processes}")
     model = build_model(cfg)
+    mean, std = _normalization(cfg, model, resume_from)
     size = model.patch_embed.img_size
-    train_data, val_data = load_train_val_data(d, t.seed, size)
-    test = load_test_data(d, t.seed, size)
+    decode = (d.decode_size, d.decode_size) if d.decode_size else size
+    train_data, val_data = load_train_val_data(d, t.seed, decode)
+    test = load_test_data(d, t.seed, decode)
+    stored = tuple(train_data.images.shape[-2:])
     if test.classes != train_data.classes:
         raise ConfigError(f"data.root={d.root!r}: the test classes {test.classes} differ from the train classes "
                           f"{train_data.classes}")
@@ -67,19 +89,22 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     eval_sets = {"test": test} if val_data is None else {"val": val_data, "test": test}
     if d.loader == "gpu":
         shard = dict(device=accelerator.device, seed=t.seed, num_processes=accelerator.num_processes,
-                     process_index=accelerator.process_index)
+                     process_index=accelerator.process_index, mean=mean, std=std, size=size)
         train_loader: Any = DeviceImageLoader(train_data, micro_batch, crop_padding=d.crop_padding, hflip=d.hflip,
                                               **shard)
         eval_loaders = {name: DeviceImageLoader(data, micro_batch, train=False, **shard)
                         for name, data in eval_sets.items()}
     else:
-        train_set = TensorImageDataset(train_data, train_transform(size, d.crop_padding, d.hflip, d.augment,
-                                                                   d.randaugment_ops, d.randaugment_magnitude))
+        out_size = size if stored != tuple(size) else None
+        train_set = TensorImageDataset(train_data, train_transform(stored, d.crop_padding, d.hflip, d.augment,
+                                                                   d.randaugment_ops, d.randaugment_magnitude,
+                                                                   out_size, mean, std))
         # Workers are not persistent: fresh ones each epoch are seeded from the (checkpointed) main RNG,
         # which keeps a resumed run exactly equal to an uninterrupted one.
         loader_args: dict[str, Any] = dict(num_workers=d.num_workers, pin_memory=torch.cuda.is_available())
         train_loader = DataLoader(train_set, batch_size=micro_batch, shuffle=True, drop_last=True, **loader_args)
-        eval_loaders = {name: DataLoader(TensorImageDataset(data, eval_transform()), batch_size=micro_batch,
+        eval_loaders = {name: DataLoader(TensorImageDataset(data, eval_transform(out_size, mean, std)),
+                                         batch_size=micro_batch,
                                          shuffle=False, **loader_args) for name, data in eval_sets.items()}
     if len(train_loader) == 0:
         raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(train_data.labels)} training images")
@@ -101,8 +126,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         m = evaluate_classifier(net, loader, acc, num_classes)
         return {"top1": m["top1"], "top5": m["top5"], "loss": m["loss"]}
 
-    meta = {"task": "classification", "classes": train_data.classes, "mean": list(CIFAR10_MEAN),
-            "std": list(CIFAR10_STD)}
+    meta = {"task": "classification", "classes": train_data.classes, "mean": list(mean), "std": list(std)}
     return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=d.loader == "torch",
                      eval_loaders=eval_loaders, prepare_eval_loaders=d.loader == "torch", loss=loss, count=count,
                      evaluate=score,

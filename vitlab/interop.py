@@ -1,0 +1,5 @@
+"""Converters between vitlab and the references (timm's ViT, ``torch.nn.MultiheadAttention``,
+``torch.nn.Transformer``): the public name of :mod:`vitlab.models.interop`, where they are defined."""
+from .models.interop import from_timm, mha_from_torch, to_timm, transformer_from_torch
+
+__all__ = ["from_timm", "to_timm", "mha_from_torch", "transformer_from_torch"]

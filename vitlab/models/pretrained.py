@@ -1,0 +1,121 @@
+"""Starting a ViT from pretrained weights (fine-tuning), the way timm does it.
+
+:func:`load_pretrained` fills a :class:`VisionTransformer` built for the new task (its preset, image
+size and number of classes) from one of:
+
+- ``timm:<name>``: timm's pretrained weights for ``<name>`` (``timm.create_model(name, pretrained=True)``,
+  downloaded by timm, or read offline from ``file`` through ``pretrained_cfg_overlay=dict(file=...)``),
+  converted with :func:`vitlab.interop.from_timm`;
+- a ``.safetensors``, ``.pth`` or ``.bin`` file of a timm or vitlab ViT (timm's ``load_state_dict``
+  reads both, and timm's checkpoint dicts);
+- a vitlab run, checkpoint or ``save_pretrained`` directory.
+
+The positional embedding is resampled to the model's patch grid (:func:`checkpoint_filter_fn`), a head
+of another size is reset (:meth:`VisionTransformer.reset_classifier`), and everything else must fit
+exactly. The returned ``pretrained_cfg`` says how the weights expect images to be normalised.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from ..errors import CheckpointError
+from .hub import CONFIG_NAME, load_model_dir, read_json, resolve_checkpoint
+from .interop import from_timm
+from .vit import VisionTransformer, checkpoint_filter_fn
+
+__all__ = ["load_pretrained"]
+
+_HEAD = ("head.weight", "head.bias")
+
+
+def _from_timm(name: str, file: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    import timm
+
+    overlay = dict(file=str(Path(file).expanduser())) if file else None
+    if file and not Path(file).expanduser().is_file():
+        raise CheckpointError(f"model.pretrained_file={file!r} does not exist")
+    try:
+        reference = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay)
+    except RuntimeError as e:
+        if "Unknown model" in str(e):
+            raise CheckpointError(f"model.pretrained=timm:{name}: timm has no model {name!r}") from None
+        raise
+    except OSError as e:  # no network, no cache: huggingface_hub's errors are OSErrors
+        raise CheckpointError(f"could not fetch timm's weights for {name!r} ({type(e).__name__}); without network, "
+                              f"download them elsewhere and set model.pretrained_file=<the .safetensors file>") from None
+    try:
+        converted = from_timm(reference)
+    except ValueError as e:
+        raise CheckpointError(f"model.pretrained=timm:{name}: {e}") from None
+    cfg = reference.pretrained_cfg
+    return converted.state_dict(), {"mean": tuple(cfg["mean"]), "std": tuple(cfg["std"])}
+
+
+def _from_file(path: Path, model_name: str | None) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+    from timm.models import get_pretrained_cfg, load_state_dict
+
+    try:
+        state = load_state_dict(str(path))
+    except Exception as e:  # noqa: BLE001 (a corrupt file raises whatever its reader raises)
+        raise CheckpointError(f"could not read weights from {str(path)!r}: {e}") from None
+    # A bare file says nothing about normalisation: timm's default config of the same name if timm has
+    # one (vitlab's ImageNet presets have timm's names), else ImageNet's statistics.
+    cfg = get_pretrained_cfg(model_name) if model_name else None
+    mean, std = (cfg.mean, cfg.std) if cfg is not None else (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)
+    return state, {"mean": tuple(mean), "std": tuple(std)}
+
+
+def _from_vitlab(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    directory = resolve_checkpoint(path)
+    source = load_model_dir(VisionTransformer, directory, read_json(directory / CONFIG_NAME))
+    cfg = source.pretrained_cfg
+    if "mean" not in cfg:
+        raise CheckpointError(f"{str(directory)!r} does not say how its images were normalised (no mean/std in "
+                              f"{CONFIG_NAME}); load its weights file instead: {directory / 'model.safetensors'}")
+    return source.state_dict(), {"mean": cfg["mean"], "std": cfg["std"]}
+
+
+def load_pretrained(model: VisionTransformer, source: str, file: str = "", model_name: str | None = None) -> dict[str, Any]:
+    """Load pretrained weights into ``model`` in place; returns ``{"mean", "std", "source"}``.
+
+    Args:
+        model: The ViT to fill, already built for the new task.
+        source: ``timm:<name>``, a weights file, or a vitlab run / checkpoint / ``save_pretrained`` directory.
+        file: With ``timm:<name>``, a local copy of timm's weights for that name (offline).
+        model_name: The preset ``model`` was built from (for a bare file's normalisation).
+
+    Raises:
+        CheckpointError: if the weights cannot be had, or do not fit ``model`` (other than its head).
+    """
+    if source.startswith("timm:"):
+        state, cfg = _from_timm(source.removeprefix("timm:"), file)
+    else:
+        path = Path(source).expanduser()
+        if path.is_dir():
+            state, cfg = _from_vitlab(path)
+        elif path.is_file():
+            state, cfg = _from_file(path, model_name)
+        else:
+            raise CheckpointError(f"model.pretrained={source!r} is neither timm:<name>, a weights file nor a "
+                                  f"vitlab run or save_pretrained directory")
+    state = checkpoint_filter_fn(state, model)  # resample pos_embed to the model's patch grid
+    own = model.state_dict()
+    reset_head = any(k in own and (k not in state or state[k].shape != own[k].shape) for k in _HEAD)
+    state = {k: v for k, v in state.items() if not (k in _HEAD and (reset_head or k not in own))}
+    mismatched = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in state.items()
+                  if k in own and v.shape != own[k].shape]
+    missing = [k for k in own if k not in state and not (reset_head and k in _HEAD)]
+    unexpected = [k for k in state if k not in own]
+    if mismatched or missing or unexpected:
+        found = "; ".join(f"{what} {names[:4]}" for what, names in
+                          (("shapes differ:", mismatched), ("missing", missing), ("unexpected", unexpected)) if names)
+        raise CheckpointError(f"model.pretrained={source!r} does not fit {model_name or 'the model'} ({found}); choose "
+                              f"the model.name of the pretrained architecture")
+    model.load_state_dict(state, strict=False)
+    if reset_head:
+        model.reset_classifier(model.num_classes)
+    return {**cfg, "source": source}
