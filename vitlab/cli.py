@@ -1,5 +1,6 @@
-"""The ``vitlab`` command: ``train``, ``eval``, ``predict``, ``attention``, ``translate``, ``sample``, ``models``. Thin: each parses its
-arguments and calls the library; user errors print one line and exit non-zero."""
+"""The ``vitlab`` command: ``train``, ``eval``, ``predict``, ``attention``, ``translate``, ``sample``, ``export``,
+``models``. Thin: each parses its arguments and calls the library; user errors print one line and exit
+non-zero."""
 from __future__ import annotations
 
 import argparse
@@ -166,6 +167,16 @@ def _attention(args: argparse.Namespace) -> None:
     print(f"wrote {save_figure(fig, args.output)}")
 
 
+def _export(args: argparse.Namespace) -> None:
+    from .checkpoint import load_model
+    from .export import export_model
+
+    result = export_model(load_model(args.checkpoint), args.output, args.format, check=not args.no_check)
+    checked = (f"; on a batch of another size it differs from the eager model by at most {result['max_abs_diff']:.2e}"
+               if "max_abs_diff" in result else "")
+    print(f"wrote {result['output']} ({args.format}; inputs {', '.join(result['inputs'])}, dynamic batch){checked}")
+
+
 def _int_or_fail(value: str, flag: str, expected: str) -> int:
     try:
         return int(value)
@@ -279,11 +290,17 @@ def main(argv: list[str] | None = None) -> None:
     sa.add_argument("--seed", type=int, default=0)
     sa.add_argument("--attention", metavar="PNG", help="also draw the causal attention over the prompt into this file")
     sa.add_argument("--layer", type=int, default=-1, help="--attention: the block (default the last)")
+    ex = sub.add_parser("export", help="export a model for deployment: ONNX or a torch.export program (.pt2), "
+                                       "dynamic batch size, checked against the eager model")
+    ex.add_argument("--checkpoint", required=True, help="run, checkpoint or save_pretrained directory")
+    ex.add_argument("--format", choices=("onnx", "torch-export"), default="onnx")
+    ex.add_argument("--output", required=True, help="the file to write (model.onnx, model.pt2)")
+    ex.add_argument("--no-check", action="store_true", help="do not run the exported file against the eager model")
     mo = sub.add_parser("models", help="list the model presets with their sizes")
     mo.add_argument("pattern", nargs="?", default="*")
     args = parser.parse_args(argv)
     command = {"eval": _eval, "predict": _predict, "attention": _attention, "translate": _translate,
-               "sample": _sample, "models": _models}[args.command]
+               "sample": _sample, "export": _export, "models": _models}[args.command]
     run_command(lambda: command(args))
 
 

@@ -1,0 +1,125 @@
+"""Export a trained model for deployment: ONNX (``torch.onnx.export``, the ``torch.export``-based
+exporter) or a ``torch.export`` program (``.pt2``), with a dynamic batch size (and dynamic lengths for
+text), checked against the eager model before the file is put in place.
+
+What is exported is the model's ``forward``:
+
+================== ============================================ =====================================
+model              inputs                                       output
+================== ============================================ =====================================
+VisionTransformer  ``images`` float32 ``(batch, C, H, W)``,      ``logits`` ``(batch, classes)``
+                   normalised as ``model.pretrained_cfg`` says
+Seq2SeqTransformer ``src`` int64 ``(batch, src_len)``,           ``logits`` ``(batch, tgt_len, vocab)``
+                   ``tgt`` int64 ``(batch, tgt_len)`` (teacher   (padding = ``pad_id`` is masked)
+                   forcing; decode step by step by growing tgt)
+GPT                ``idx`` int64 ``(batch, len <= block_size)``  ``logits`` ``(batch, len, vocab)``
+================== ============================================ =====================================
+
+The RNN encoder-decoder is not exportable: its packed GRU and its step loop depend on the sentence
+lengths, which ``torch.export`` cannot trace symbolically.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import Tensor, nn
+from torch.export import Dim
+
+from .errors import CheckpointError, ConfigError
+from .models import GPT, RNNSeq2Seq, Seq2SeqTransformer, VisionTransformer
+
+__all__ = ["export_model", "example_inputs", "FORMATS"]
+
+FORMATS = ("onnx", "torch-export")
+
+
+def example_inputs(model: nn.Module) -> tuple[tuple[Tensor, ...], tuple[dict[int, Dim], ...], list[str]]:
+    """Example inputs of ``model.forward``, their dynamic dimensions and names (batch 2)."""
+    batch = Dim("batch", min=1, max=65536)
+    device = next(model.parameters()).device
+    if isinstance(model, VisionTransformer):
+        c, (h, w) = model.patch_embed.in_chans, model.patch_embed.img_size
+        return (torch.randn(2, c, h, w, device=device),), ({0: batch},), ["images"]
+    if isinstance(model, Seq2SeqTransformer):
+        longest = model.pos_encoding.shape[0]
+        src_len, tgt_len = Dim("src_len", min=2, max=longest), Dim("tgt_len", min=2, max=longest)
+        vocab_src, vocab_tgt = model.src_embed.num_embeddings, model.tgt_embed.num_embeddings
+        special = max(model.pad_id, model.bos_id, model.eos_id) + 1
+        src = torch.randint(special, max(vocab_src, special + 1), (2, 7), device=device)
+        tgt = torch.randint(special, max(vocab_tgt, special + 1), (2, 5), device=device)
+        return (src, tgt), ({0: batch, 1: src_len}, {0: batch, 1: tgt_len}), ["src", "tgt"]
+    if isinstance(model, GPT):
+        length = Dim("len", min=2, max=model.block_size)
+        idx = torch.randint(0, model.vocab_size, (2, min(8, model.block_size)), device=device)
+        return (idx,), ({0: batch, 1: length},), ["idx"]
+    if isinstance(model, RNNSeq2Seq):
+        raise ConfigError("the RNN encoder-decoder cannot be exported: its packed GRU and step loop depend on the "
+                          "sentence lengths, which torch.export cannot trace; export a Transformer instead")
+    raise ConfigError(f"cannot export a {type(model).__name__}")
+
+
+def _check_inputs(model: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
+    """Inputs of another batch size (and lengths) than the example's, with padding for a text model."""
+    if isinstance(model, VisionTransformer):
+        return (torch.randn(3, *args[0].shape[1:], device=args[0].device),)
+    grown = tuple(torch.cat([a, a[:1]], 0) for a in args)
+    if isinstance(model, Seq2SeqTransformer):
+        src = torch.cat([grown[0], grown[0][:, :3]], 1)
+        src[0, -2:] = model.pad_id  # a padded sentence
+        return src, grown[1]
+    return grown
+
+
+def export_model(model: nn.Module, output: str | Path, format: Literal["onnx", "torch-export"] = "onnx",
+                 check: bool = True) -> dict[str, Any]:
+    """Export ``model`` (in eval mode) to ``output``; returns what was written and how closely it agrees.
+
+    With ``check`` the exported file is loaded again (``onnxruntime`` for ONNX, ``torch.export.load``)
+    and run on inputs of another batch size than the example's; ``max_abs_diff`` is its largest
+    difference from the eager model. The file is written under a temporary name and renamed into
+    place, so a failed export leaves nothing behind.
+    """
+    if format not in FORMATS:
+        raise ConfigError(f"--format {format!r} is not one of {', '.join(FORMATS)}")
+    output = Path(output)
+    if not output.parent.is_dir():
+        raise ConfigError(f"--output {str(output)!r}: the folder {str(output.parent)!r} does not exist")
+    model = model.eval()
+    args, dynamic, names = example_inputs(model)
+    tmp = output.with_name(f".{output.name}.tmp")
+    try:
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the exporters' deprecation and tracing chatter
+            if format == "onnx":
+                torch.onnx.export(model, args, str(tmp), input_names=names, output_names=["logits"],
+                                  dynamic_shapes=dynamic, dynamo=True, external_data=False, verbose=False)
+            else:
+                torch.export.save(torch.export.export(model, args, dynamic_shapes=dynamic), str(tmp))
+        result: dict[str, Any] = {"output": str(output), "format": format, "inputs": names}
+        if check:
+            result["max_abs_diff"] = _max_abs_diff(model, tmp, format, _check_inputs(model, args), names)
+        os.replace(tmp, output)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return result
+
+
+def _max_abs_diff(model: nn.Module, path: Path, format: str, inputs: tuple[Tensor, ...], names: list[str]) -> float:
+    with torch.no_grad():
+        expected = model(*inputs).float().cpu()
+    if format == "onnx":
+        try:
+            import onnxruntime
+        except ImportError:
+            raise CheckpointError("checking the ONNX file needs onnxruntime: pip install 'vitlab[export]' "
+                                  "(or pass check=False / --no-check)") from None
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        got = torch.from_numpy(session.run(None, {n: x.cpu().numpy() for n, x in zip(names, inputs)})[0])
+    else:
+        with torch.no_grad():
+            got = torch.export.load(str(path)).module()(*inputs).float().cpu()
+    return (got - expected).abs().max().item()
