@@ -23,8 +23,9 @@ def test_shipped_configs_load_and_build_their_model(path, tmp_path):
     cfg = load_config(path)
     if cfg.task == "classification":
         model = build_model(cfg)
-        assert model.num_classes == 10 and model.patch_embed.img_size == (32, 32)  # CIFAR-10
-        logits = model.eval()(torch.randn(2, 3, 32, 32))
+        size = (224, 224) if cfg.model.pretrained else (32, 32)  # fine-tuning runs at the pretrained size
+        assert model.num_classes == 10 and model.patch_embed.img_size == size  # CIFAR-10
+        logits = model.eval()(torch.randn(2, 3, *size))
     elif cfg.task == "lm":
         model = build_model(cfg, vocab_size=64, block_size=cfg.data.block_size).eval()
         assert model.block_size == cfg.data.block_size

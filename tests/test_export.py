@@ -78,4 +78,7 @@ def test_export_refuses_what_it_cannot_do_and_writes_nothing(saved, tmp_path, ca
     with pytest.raises(SystemExit):
         main(["export", "--checkpoint", str(saved / "vit"), "--output", str(tmp_path / "no" / "such" / "vit.onnx")])
     assert "does not exist" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["export", "--checkpoint", str(saved / "vit"), "--format", "torch-export", "--output", str(tmp_path / "x.pt")])
+    assert "a torch.export program is a .pt2 file" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rnn"]

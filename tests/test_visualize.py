@@ -1,6 +1,7 @@
 """Attention rollout (Abnar & Zuidema 2020) against a step-by-step computation, and the attention maps."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -186,6 +187,10 @@ def test_alignment_of_a_translation_labels_every_source_and_generated_subword(na
     path = save_figure(plot_alignment(weights, source, target, "test"), tmp_path / "align.png")
     with Image.open(path) as img:
         assert img.format == "PNG" and img.size[0] > 100
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # not the temporary file's private 0600
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 def test_gpt_attention_maps_are_causal_and_torchs_multihead_attention():

@@ -88,9 +88,12 @@ def export_model(model: nn.Module, output: str | Path, format: Literal["onnx", "
     output = Path(output)
     if not output.parent.is_dir():
         raise ConfigError(f"--output {str(output)!r}: the folder {str(output.parent)!r} does not exist")
+    if format == "torch-export" and output.suffix != ".pt2":
+        raise ConfigError(f"--output {str(output)!r}: a torch.export program is a .pt2 file (torch.export.load "
+                          f"expects the suffix); name it {output.stem}.pt2")
     model = model.eval()
     args, dynamic, names = example_inputs(model)
-    tmp = output.with_name(f".{output.name}.tmp")
+    tmp = output.with_name(f".{output.stem}.tmp{'.pt2' if format == 'torch-export' else output.suffix}")
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the exporters' deprecation and tracing chatter

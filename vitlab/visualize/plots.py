@@ -44,6 +44,9 @@ def save_figure(fig: "Figure", path: str | Path, dpi: int = 100) -> Path:
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=dpi)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's file is private (0600); the figure gets the usual mode
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -98,7 +101,7 @@ def plot_attention(model: nn.Module, images: Sequence[Tensor], titles: Sequence[
     plt = _pyplot()
     what = (f"rollout ({head_fusion} over heads" + (f", discard {discard_ratio:g})" if discard_ratio else ")")
             if method == "rollout" else f"block {block}, head {head}")
-    fig, axes = plt.subplots(len(images), 2, figsize=(5.0, 2.5 * len(images)), squeeze=False)
+    fig, axes = plt.subplots(len(images), 2, figsize=(5.0, 2.5 * len(images)), squeeze=False, layout="constrained")
     for i, image in enumerate(images):
         p, c = probs[i].max(0)
         axes[i, 0].imshow(image.permute(1, 2, 0).numpy())
@@ -107,7 +110,6 @@ def plot_attention(model: nn.Module, images: Sequence[Tensor], titles: Sequence[
         _overlay(axes[i, 1], image, heat[i])
         axes[i, 1].set_title(f"{_label(model, int(c))} {p:.2f}", fontsize=9)
     fig.suptitle(f"attention: {what}", fontsize=9)
-    fig.tight_layout()
     return fig
 
 
@@ -120,13 +122,13 @@ def plot_attention_grid(model: nn.Module, image: Tensor) -> "Figure":
         p, c = model(x).float().softmax(-1)[0].max(0)
     blocks, heads = len(maps), maps[0].shape[1]
     plt = _pyplot()
-    fig, axes = plt.subplots(blocks, heads, figsize=(1.6 * heads, 1.6 * blocks + 0.4), squeeze=False)
+    fig, axes = plt.subplots(blocks, heads, figsize=(1.6 * heads, 1.6 * blocks + 0.4), squeeze=False,
+                             layout="constrained")
     for b in range(blocks):
         for h in range(heads):
             _overlay(axes[b, h], image, block_attention_map(maps, model, b, h)[0])
             axes[b, h].set_title(f"block {b} head {h}", fontsize=7)
     fig.suptitle(f"predicted {_label(model, int(c))} {p:.2f}", fontsize=9)
-    fig.tight_layout()
     return fig
 
 
@@ -138,14 +140,13 @@ def plot_alignment(weights: Tensor, source: Sequence[str], target: Sequence[str]
         raise ValueError(f"weights of shape {tuple(weights.shape)} do not match {len(target)} target x "
                          f"{len(source)} source tokens")
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(1.2 + 0.42 * len(source), 1.0 + 0.32 * len(target)))
+    fig, ax = plt.subplots(figsize=(1.2 + 0.42 * len(source), 1.0 + 0.32 * len(target)), layout="constrained")
     ax.imshow(weights.float().numpy(), cmap="gray", vmin=0.0, vmax=1.0, aspect="auto")
     ax.set_xticks(range(len(source)), list(source), rotation=90, fontsize=8)
     ax.set_yticks(range(len(target)), list(target), fontsize=8)
     ax.xaxis.tick_top()
     if title:
         ax.set_xlabel(title, fontsize=8)
-    fig.tight_layout()
     return fig
 
 
@@ -158,14 +159,13 @@ def plot_mistakes(images: Tensor, labels: Tensor, probs: Tensor, classes: Sequen
     order = wrong[confidence[wrong].argsort(descending=True)][:count]
     plt = _pyplot()
     rows = max(1, -(-len(order) // columns))
-    fig, axes = plt.subplots(rows, columns, figsize=(2.0 * columns, 2.2 * rows), squeeze=False)
+    fig, axes = plt.subplots(rows, columns, figsize=(2.0 * columns, 2.2 * rows), squeeze=False, layout="constrained")
     for ax in axes.flat:
         ax.axis("off")
     for ax, i in zip(axes.flat, order.tolist()):
         ax.imshow(images[i].permute(1, 2, 0).numpy())
         ax.set_title(f"true {classes[labels[i]]}\npred {classes[predicted[i]]} {confidence[i]:.2f}", fontsize=8)
     fig.suptitle(f"the {len(order)} most confident of {len(wrong)} mistakes", fontsize=9)
-    fig.tight_layout()
     return fig
 
 
@@ -175,7 +175,7 @@ def plot_confusion_matrix(confusion: Sequence[Sequence[int]], classes: Sequence[
     frac = cm / cm.sum(1, keepdim=True).clamp(min=1)
     n = len(classes)
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * n, 0.8 + 0.6 * n))
+    fig, ax = plt.subplots(figsize=(1.0 + 0.6 * n, 0.8 + 0.6 * n), layout="constrained")
     ax.imshow(frac.numpy(), cmap="Blues", vmin=0, vmax=1)
     ax.set_xticks(range(n), list(classes), rotation=45, ha="right")
     ax.set_yticks(range(n), list(classes))
@@ -185,5 +185,4 @@ def plot_confusion_matrix(confusion: Sequence[Sequence[int]], classes: Sequence[
         for j in range(n):
             ax.text(j, i, f"{frac[i, j]:.2f}", ha="center", va="center", fontsize=7,
                     color="white" if frac[i, j] > 0.5 else "black")
-    fig.tight_layout()
     return fig
