@@ -88,3 +88,10 @@ def test_invalid_model_combination_is_a_config_error(tiny_imagefolder, tmp_path)
     with pytest.raises(ConfigError, match="embed_dim=32 is not divisible by num_heads=5"):
         train(cfg)
     assert not (tmp_path / "run").exists()
+
+
+def test_an_unquoted_no_is_the_option_no_not_a_boolean():
+    """YAML reads `no` as False; `train.mixed_precision=no` on the command line must still mean 'no'."""
+    assert load_config(None, ["train.mixed_precision=no"]).train.mixed_precision == "no"
+    with pytest.raises(ConfigError, match="train.mixed_precision=True is not allowed"):
+        load_config(None, ["train.mixed_precision=yes"])

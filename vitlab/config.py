@@ -176,6 +176,8 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
     origin = typing.get_origin(annotation)
     if origin is Literal:
         allowed = typing.get_args(annotation)
+        if isinstance(value, bool) and ("no" if not value else "yes") in allowed:
+            value = "no" if not value else "yes"  # YAML 1.1 reads an unquoted no / yes as a boolean
         if value not in allowed:
             raise ConfigError(f"{key}={value!r} is not allowed; expected one of {', '.join(map(repr, allowed))}")
         return value
