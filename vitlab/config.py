@@ -305,7 +305,8 @@ def _build_model_section(raw: dict[str, Any], task: str) -> ModelConfig:
     hints = {k: v for k, v in typing.get_type_hints(preset_class(name).__init__).items()
              if k != "return" and k not in _DERIVED_MODEL_ARGS}
     option_types = typing.get_type_hints(ModelConfig)
-    options = {key: _coerce(f"model.{key}", raw.pop(key), option_types[key]) for key in _MODEL_OPTIONS[1:] if key in raw}
+    options = {key: _coerce(f"model.{key}", raw.pop(key), option_types[key])
+               for key in _MODEL_OPTIONS[1:] if key in raw}
     args = dict(raw.pop("args", {}) or {})
     args.update(raw)
     for key, value in args.items():

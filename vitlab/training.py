@@ -32,7 +32,8 @@ from .tasks import TaskSetup
 __all__ = ["train", "create_accelerator", "param_groups", "lr_multiplier", "plot_curves"]
 
 
-def param_groups(model: nn.Module, weight_decay: float, lr: float = 1.0, layer_decay: float = 0.0) -> list[dict[str, Any]]:
+def param_groups(model: nn.Module, weight_decay: float, lr: float = 1.0,
+                 layer_decay: float = 0.0) -> list[dict[str, Any]]:
     """AdamW groups: no weight decay on norms, biases, embeddings tables named by ``no_weight_decay()``
     (the ViT's CLS token and positional embedding) and other 1-d parameters.
 
@@ -45,7 +46,8 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float = 1.0, layer_d
         from timm.optim import param_groups_layer_decay
 
         if not hasattr(model, "group_matcher"):
-            raise ConfigError(f"optim.layer_decay needs a model with layers by depth (a ViT), not {type(model).__name__}")
+            raise ConfigError(f"optim.layer_decay needs a model with layers by depth (a ViT), not "
+                              f"{type(model).__name__}")
         groups = param_groups_layer_decay(model, weight_decay, no_weight_decay_list=skip, layer_decay=layer_decay)
         return [{**g, "lr": lr * g["lr_scale"]} for g in groups]
     decay, no_decay = [], []
@@ -257,39 +259,43 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
         bar = tqdm(train_loader, desc=f"epoch {epoch}/{t.epochs}", leave=False, dynamic_ncols=True,
                    disable=None if accelerator.is_main_process else True)  # None: off when not a TTY
         group: list[Any] = []
+        data_time, waiting_since = 0.0, time.perf_counter()  # time spent waiting for batches
         for batch in bar:
+            data_time += time.perf_counter() - waiting_since
             group.append(batch)
-            if len(group) < accum:
-                continue
-            running += optimizer_step(group)
-            group = []
-            seen += 1
-            state["global_step"] += 1
-            if ema is not None:
-                ema.update(_plain(accelerator.unwrap_model(model)), step=state["global_step"])
-            if state["global_step"] % t.log_every == 0:
-                mean_loss = _checked_mean(accelerator, running / seen, epoch, state["global_step"])
-                lr = max(scheduler.get_last_lr())
-                bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
-                record = {"split": "train", "epoch": epoch, "step": state["global_step"], "loss": mean_loss, "lr": lr}
-                if has_moe:
-                    record["moe_aux_loss"] = accelerator.reduce(step_aux / seen, reduction="mean").item()
-                    step_aux.zero_()
-                log(record)
-                running.zero_()
-                seen = 0
+            if len(group) == accum:
+                running += optimizer_step(group)
+                group = []
+                seen += 1
+                state["global_step"] += 1
+                if ema is not None:
+                    ema.update(_plain(accelerator.unwrap_model(model)), step=state["global_step"])
+                if state["global_step"] % t.log_every == 0:
+                    mean_loss = _checked_mean(accelerator, running / seen, epoch, state["global_step"])
+                    lr = max(scheduler.get_last_lr())
+                    bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
+                    record = {"split": "train", "epoch": epoch, "step": state["global_step"], "loss": mean_loss,
+                              "lr": lr}
+                    if has_moe:
+                        record["moe_aux_loss"] = accelerator.reduce(step_aux / seen, reduction="mean").item()
+                        step_aux.zero_()
+                    log(record)
+                    running.zero_()
+                    seen = 0
+            waiting_since = time.perf_counter()
         if seen:
             _checked_mean(accelerator, running / seen, epoch, state["global_step"])
         epoch_time = time.time() - epoch_start
         record: dict[str, Any] = {"split": "eval", "epoch": epoch, "step": state["global_step"],
-                                  "epoch_time": epoch_time, "examples_per_s": task.train_size / epoch_time,
-                                  "lr": max(scheduler.get_last_lr())}
+                                  "epoch_time": epoch_time, "data_time": data_time,
+                                  "examples_per_s": task.train_size / epoch_time, "lr": max(scheduler.get_last_lr())}
         if has_moe:  # share of routing assignments per expert, per MoE layer, over all processes this epoch
             counts = [accelerator.reduce(c, reduction="sum") for c in expert_utilization(model)]
             record["expert_utilization"] = [[round(x, 4) for x in (c / c.sum().clamp(min=1)).tolist()]
                                             for c in counts]
         is_best = False
         if epoch % t.eval_every == 0 or epoch == t.epochs:
+            eval_start = time.time()
             for name, loader in eval_loaders.items():
                 for prefix, net in [("", model)] + ([("ema_", ema.module)] if ema is not None else []):
                     record.update({f"{prefix}{name}_{k}": v for k, v in task.evaluate(net, loader, accelerator).items()})
@@ -299,6 +305,7 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
                 if best is None or (metric < best if task.select_lower else metric > best):
                     state.update(best_metric=metric, best_epoch=epoch)
                     is_best = True
+            record["eval_time"] = time.time() - eval_start
             accelerator.print(f"epoch {epoch}: " + ", ".join(
                 f"{k} {v:.4f}" for k, v in record.items() if k.startswith(("val", "test", "ema")))
                 + f" | {epoch_time:.1f}s ({record['examples_per_s']:.0f} examples/s)"
