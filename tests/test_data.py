@@ -75,3 +75,26 @@ def test_image_transform_takes_any_pil_image():
 
     out = image_transform((32, 32))(Image.new("L", (50, 70), color=128))
     assert out.shape == (3, 32, 32)
+
+
+@pytest.mark.parametrize("mode,suffix", [("RGB", ".png"), ("L", ".png"), ("RGBA", ".png"), ("P", ".png"),
+                                         ("RGB", ".bmp"), ("RGB", ".jpg")])
+def test_read_image_decodes_as_pil_does(tmp_path, mode, suffix):
+    """Every format and colour mode gives PIL's RGB pixels (JPEG: up to decoder rounding)."""
+    import numpy as np
+    from PIL import Image
+
+    from vitlab.data import read_image
+
+    rng = np.random.default_rng(0)
+    image = Image.fromarray(rng.integers(0, 256, (20, 28, 3), dtype=np.uint8)).convert(mode)
+    path = tmp_path / f"image{suffix}"
+    image.save(path)
+    expected = torch.from_numpy(np.asarray(Image.open(path).convert("RGB"))).permute(2, 0, 1)
+    got = read_image(path)
+    assert got.dtype == torch.uint8 and got.shape == (3, 20, 28)
+    assert (got.int() - expected.int()).abs().max() <= (2 if suffix == ".jpg" else 0)
+    # Resizing at decode: PIL's bicubic (what timm's and torchvision's PIL transforms do), to within 1.
+    resized = torch.from_numpy(np.asarray(Image.open(path).convert("RGB").resize((16, 12), Image.BICUBIC)))
+    diff = (read_image(path, (12, 16)).int() - resized.permute(2, 0, 1).int()).abs()
+    assert diff.max() <= (3 if suffix == ".jpg" else 1)

@@ -6,7 +6,6 @@ model.
 """
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -112,8 +111,9 @@ def _load_imagefolder(root: Path, split: str, subset: int, seed: int, size: tupl
     files, labels, classes = _imagefolder_files(split_dir)
     label_t = torch.tensor(labels)
     index = balanced_indices(label_t, subset, seed)  # choose before decoding: decode only what is used
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        images = list(pool.map(lambda i: read_image(files[i], size), index.tolist()))
+    # One thread: a pool of 8 threads decoding CIFAR's 32 x 32 PNGs took 15.2 s for the 50,000 training
+    # images on 2 cores, one thread 6.2 s (PIL holds the GIL for most of such a small image).
+    images = [read_image(files[i], size) for i in index.tolist()]
     return ImageData(torch.stack(images), label_t[index], classes)
 
 
