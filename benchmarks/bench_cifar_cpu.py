@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 START = time.time()  # the timm loop's clock starts with the process, imports included, as vitlab's does
@@ -41,8 +40,7 @@ MEAN, STD = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
 def decode(split_dir: Path) -> tuple[torch.Tensor, torch.Tensor]:
     classes = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
     files = [(f, i) for i, c in enumerate(classes) for f in sorted((split_dir / c).iterdir())]
-    with ThreadPoolExecutor(8) as pool:
-        images = list(pool.map(lambda f: np.asarray(Image.open(f[0]).convert("RGB")), files))
+    images = [np.asarray(Image.open(f).convert("RGB")) for f, _ in files]  # one thread: faster than a pool here
     return torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2).contiguous(), torch.tensor([i for _, i in files])
 
 

@@ -64,11 +64,15 @@ def test_training_learns_and_writes_the_run_directory(trained_run):
 
 def test_without_a_validation_split_no_best_is_kept_and_the_run_means_its_last_epoch(tiny_imagefolder, tmp_path):
     run_dir = tmp_path / "run"
-    summary = train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir)))
+    summary = train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.eval_every=0")))
     assert summary["best_metric"] is None and summary["best_epoch"] is None
     assert not (run_dir / "checkpoints" / "best").exists()
     assert ckpt.resolve_checkpoint(run_dir) == run_dir / "checkpoints" / "last"
-    assert summary["test_top1"] == _evals(run_dir)[-1]["test_top1"]  # the figure is the final epoch's
+    evals = _evals(run_dir)
+    assert summary["test_top1"] == evals[-1]["test_top1"]  # the figure is the final epoch's
+    # eval_every=0: nothing to select, so the test set is evaluated once, after the last epoch.
+    assert [r["epoch"] for r in evals if "test_top1" in r] == [2] and "eval_time" not in evals[0]
+    assert 0 < evals[0]["data_time"] < evals[0]["epoch_time"]
 
 
 def test_load_model_and_its_transform_reproduce_the_reported_accuracy(trained_run, tiny_imagefolder):

@@ -140,7 +140,7 @@ class TrainConfig:
     label_smoothing: float = 0.1
     ema_decay: float = 0.0    # 0 = no EMA; else timm ModelEmaV3 with this decay
     save_every: int = 1       # epochs between checkpoints
-    eval_every: int = 1       # epochs between evaluations
+    eval_every: int = 1       # epochs between evaluations; 0 = only after the last epoch
     output_dir: str = "runs/vit_cifar10"
     seed: int = 0
     log_every: int = 50       # optimizer steps between training-metric log lines
@@ -278,7 +278,7 @@ def _check_values(cfg: Config) -> None:
     need(0 <= t.label_smoothing < 1, "train.label_smoothing", t.label_smoothing, "a number in [0, 1)")
     need(0 <= t.ema_decay < 1, "train.ema_decay", t.ema_decay, "a number in [0, 1) (0 = no EMA)")
     need(t.save_every >= 1, "train.save_every", t.save_every, "an integer >= 1")
-    need(t.eval_every >= 1, "train.eval_every", t.eval_every, "an integer >= 1")
+    need(t.eval_every >= 0, "train.eval_every", t.eval_every, "an integer >= 0 (0 = only after the last epoch)")
     need(t.log_every >= 1, "train.log_every", t.log_every, "an integer >= 1")
     need(bool(t.output_dir), "train.output_dir", t.output_dir, "a directory path")
 

@@ -256,6 +256,7 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
         (train_loader if hasattr(train_loader, "set_epoch") else train_loader.batch_sampler).set_epoch(epoch)
         epoch_start = time.time()
         running, seen = torch.zeros((), device=accelerator.device), 0
+        epoch_loss, epoch_steps = torch.zeros((), device=accelerator.device), 0
         bar = tqdm(train_loader, desc=f"epoch {epoch}/{t.epochs}", leave=False, dynamic_ncols=True,
                    disable=None if accelerator.is_main_process else True)  # None: off when not a TTY
         group: list[Any] = []
@@ -264,7 +265,10 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
             data_time += time.perf_counter() - waiting_since
             group.append(batch)
             if len(group) == accum:
-                running += optimizer_step(group)
+                step_loss = optimizer_step(group)
+                running += step_loss
+                epoch_loss += step_loss
+                epoch_steps += 1
                 group = []
                 seen += 1
                 state["global_step"] += 1
@@ -287,6 +291,8 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
             _checked_mean(accelerator, running / seen, epoch, state["global_step"])
         epoch_time = time.time() - epoch_start
         record: dict[str, Any] = {"split": "eval", "epoch": epoch, "step": state["global_step"],
+                                  "train_loss": accelerator.reduce(epoch_loss / max(epoch_steps, 1),
+                                                                   reduction="mean").item(),
                                   "epoch_time": epoch_time, "data_time": data_time,
                                   "examples_per_s": task.train_size / epoch_time, "lr": max(scheduler.get_last_lr())}
         if has_moe:  # share of routing assignments per expert, per MoE layer, over all processes this epoch
@@ -294,7 +300,7 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
             record["expert_utilization"] = [[round(x, 4) for x in (c / c.sum().clamp(min=1)).tolist()]
                                             for c in counts]
         is_best = False
-        if epoch % t.eval_every == 0 or epoch == t.epochs:
+        if epoch == t.epochs or (t.eval_every and epoch % t.eval_every == 0):
             eval_start = time.time()
             for name, loader in eval_loaders.items():
                 for prefix, net in [("", model)] + ([("ema_", ema.module)] if ema is not None else []):
@@ -306,10 +312,11 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
                     state.update(best_metric=metric, best_epoch=epoch)
                     is_best = True
             record["eval_time"] = time.time() - eval_start
-            accelerator.print(f"epoch {epoch}: " + ", ".join(
-                f"{k} {v:.4f}" for k, v in record.items() if k.startswith(("val", "test", "ema")))
-                + f" | {epoch_time:.1f}s ({record['examples_per_s']:.0f} examples/s)"
-                + (f" | expert use {record['expert_utilization']}" if has_moe else ""))
+        # One line per epoch, evaluated or not, so a run without evaluations still shows its progress.
+        accelerator.print(f"epoch {epoch}: " + ", ".join(
+            f"{k} {v:.4f}" for k, v in record.items() if k.startswith(("train_loss", "val", "test", "ema")))
+            + f" | {epoch_time:.1f}s ({record['examples_per_s']:.0f} examples/s)"
+            + (f" | expert use {record['expert_utilization']}" if has_moe else ""))
         log(record)
         summary = record
         state["epoch"] = epoch
