@@ -4,8 +4,9 @@ One invocation, one machine, one after the other:
 
 1. ``python train.py --config configs/cifar10_cpu_quick.yaml`` on real CIFAR-10 (ImageFolder PNGs), timed
    from launch to exit (imports, decoding, training, evaluation, checkpoints);
-2. a plain loop around ``timm.models.VisionTransformer`` of the same shape (96 wide, 4 blocks, 3 heads,
-   patch 4, MLP ratio 2): decode once, batch-wise random crop + flip, AdamW with warmup + cosine (on
+2. a plain loop around ``timm.models.VisionTransformer`` (by default the shape the quick config had
+   before it was tuned: 96 wide, 4 blocks, 3 heads, patch 4, MLP ratio 2; ``--timm-shape`` and
+   ``--timm-lr`` give it another recipe, e.g. the quick config's own): decode once, batch-wise random crop + flip, AdamW with warmup + cosine (on
    the clock), label smoothing 0.1; it trains until vitlab's wall time (or ``--budget``) minus its
    measured evaluation time, then evaluates on the 10,000 test images once.
 
@@ -13,6 +14,8 @@ Both rows report test top-1 (the final model, no selection), training images/s a
 setup (imports, decoding), data (waiting for batches), model (forward, backward, step), evaluation.
 
     python benchmarks/bench_cifar_cpu.py --data ../shared/data/cifar10
+    python benchmarks/bench_cifar_cpu.py --data ../shared/data/cifar10 --timm-only --budget 239 \
+        --timm-shape 64,3,2 --timm-lr 4e-3          # the timm loop alone, with the quick config's recipe
 """
 from __future__ import annotations
 
@@ -55,14 +58,15 @@ def crop_flip(x: torch.Tensor, g: torch.Generator, pad: int = 4) -> torch.Tensor
     return torch.where((torch.rand(b, generator=g) < 0.5)[:, None, None, None], x.flip(-1), x)
 
 
-def timm_loop(data: Path, budget: float, batch: int = 128, lr: float = 2e-3, seed: int = 0) -> dict:
+def timm_loop(data: Path, budget: float, batch: int = 128, lr: float = 2e-3, seed: int = 0, embed_dim: int = 96,
+              depth: int = 4, num_heads: int = 3) -> dict:
     """The plain loop; its clock is this process's (imports, decoding and evaluation count)."""
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     (train_x, train_y), (test_x, test_y) = decode(data / "train"), decode(data / "test")
     mean, std = torch.tensor(MEAN).view(1, 3, 1, 1) * 255, torch.tensor(STD).view(1, 3, 1, 1) * 255
-    model = timm.models.VisionTransformer(img_size=32, patch_size=4, num_classes=10, embed_dim=96, depth=4,
-                                          num_heads=3, mlp_ratio=2.0)
+    model = timm.models.VisionTransformer(img_size=32, patch_size=4, num_classes=10, embed_dim=embed_dim,
+                                          depth=depth, num_heads=num_heads, mlp_ratio=2.0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.05)
 
     def evaluate(n: int) -> float:
@@ -102,7 +106,7 @@ def timm_loop(data: Path, budget: float, batch: int = 128, lr: float = 2e-3, see
     top1 = evaluate(len(test_y))
     eval_time = time.time() - eval_start
     wall = time.time() - START
-    return {"name": "timm loop", "test_top1": top1, "wall_s": wall, "epochs": seen / len(train_y),
+    return {"name": f"timm loop {embed_dim}w x {depth}, lr {lr:g}", "test_top1": top1, "wall_s": wall, "epochs": seen / len(train_y),
             "images_per_s": seen / (data_time + model_time), "setup_s": setup, "data_s": data_time,
             "model_s": model_time, "eval_s": eval_time}
 
@@ -132,17 +136,21 @@ def main() -> None:
     parser.add_argument("--data", required=True, help="CIFAR-10 in ImageFolder layout (train/, test/)")
     parser.add_argument("--config", default="configs/cifar10_cpu_quick.yaml")
     parser.add_argument("--budget", type=float, default=0, help="the timm loop's wall time (0 = vitlab's)")
-    parser.add_argument("--timm-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--timm-only", action="store_true", help="run only the timm loop (needs --budget); print JSON")
+    parser.add_argument("--timm-shape", default="96,4,3", help="the timm ViT's width,depth,heads (default 96,4,3)")
+    parser.add_argument("--timm-lr", type=float, default=2e-3)
     parser.add_argument("--out", default="benchmarks/results/cifar_cpu.json")
     parser.add_argument("overrides", nargs="*", help="overrides of the vitlab config")
     args = parser.parse_args()
     data = Path(args.data).resolve()
     if args.timm_only:  # a fresh process, so the timm loop pays its own imports like vitlab's train.py
-        print(json.dumps(timm_loop(data, args.budget)))
+        width, depth, heads = map(int, args.timm_shape.split(","))
+        print(json.dumps(timm_loop(data, args.budget, lr=args.timm_lr, embed_dim=width, depth=depth, num_heads=heads)))
         return
     rows = [vitlab_run(data, args.config, args.overrides)]
     budget = args.budget or rows[0]["wall_s"]
-    out = subprocess.run([sys.executable, __file__, "--data", str(data), "--budget", str(budget), "--timm-only"],
+    out = subprocess.run([sys.executable, __file__, "--data", str(data), "--budget", str(budget), "--timm-only",
+                          "--timm-shape", args.timm_shape, "--timm-lr", str(args.timm_lr)],
                          check=True, capture_output=True, text=True).stdout
     rows.append(json.loads(out.strip().splitlines()[-1]))
     print(f"CIFAR-10 on {torch.get_num_threads()} CPU threads; the timm loop gets vitlab's wall time ({budget:.0f} s)")
