@@ -183,7 +183,8 @@ def test_yaml_keys_reach_the_model_and_bad_values_name_the_allowed_ones():
     cfg = load_config("configs/cifar10_cpu_quick.yaml", ["model.norm_layer=rmsnorm", "model.mlp_layer=moe",
                                                          "model.num_experts=4", "model.kernel=linear",
                                                          "model.pos_embed=sincos"])
-    assert cfg.model.args == dict(norm_layer="rmsnorm", mlp_layer="moe", num_experts=4, kernel="linear",
+    own = load_config("configs/cifar10_cpu_quick.yaml", []).model.args  # the config's embed_dim, depth, ...
+    assert cfg.model.args == dict(own, norm_layer="rmsnorm", mlp_layer="moe", num_experts=4, kernel="linear",
                                   pos_embed="sincos")
     for override, allowed in [("model.kernel=flash", "'softmax', 'streaming', 'argmax', 'linear'"),
                               ("model.norm_layer=batchnorm", "'layernorm', 'rmsnorm'"),
