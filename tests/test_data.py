@@ -90,7 +90,7 @@ def test_read_image_decodes_as_pil_does(tmp_path, mode, suffix):
     image = Image.fromarray(rng.integers(0, 256, (20, 28, 3), dtype=np.uint8)).convert(mode)
     path = tmp_path / f"image{suffix}"
     image.save(path)
-    expected = torch.from_numpy(np.asarray(Image.open(path).convert("RGB"))).permute(2, 0, 1)
+    expected = torch.from_numpy(np.array(Image.open(path).convert("RGB"))).permute(2, 0, 1)
     got = read_image(path)
     assert got.dtype == torch.uint8 and got.shape == (3, 20, 28)
     assert (got.int() - expected.int()).abs().max() <= (2 if suffix == ".jpg" else 0)
