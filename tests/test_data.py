@@ -95,6 +95,6 @@ def test_read_image_decodes_as_pil_does(tmp_path, mode, suffix):
     assert got.dtype == torch.uint8 and got.shape == (3, 20, 28)
     assert (got.int() - expected.int()).abs().max() <= (2 if suffix == ".jpg" else 0)
     # Resizing at decode: PIL's bicubic (what timm's and torchvision's PIL transforms do), to within 1.
-    resized = torch.from_numpy(np.asarray(Image.open(path).convert("RGB").resize((16, 12), Image.BICUBIC)))
+    resized = torch.from_numpy(np.array(Image.open(path).convert("RGB").resize((16, 12), Image.BICUBIC)))
     diff = (read_image(path, (12, 16)).int() - resized.permute(2, 0, 1).int()).abs()
     assert diff.max() <= (3 if suffix == ".jpg" else 1)
