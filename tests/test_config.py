@@ -55,6 +55,7 @@ def test_overrides_reach_their_keys_with_types():
     ("train.mixed_precision=fp8", r"train\.mixed_precision='fp8' is not allowed; expected one of 'no', 'fp16', 'bf16'"),
     ("data.dataset=imgfolder", r"data\.dataset='imgfolder' is not allowed"),
     ("train.batch_size=0", r"train\.batch_size=0 is invalid; expected an integer >= 1"),
+    ("train.eval_every=-1", r"train\.eval_every=-1 is invalid; expected an integer >= 0 \(0 = only after the last epoch\)"),
     ("optim.lr=-1", r"optim\.lr=-1\.0 is invalid; expected a number > 0"),
     ("model.name=vit_tiny", r"model\.name='vit_tiny' is not a classification preset; did you mean vit_tiny_patch16_224"),
     ("trian.epochs=3", r"unknown section 'trian'; did you mean train\?"),

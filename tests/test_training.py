@@ -62,7 +62,8 @@ def test_training_learns_and_writes_the_run_directory(trained_run):
     assert not list((run_dir / "checkpoints").glob("*.pt*")) and not list(run_dir.rglob("*.bin"))
 
 
-def test_without_a_validation_split_no_best_is_kept_and_the_run_means_its_last_epoch(tiny_imagefolder, tmp_path):
+def test_without_a_validation_split_no_best_is_kept_and_the_run_means_its_last_epoch(tiny_imagefolder, tmp_path,
+                                                                                     capsys):
     run_dir = tmp_path / "run"
     summary = train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.eval_every=0")))
     assert summary["best_metric"] is None and summary["best_epoch"] is None
@@ -73,6 +74,12 @@ def test_without_a_validation_split_no_best_is_kept_and_the_run_means_its_last_e
     # eval_every=0: nothing to select, so the test set is evaluated once, after the last epoch.
     assert [r["epoch"] for r in evals if "test_top1" in r] == [2] and "eval_time" not in evals[0]
     assert 0 < evals[0]["data_time"] < evals[0]["epoch_time"]
+    # An epoch without evaluation still prints its line, with the epoch's mean training loss: the mean
+    # of the logged losses (6 steps, logged every 2, so three equal-sized windows).
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    logged = [r["loss"] for r in records if r["split"] == "train" and r["epoch"] == 1]
+    assert len(logged) == 3 and evals[0]["train_loss"] == pytest.approx(sum(logged) / 3, rel=1e-6)
+    assert f"epoch 1: train_loss {evals[0]['train_loss']:.4f} | " in capsys.readouterr().out
 
 
 def test_load_model_and_its_transform_reproduce_the_reported_accuracy(trained_run, tiny_imagefolder):
