@@ -6,16 +6,17 @@ One invocation, one machine, one after the other:
    from launch to exit (imports, decoding, training, evaluation, checkpoints);
 2. a plain loop around ``timm.models.VisionTransformer`` (by default the shape the quick config had
    before it was tuned: 96 wide, 4 blocks, 3 heads, patch 4, MLP ratio 2; ``--timm-shape`` and
-   ``--timm-lr`` give it another recipe, e.g. the quick config's own): decode once, batch-wise random crop + flip, AdamW with warmup + cosine (on
-   the clock), label smoothing 0.1; it trains until vitlab's wall time (or ``--budget``) minus its
-   measured evaluation time, then evaluates on the 10,000 test images once.
+   ``--timm-lr`` give it another recipe, e.g. the quick config's own): decode once, batch-wise random
+   crop + flip, AdamW with warmup + cosine (on the clock), label smoothing 0.1; it trains until vitlab's
+   wall time (or ``--budget``) minus its measured evaluation time, then evaluates on the 10,000 test
+   images once.
 
 Both rows report test top-1 (the final model, no selection), training images/s and where the time went:
 setup (imports, decoding), data (waiting for batches), model (forward, backward, step), evaluation.
 
     python benchmarks/bench_cifar_cpu.py --data ../shared/data/cifar10
     python benchmarks/bench_cifar_cpu.py --data ../shared/data/cifar10 --timm-only --budget 239 \
-        --timm-shape 64,3,2 --timm-lr 4e-3          # the timm loop alone, with the quick config's recipe
+        --timm-shape 64,3,2 --timm-lr 3e-3          # the timm loop alone, with the quick config's recipe
 """
 from __future__ import annotations
 
@@ -106,9 +107,9 @@ def timm_loop(data: Path, budget: float, batch: int = 128, lr: float = 2e-3, see
     top1 = evaluate(len(test_y))
     eval_time = time.time() - eval_start
     wall = time.time() - START
-    return {"name": f"timm loop {embed_dim}w x {depth}, lr {lr:g}", "test_top1": top1, "wall_s": wall, "epochs": seen / len(train_y),
-            "images_per_s": seen / (data_time + model_time), "setup_s": setup, "data_s": data_time,
-            "model_s": model_time, "eval_s": eval_time}
+    return {"name": f"timm loop {embed_dim}w x {depth}, lr {lr:g}", "test_top1": top1, "wall_s": wall,
+            "epochs": seen / len(train_y), "images_per_s": seen / (data_time + model_time), "setup_s": setup,
+            "data_s": data_time, "model_s": model_time, "eval_s": eval_time}
 
 
 def vitlab_run(data: Path, config: str, extra: list[str]) -> dict:
@@ -143,6 +144,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="overrides of the vitlab config")
     args = parser.parse_args()
     data = Path(args.data).resolve()
+    if args.timm_only and args.budget <= 0:
+        parser.error("--timm-only needs --budget SECONDS (the wall time to give the timm loop)")
     if args.timm_only:  # a fresh process, so the timm loop pays its own imports like vitlab's train.py
         width, depth, heads = map(int, args.timm_shape.split(","))
         print(json.dumps(timm_loop(data, args.budget, lr=args.timm_lr, embed_dim=width, depth=depth, num_heads=heads)))
@@ -157,7 +160,8 @@ def main() -> None:
     print(f"{'':45s} {'test top-1':>10s} {'wall s':>7s} {'epochs':>6s} {'img/s':>6s}   setup / data / model / eval (s)")
     for r in rows:
         print(f"{r['name'][:45]:45s} {100 * r['test_top1']:9.2f}% {r['wall_s']:7.1f} {r['epochs']:6.2f} "
-              f"{r['images_per_s']:6.0f}   {r['setup_s']:.0f} / {r['data_s']:.0f} / {r['model_s']:.0f} / {r['eval_s']:.0f}")
+              f"{r['images_per_s']:6.0f}   "
+              f"{r['setup_s']:.0f} / {r['data_s']:.0f} / {r['model_s']:.0f} / {r['eval_s']:.0f}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(rows, indent=2) + "\n")
 
