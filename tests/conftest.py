@@ -29,6 +29,30 @@ def cifar10_dir() -> Path:
     return Path(root)
 
 
+# Exactness is a CPU property. CPU kernels sum in a fixed order; on CUDA, cuDNN's convolution backward
+# (the patch embedding) and atomics-based reductions may sum in another order on every run (on an H100 a
+# resumed run's weights differed from the uninterrupted run's by 1e-7, a 2-step accumulation from one big
+# batch by 1e-5). Tests that compare weights bit for bit, or to 1e-5, therefore train on the CPU (as
+# `accelerate launch --cpu` does, through ACCELERATE_USE_CPU) also where a GPU is present: what they
+# check, the loop's bookkeeping, is the same on every device.
+
+
+def launch_env(processes: int = 1, *, exact: bool = False) -> dict[str, str]:
+    """The environment for a training subprocess of ``processes`` processes on this machine: on the CPU
+    (gloo) when the machine has fewer GPUs than processes (NCCL needs a GPU for each), or when the test
+    compares results exactly (``exact``, see above)."""
+    env = dict(os.environ)
+    if exact or (processes > 1 and torch.cuda.device_count() < processes):
+        env["ACCELERATE_USE_CPU"] = "true"
+    return env
+
+
+@pytest.fixture
+def on_cpu(monkeypatch) -> None:
+    """Train on the CPU in this test, in this process and the processes it starts (see above)."""
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+
+
 def reset_accelerate() -> None:
     """Accelerate keeps process-wide singletons; call between in-process training runs."""
     from accelerate.state import AcceleratorState, GradientState

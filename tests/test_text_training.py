@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import vitlab
-from conftest import reset_accelerate
+from conftest import launch_env, reset_accelerate
 from vitlab.config import load_config
 from vitlab.errors import ConfigError, DataError
 from vitlab.data.text import EOS_ID, PAD_ID, TokenBatchSampler, collate_pairs, read_lines, synthetic_pairs, train_bpe
@@ -149,11 +149,12 @@ class _Oracle(torch.nn.Module):
         self.answers = {tuple(s.tolist()): dataset.pairs[answer_of(i)][1] for i, (s, _) in enumerate(dataset.pairs)}
 
     def forward(self, src, tgt_in, src_mask=None, tgt_mask=None):
-        return torch.zeros(*tgt_in.shape, 100) + self.w
+        return torch.zeros(*tgt_in.shape, 100, device=tgt_in.device) + self.w
 
     def generate(self, src, src_mask, max_new_tokens, beam_size=1, length_penalty=1.0):
         rows = [self.answers[tuple(s[m].tolist())].tolist() + [EOS_ID] for s, m in zip(src, src_mask)]
-        return torch.nn.utils.rnn.pad_sequence([torch.tensor(r) for r in rows], batch_first=True, padding_value=PAD_ID)
+        return torch.nn.utils.rnn.pad_sequence([torch.tensor(r, device=src.device) for r in rows], batch_first=True,
+                                               padding_value=PAD_ID)
 
 
 def test_bleu_is_sacrebleu_of_the_detokenized_outputs_in_dataset_order(parallel_run):
@@ -241,7 +242,7 @@ def test_interrupted_and_resumed_translation_run_ends_with_the_same_weights(tmp_
 
 
 @pytest.mark.parametrize("batching", ["batch_tokens=200", "batch_tokens=0"])
-def test_gradient_accumulation_is_exact_for_token_and_sentence_batches(tmp_path, batching):
+def test_gradient_accumulation_is_exact_for_token_and_sentence_batches(tmp_path, batching, on_cpu):
     # The loss of a step is the mean over all target tokens of its global batch, however the batch is
     # cut: accumulating 2 micro-batches gives the weights of one big batch.
     from safetensors.torch import load_file
@@ -277,7 +278,8 @@ def test_text_eval_under_two_processes_equals_one(reverse_run, tmp_path):
                                                    "2", "--master_port", "29551"]
         result = subprocess.run([*launch, "-m", "vitlab.cli", "eval", "--checkpoint", str(run_dir),
                                  "--batch-size", "48", "--output", str(out)],
-                                capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                                capture_output=True, text=True,
+                                env={**launch_env(2, exact=True), "OMP_NUM_THREADS": "1"})  # both where they agree
         assert result.returncode == 0, result.stderr[-3000:]
         outputs[n] = json.loads(out.read_text())
     assert outputs[1]["num_pairs"] == outputs[2]["num_pairs"] == 1000

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitlab
-from conftest import max_weight_diff, reset_accelerate, tiny_overrides
+from conftest import launch_env, max_weight_diff, reset_accelerate, tiny_overrides
 from vitlab import checkpoint as ckpt
 from vitlab.config import load_config
 from vitlab.errors import CheckpointError, ConfigError, TrainingError
@@ -114,7 +114,7 @@ def test_inverse_sqrt_schedule_is_the_papers():
         assert peak * lr_multiplier(step - 1, warmup, 10 ** 6, 0.0, "inverse_sqrt") == pytest.approx(paper(step))
 
 
-def test_interrupted_and_resumed_run_ends_with_the_same_weights(tiny_imagefolder, tmp_path):
+def test_interrupted_and_resumed_run_ends_with_the_same_weights(tiny_imagefolder, tmp_path, on_cpu):
     # Augmentation, mixup (NumPy RNG), stochastic depth and EMA all draw random numbers: resuming
     # must restore every RNG, the optimizer, the schedule and the EMA to end bit-identical.
     extra = ("train.epochs=3", "data.mixup_alpha=0.2", "model.drop_path_rate=0.1", "train.ema_decay=0.9")
@@ -145,7 +145,7 @@ def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder,
     loader = "torch" if loader == "moe" else loader
     extra = ("data.crop_padding=0", "data.hflip=false", "train.epochs=1", "train.label_smoothing=0.0",
              f"data.loader={loader}", "train.batch_size=24", "data.test_subset=35", *moe)  # last eval batch: 6 + 5
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**launch_env(2, exact=True), "OMP_NUM_THREADS": "1"}  # both runs where the comparison holds
     one = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
                           *tiny_overrides(tiny_imagefolder, tmp_path / "one", *extra)],
                          capture_output=True, text=True, env=env)
@@ -204,6 +204,21 @@ def test_replace_dir_survives_a_crash_between_the_renames(tmp_path):
     # A crash after `final` was moved aside but before the new one was moved in:
     os.replace(final, tmp_path / "last.old")
     assert ckpt.resolve_checkpoint(tmp_path / "last") == tmp_path / "last.old"
+
+
+def test_more_processes_than_gpus_is_one_line_before_any_process_group(monkeypatch):
+    # Two processes on a one-GPU machine would both take cuda:0, and NCCL stops with "invalid usage".
+    from vitlab.training import create_accelerator
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    with pytest.raises(ConfigError) as e:
+        create_accelerator()
+    message = str(e.value)
+    assert "\n" not in message and message.startswith("2 processes were started on this machine, which has 1 GPU(s)")
+    assert "--nproc_per_node 1" in message and "ACCELERATE_USE_CPU=1" in message
 
 
 def test_existing_run_directory_is_not_overwritten(trained_run, tiny_imagefolder):
@@ -293,7 +308,7 @@ def test_predict_command_prints_top_classes_and_names_unreadable_files(trained_r
 
 
 @pytest.mark.parametrize("loader", ["torch", "gpu"])
-def test_gradient_accumulation_takes_the_same_steps_as_one_big_batch(tiny_imagefolder, tmp_path, loader):
+def test_gradient_accumulation_takes_the_same_steps_as_one_big_batch(tiny_imagefolder, tmp_path, loader, on_cpu):
     # Global batch 24 as 1 x 24 and as 3 x 8: same optimizer steps, same schedule, same weights.
     # 96 images: 4 steps per epoch either way (the 12 left over are dropped in both).
     extra = ("data.crop_padding=0", "data.hflip=false", "train.batch_size=24", f"data.loader={loader}")
@@ -328,7 +343,7 @@ def test_best_checkpoint_survives_a_resume_whatever_save_every_is(tiny_imagefold
     assert {p.name: p.read_bytes() for p in (run_dir / "checkpoints/best").iterdir()} == before
 
 
-def test_grad_scaler_state_is_checkpointed_and_restored(tiny_imagefolder, tmp_path, monkeypatch):
+def test_grad_scaler_state_is_checkpointed_and_restored(tiny_imagefolder, tmp_path, monkeypatch, on_cpu):
     # fp16 runs only on accelerators, but the GradScaler's bookkeeping is device-independent: give the
     # CPU run a real scaler (growing its scale every 2 steps) and check a resume continues its state.
     from vitlab import training
@@ -395,8 +410,8 @@ def test_epoch_lines_reach_a_pipe_while_training_runs(tiny_imagefolder, tmp_path
 HELPER = ROOT / "tests" / "helpers" / "dist_train.py"
 
 
-def _torchrun(port: int, *args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def _torchrun(port: int, *args: str, exact: bool = False) -> subprocess.CompletedProcess:
+    env = {**launch_env(2, exact=exact), "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                            str(port), *args], capture_output=True, text=True, env=env)
 
@@ -439,11 +454,12 @@ def test_two_process_run_interrupted_and_resumed_equals_the_uninterrupted_one(ti
     # Crops, flips, mixup (NumPy), drop path and EMA, each process drawing its own stream.
     extra = ("train.epochs=3", "data.mixup_alpha=0.2", "model.drop_path_rate=0.1", "train.ema_decay=0.9")
     whole, parts = tmp_path / "whole", tmp_path / "parts"
-    result = _torchrun(29543, str(HELPER), *tiny_overrides(tiny_imagefolder, whole, *extra))
+    result = _torchrun(29543, str(HELPER), *tiny_overrides(tiny_imagefolder, whole, *extra), exact=True)
     assert result.returncode == 0, result.stderr[-3000:]
-    result = _torchrun(29544, str(HELPER), "--stop-after-epoch", "1", *tiny_overrides(tiny_imagefolder, parts, *extra))
+    result = _torchrun(29544, str(HELPER), "--stop-after-epoch", "1", *tiny_overrides(tiny_imagefolder, parts, *extra),
+                       exact=True)
     assert result.returncode == 0, result.stderr[-3000:]
-    result = _torchrun(29545, str(ROOT / "train.py"), "--resume", str(parts))
+    result = _torchrun(29545, str(ROOT / "train.py"), "--resume", str(parts), exact=True)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 process(es)" in result.stdout
     for name in ("model.safetensors", "ema.safetensors"):
@@ -475,8 +491,10 @@ def test_gpu_only_paths_train_evaluate_and_reload_on_the_cpu(tiny_imagefolder, t
     assert metrics["top1"] == summary["test_top1"]
     assert metrics["loss"] == pytest.approx(summary["test_loss"], abs=1e-5)
     if "bf16" in option:
-        with create_accelerator("bf16").autocast():
-            assert vitlab.load_model(run_dir)(torch.randn(2, 3, 32, 32)).dtype == torch.bfloat16
+        accelerator = create_accelerator("bf16")  # its autocast is for its device: the model goes there
+        with accelerator.autocast():
+            model = vitlab.load_model(run_dir).to(accelerator.device)
+            assert model(torch.randn(2, 3, 32, 32, device=accelerator.device)).dtype == torch.bfloat16
 
 
 def test_mixture_of_experts_trains_with_its_balancing_loss_and_logs_expert_use(tiny_imagefolder, tmp_path):

@@ -121,9 +121,23 @@ def _setup_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir
 def create_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Accelerator:
     """An ``Accelerator`` that also works for several processes on a machine without GPUs: there
     Accelerate's gloo (multi-CPU) path needs ``cpu=True``, otherwise each process would silently
-    work alone."""
+    work alone. ``ACCELERATE_USE_CPU=1`` (what ``accelerate launch --cpu`` sets) keeps every process
+    on the CPU on a machine with GPUs too.
+
+    Raises:
+        ConfigError: before any process group starts, if more processes were started on this machine
+            than it has GPUs (NCCL needs a GPU of its own for each process).
+    """
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return Accelerator(cpu=launched and not torch.cuda.is_available(), mixed_precision=mixed_precision, **kwargs)
+    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    gpus = torch.cuda.device_count()
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if launched and not on_cpu and 0 < gpus < local_processes:
+        raise ConfigError(f"{local_processes} processes were started on this machine, which has {gpus} GPU(s): each "
+                          f"process needs a GPU of its own; start {gpus} (torchrun --nproc_per_node {gpus}, accelerate "
+                          f"launch --num_processes {gpus}), or run them on the CPU with ACCELERATE_USE_CPU=1 "
+                          f"(accelerate launch --cpu)")
+    return Accelerator(cpu=launched and not gpus, mixed_precision=mixed_precision, **kwargs)
 
 
 def _resume_state(resume_from: Path, run_dir: Path) -> dict[str, Any]:
@@ -166,7 +180,8 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     task = _setup_task(cfg, accelerator, micro_batch, run_dir, resume_from)
     model = task.model
     optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay, cfg.optim.lr, cfg.optim.layer_decay),
-                                  lr=cfg.optim.lr, betas=cfg.optim.betas, fused=torch.cuda.is_available() or None)
+                                  lr=cfg.optim.lr, betas=cfg.optim.betas,
+                                  fused=accelerator.device.type == "cuda" or None)
     if t.compile:
         model = torch.compile(model)  # checkpoints strip the wrapper: they load compiled or not
     model, optimizer = accelerator.prepare(model, optimizer)

@@ -101,7 +101,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                                                                    out_size, mean, std))
         # Workers are not persistent: fresh ones each epoch are seeded from the (checkpointed) main RNG,
         # which keeps a resumed run exactly equal to an uninterrupted one.
-        loader_args: dict[str, Any] = dict(num_workers=d.num_workers, pin_memory=torch.cuda.is_available())
+        loader_args: dict[str, Any] = dict(num_workers=d.num_workers, pin_memory=accelerator.device.type == "cuda")
         train_loader = DataLoader(train_set, batch_size=micro_batch, shuffle=True, drop_last=True, **loader_args)
         eval_loaders = {name: DataLoader(TensorImageDataset(data, eval_transform(out_size, mean, std)),
                                          batch_size=micro_batch,
