@@ -78,3 +78,69 @@ def test_checkpoints_of_a_compiled_model_load_into_a_plain_one(tmp_path):
     again = torch.compile(vitlab.create_model("vit_cifar_tiny_patch4_32"))
     ckpt.load_weights(again, tmp_path / "model.safetensors")  # and into a compiled one
     assert torch.equal(again._orig_mod.pos_embed, model.pos_embed)
+
+
+def test_rand_augment_is_torchvisions_randaugment_per_image(monkeypatch):
+    # The reference: torchvision's v2.RandAugment on one image at a time, its own random draws forced to
+    # the op and sign that image drew in the batch version (every op occurs in a batch of 256 over 2 rounds).
+    from torchvision.transforms import v2
+
+    from vitlab.data.images import rand_augment
+
+    x = torch.randint(0, 256, (256, 3, 32, 32), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    out = rand_augment(x, num_ops=2, magnitude=9, generator=torch.Generator().manual_seed(1))
+    g = torch.Generator().manual_seed(1)  # the draws rand_augment made, round by round
+    ops, negative = [], []
+    for _ in range(2):
+        ops.append(torch.randint(14, (256,), generator=g))
+        negative.append(torch.rand(256, generator=g) <= 0.5)
+    names = list(v2.RandAugment._AUGMENTATION_SPACE)
+    assert len(names) == 14 and set(torch.cat(ops).tolist()) == set(range(14))
+    reference = v2.RandAugment(num_ops=2, magnitude=9)
+    rand = torch.rand
+    for i in range(256):
+        rounds = iter(range(2))
+
+        def draw_op(space):  # torchvision draws the op of a round, then (signed ops only) its sign
+            draw_op.round = next(rounds)
+            name = names[int(ops[draw_op.round][i])]
+            return name, space[name]
+
+        monkeypatch.setattr(reference, "_get_random_item", draw_op)
+        monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.tensor(0.0 if negative[draw_op.round][i] else 1.0))
+        expected = reference(x[i])
+        monkeypatch.setattr(torch, "rand", rand)
+        assert torch.equal(out[i], expected), (i, [names[int(ops[r][i])] for r in range(2)])
+    assert (out != x).flatten(1).any(1).float().mean() > 0.8  # most images changed
+
+
+def test_device_loader_runs_randaugment_after_crop_and_flip():
+    data = _data()
+    plain = DeviceImageLoader(data, 16, "cpu", crop_padding=0, hflip=False, mean=(0, 0, 0), std=(1 / 255,) * 3)
+    augmented = DeviceImageLoader(data, 16, "cpu", crop_padding=0, hflip=False, mean=(0, 0, 0), std=(1 / 255,) * 3,
+                                  augment="randaugment", randaugment_ops=2, randaugment_magnitude=9)
+    (a, labels_a), (b, labels_b) = next(iter(plain)), next(iter(augmented))
+    assert torch.equal(labels_a, labels_b)  # the same images, in the same order
+    assert not torch.equal(a, b) and b.min() >= 0 and b.max() <= 255
+    evaluation = DeviceImageLoader(data, 16, "cpu", train=False, augment="randaugment", mean=(0, 0, 0), std=(1 / 255,) * 3)
+    assert torch.equal(next(iter(evaluation))[0], data.images[:16].float())  # evaluation is never augmented
+
+
+def test_loader_auto_is_the_device_loader_on_cuda_only():
+    from vitlab.config import load_config
+    from vitlab.errors import ConfigError
+    from vitlab.tasks.classification import resolve_loader
+
+    assert load_config(None, []).data.loader == "auto"
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert resolve_loader("auto", "randaugment", cuda) == "gpu"
+    assert resolve_loader("auto", "none", cpu) == "torch"
+    assert resolve_loader("auto", "autoaugment", cuda) == "torch"  # only the DataLoader has AutoAugment
+    assert resolve_loader("gpu", "none", cpu) == "gpu" and resolve_loader("torch", "none", cuda) == "torch"
+    load_config(None, ["data.loader=gpu", "data.augment=randaugment"])
+    try:
+        load_config(None, ["data.loader=gpu", "data.augment=autoaugment"])
+    except ConfigError as e:
+        assert "data.loader=torch for AutoAugment" in str(e)
+    else:
+        raise AssertionError("AutoAugment on the device loader was accepted")

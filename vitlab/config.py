@@ -59,9 +59,11 @@ class DataConfig:
     cutmix_alpha: float = 0.0
     num_workers: int = 2
     # torch: DataLoader with per-image torchvision transforms (all augmentations);
-    # gpu: the whole data set on the accelerator's device, crop + flip batch-wise there (no workers;
-    # RandAugment/AutoAugment are not available there). On a CPU-only machine "gpu" runs on the CPU.
-    loader: Literal["torch", "gpu"] = "torch"
+    # gpu: the whole data set on the accelerator's device, crop + flip + RandAugment there per image
+    # (no workers; AutoAugment is not available there). On a CPU-only machine "gpu" runs on the CPU.
+    # auto: gpu when training on a CUDA device (a DataLoader there starves the GPU), torch otherwise
+    # and for AutoAugment.
+    loader: Literal["auto", "torch", "gpu"] = "auto"
     # ImageFolder images are resized to decode_size x decode_size once, when decoded (0 = the model's
     # input size); the loaders resize each batch to the model's input size (CIFAR-10 stays 32 x 32 in
     # memory while a fine-tuned ViT sees 224 x 224).
@@ -231,9 +233,8 @@ def _check_values(cfg: Config) -> None:
         need(d.randaugment_ops >= 1, "data.randaugment_ops", d.randaugment_ops, "an integer >= 1")
         for key in ("mixup_alpha", "cutmix_alpha"):
             need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "a number >= 0 (0 = off)")
-        need(d.loader == "torch" or d.augment == "none", "data.augment", d.augment,
-             "'none' with data.loader=gpu (the device loader does crop + flip; use data.loader=torch for "
-             "RandAugment/AutoAugment)")
+        need(d.loader != "gpu" or d.augment != "autoaugment", "data.augment", d.augment,
+             "'none' or 'randaugment' with data.loader=gpu (use data.loader=torch for AutoAugment)")
     elif isinstance(d, LMDataConfig):
         need(bool(d.root), "data.root", d.root, "a UTF-8 text file or a folder of .txt files" if d.dataset == "text"
              else "the folder that holds (or is to hold) tinyshakespeare/input.txt, e.g. ./data")

@@ -21,7 +21,8 @@ from ..errors import DataError
 from ..seeding import process_seed
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "load_split", "balanced_indices",
-           "train_transform", "eval_transform", "image_transform", "create_transform", "read_image", "DeviceImageLoader"]
+           "train_transform", "eval_transform", "image_transform", "create_transform", "read_image", "DeviceImageLoader",
+           "rand_augment"]
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -208,14 +209,48 @@ def create_transform(model: object) -> v2.Compose:
     return image_transform(tuple(cfg["input_size"][1:]), tuple(cfg["mean"]), tuple(cfg["std"]))
 
 
+def rand_augment(x: Tensor, num_ops: int = 2, magnitude: int = 9, generator: torch.Generator | None = None) -> Tensor:
+    """torchvision's ``v2.RandAugment(num_ops, magnitude)`` for a uint8 batch ``(b, C, H, W)``, each image
+    drawing its own ops and signs, without a host round trip.
+
+    ``v2.RandAugment`` given a batch applies one draw to all of it. Here every image draws an op
+    (uniform over torchvision's 14) and a sign per round from ``generator``; each (op, sign) is then
+    applied to the whole batch by torchvision's own op code and kept where it was drawn (``torch.where``),
+    so the result is torchvision's per-image RandAugment and the draws stay on the device. That costs
+    about 23 batched ops per round, cheap next to a training step on a GPU.
+    """
+    reference = v2.RandAugment(num_ops=num_ops, magnitude=magnitude)
+    space = reference._AUGMENTATION_SPACE  # name -> (magnitudes(bins, h, w), signed); torchvision's table
+    b, (h, w) = x.shape[0], x.shape[-2:]
+    for _ in range(num_ops):
+        op = torch.randint(len(space), (b,), device=x.device, generator=generator)
+        negative = torch.rand(b, device=x.device, generator=generator) <= 0.5  # torchvision's sign draw
+        out = x
+        for i, (name, (magnitudes, signed)) in enumerate(space.items()):
+            if name == "Identity":
+                continue
+            values = magnitudes(reference.num_magnitude_bins, h, w)
+            m = float(values[magnitude]) if values is not None else 0.0
+            for sign in ((1.0, -1.0) if signed and values is not None else (1.0,)):
+                chosen = op == i
+                if signed and values is not None:
+                    chosen &= negative if sign < 0 else ~negative
+                y = reference._apply_image_or_video_transform(x, name, sign * m, interpolation=reference.interpolation,
+                                                              fill=reference._fill)
+                out = torch.where(chosen[:, None, None, None], y, out)
+        x = out
+    return x
+
+
 class DeviceImageLoader:
     """The whole uint8 data set on the device, augmented batch-wise there: no DataLoader workers.
 
     The technique of the fastest CIFAR-10 training runs: each epoch one ``randperm`` (seeded by
     ``seed + epoch``, identical on every process), then per batch a gather, a random crop with zero
-    padding and a horizontal flip for the whole batch at once, and normalization. The crops and flips
-    come from a generator of this process's own (:func:`vitlab.seeding.process_seed` of ``seed``,
-    ``process_index`` and the epoch), so processes augment independently.
+    padding and a horizontal flip for the whole batch at once, RandAugment (``augment='randaugment'``,
+    :func:`rand_augment`), and normalization. The crops, flips and RandAugment draws come from a
+    generator of this process's own (:func:`vitlab.seeding.process_seed` of ``seed``, ``process_index``
+    and the epoch), so processes augment independently.
 
     With ``size`` (the model's input) other than the stored images', each batch is resized there after
     the crop and flip (bicubic, as the per-image transforms), so small images stay small in memory.
@@ -233,12 +268,16 @@ class DeviceImageLoader:
     def __init__(self, data: ImageData, batch_size: int, device: torch.device | str, train: bool = True,
                  crop_padding: int = 4, hflip: bool = True, seed: int = 0, num_processes: int = 1,
                  process_index: int = 0, mean: tuple[float, ...] = CIFAR10_MEAN,
-                 std: tuple[float, ...] = CIFAR10_STD, size: tuple[int, int] | None = None) -> None:
+                 std: tuple[float, ...] = CIFAR10_STD, size: tuple[int, int] | None = None, augment: str = "none",
+                 randaugment_ops: int = 2, randaugment_magnitude: int = 9) -> None:
+        if augment not in ("none", "randaugment"):
+            raise ValueError(f"augment={augment!r}: the device loader does 'none' or 'randaugment'")
         self.images = data.images.to(device)
         self.size = tuple(size) if size is not None and tuple(size) != tuple(data.images.shape[-2:]) else None
         self.labels = data.labels.to(device)
         self.batch_size, self.train, self.seed = batch_size, train, seed
         self.crop_padding, self.hflip = (crop_padding, hflip) if train else (0, False)
+        self.randaugment = (randaugment_ops, randaugment_magnitude) if train and augment == "randaugment" else None
         self.num_processes, self.process_index = num_processes, process_index
         self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1) * 255
         self.std = torch.tensor(std, device=device).view(1, -1, 1, 1) * 255
@@ -254,7 +293,7 @@ class DeviceImageLoader:
         return n // self.batch_size if self.train else -(-n // self.batch_size)
 
     def _augment(self, x: Tensor) -> Tensor:
-        """Random crop with zero padding and flips for a uint8 batch ``(b, C, H, W)``, per image."""
+        """Random crop with zero padding, flips and RandAugment for a uint8 batch ``(b, C, H, W)``, per image."""
         b, _, h, w = x.shape
         g = self._generator
         if self.crop_padding:
@@ -270,6 +309,8 @@ class DeviceImageLoader:
         if self.hflip:
             flip = torch.rand(b, device=x.device, generator=g) < 0.5
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
+        if self.randaugment is not None:
+            x = rand_augment(x, *self.randaugment, generator=g)
         return x
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:

@@ -22,7 +22,7 @@ from .base import TaskSetup, build_model
 if TYPE_CHECKING:
     from ..config import Config, DataConfig
 
-__all__ = ["image_classification_task", "load_train_val_data", "load_test_data", "evaluate_classifier",
+__all__ = ["image_classification_task", "resolve_loader", "load_train_val_data", "load_test_data", "evaluate_classifier",
            "metrics_from_predictions", "gather_uneven"]
 
 
@@ -62,6 +62,15 @@ def _normalization(cfg: Config, model: nn.Module, resume_from: Path | None) -> t
     return tuple(pretrained["mean"]), tuple(pretrained["std"])
 
 
+def resolve_loader(loader: str, augment: str, device: torch.device) -> str:
+    """``data.loader`` made concrete: ``'auto'`` is the device-resident loader on a CUDA device unless
+    the augmentation needs the DataLoader (AutoAugment), else ``'torch'``. (On an H100 a DataLoader with
+    2 workers delivered 9,400 CIFAR-10 images/s; the fast config's model trains on ~20,000.)"""
+    if loader != "auto":
+        return loader
+    return "gpu" if device.type == "cuda" and augment != "autoaugment" else "torch"
+
+
 def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch: int,
                               resume_from: Path | None = None) -> TaskSetup:
     """Build the ViT (from ``model.pretrained`` weights, if set), decode the data and define the loss;
@@ -87,11 +96,13 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         raise ConfigError(f"model.num_classes={model.num_classes} but the data has {num_classes} classes "
                           f"{train_data.classes}; set model.num_classes={num_classes}")
     eval_sets = {"test": test} if val_data is None else {"val": val_data, "test": test}
-    if d.loader == "gpu":
+    on_device = resolve_loader(d.loader, d.augment, accelerator.device) == "gpu"
+    if on_device:
         shard = dict(device=accelerator.device, seed=t.seed, num_processes=accelerator.num_processes,
                      process_index=accelerator.process_index, mean=mean, std=std, size=size)
         train_loader: Any = DeviceImageLoader(train_data, micro_batch, crop_padding=d.crop_padding, hflip=d.hflip,
-                                              **shard)
+                                              augment=d.augment, randaugment_ops=d.randaugment_ops,
+                                              randaugment_magnitude=d.randaugment_magnitude, **shard)
         eval_loaders = {name: DeviceImageLoader(data, micro_batch, train=False, **shard)
                         for name, data in eval_sets.items()}
     else:
@@ -127,8 +138,8 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         return {"top1": m["top1"], "top5": m["top5"], "loss": m["loss"]}
 
     meta = {"task": "classification", "classes": train_data.classes, "mean": list(mean), "std": list(std)}
-    return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=d.loader == "torch",
-                     eval_loaders=eval_loaders, prepare_eval_loaders=d.loader == "torch", loss=loss, count=count,
+    return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=not on_device,
+                     eval_loaders=eval_loaders, prepare_eval_loaders=not on_device, loss=loss, count=count,
                      evaluate=score,
                      select="top1", meta=meta, train_size=len(train_data.labels))
 
