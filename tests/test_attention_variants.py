@@ -211,3 +211,69 @@ def test_every_variant_honours_key_padding_and_returns_its_weights(score, kernel
 def test_bad_combinations_name_the_allowed_values(score, kernel, match):
     with pytest.raises(ValueError, match=match):
         MultiHeadAttention(16, 2, score=score, kernel=kernel)
+
+
+def _autocast_case(length: int, d: int = 32, score_std: float = 2.0, seed: int = 0):
+    """bf16 q, k, v (as a bf16 autocast projection gives them) whose scaled scores q.k / sqrt(d) have
+    standard deviation ``score_std``, and an output gradient of bf16 values."""
+    g = torch.Generator().manual_seed(seed)
+    s = score_std ** 0.5
+    q, k = (torch.randn(1, 2, length, d, generator=g) * s for _ in range(2))
+    v, grad = torch.randn(1, 2, length, d, generator=g), torch.randn(1, 2, length, d, generator=g)
+    return q.bfloat16(), k.bfloat16(), v.bfloat16(), grad.bfloat16().float()  # a bf16 output's gradient is bf16
+
+
+def _grads_under_bf16(fn, q, k, v, grad):
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fn(q, k, v)
+    out.float().backward(grad)
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def _grads_in_float64(fn, q, k, v, grad):
+    q, k, v = (t.double().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v)
+    out.backward(grad.double())
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def _max_error(result, exact) -> float:
+    return (result.double() - exact).abs().max().item()
+
+
+def _rounding(exact) -> float:
+    """The error of the exact result rounded once to bf16: what a kernel that computes in fp32 and
+    returns bf16 may add (up to half a unit in the last place of the largest entry)."""
+    return _max_error(exact.bfloat16(), exact) + 1e-6
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_streaming_softmax_under_bf16_autocast_computes_in_float32(causal):
+    # Against float64 on the same bf16 inputs: values and gradients are the exact ones rounded once to
+    # bf16, and so no worse than PyTorch's fused kernel under the same autocast.
+    q, k, v, grad = _autocast_case(256)
+    attend = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    reference = _grads_in_float64(attend, q, k, v, grad)
+    ours = _grads_under_bf16(lambda q, k, v: streaming_attention(q, k, v, is_causal=causal, block_size=64), q, k, v, grad)
+    sdpa = _grads_under_bf16(attend, q, k, v, grad)
+    for name, mine, fused, exact in zip(("out", "dq", "dk", "dv"), ours, sdpa, reference):
+        assert mine.dtype == torch.bfloat16
+        err = _max_error(mine, exact)
+        assert err <= _rounding(exact) and err <= _max_error(fused, exact), (name, err, _max_error(fused, exact))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_linear_attention_under_bf16_autocast_keeps_its_float32_state(causal):
+    q, k, v, grad = _autocast_case(512, score_std=1.0)
+
+    def explicit(q, k, v):  # the defining formula, quadratic: phi(Q) phi(K)^T (causal: j <= i), normalised
+        sim = phi(q) @ phi(k).transpose(-2, -1)
+        if causal:
+            sim = sim.tril()
+        return (sim / sim.sum(-1, keepdim=True)) @ v
+
+    reference = _grads_in_float64(explicit, q, k, v, grad)
+    ours = _grads_under_bf16(lambda q, k, v: linear_attention(q, k, v, is_causal=causal), q, k, v, grad)
+    for name, mine, exact in zip(("out", "dq", "dk", "dv"), ours, reference):
+        assert _max_error(mine, exact) <= _rounding(exact), (name, _max_error(mine, exact), _rounding(exact))

@@ -23,7 +23,17 @@ from torch import Tensor
 
 from .core import causal_mask, check_key_mask, check_mask, check_qkv
 
-__all__ = ["linear_attention", "LinearAttentionState", "elu_feature_map", "streaming_attention"]
+__all__ = ["linear_attention", "LinearAttentionState", "elu_feature_map", "streaming_attention", "float32_region"]
+
+
+def float32_region(x: Tensor) -> torch.autocast:
+    """Autocast off on ``x``'s device: inside, ``.float()`` tensors stay float32 through every matmul.
+
+    The kernels here keep float32 sums (the online softmax's running max and sum, linear attention's
+    state); under a bf16 autocast their matmuls would otherwise be recast to bf16 and the sums lose
+    their precision (the streaming backward would then subtract a bf16 log-sum-exp from float32 scores).
+    """
+    return torch.autocast(device_type=x.device.type, enabled=False)
 
 
 def elu_feature_map(x: Tensor) -> Tensor:
@@ -48,9 +58,11 @@ class LinearAttentionState:
         return cls(phi_k.transpose(-2, -1) @ v, phi_k.sum(dim=-2))
 
     def readout(self, q: Tensor) -> Tensor:
-        """Non-causal attention of queries ``(B, H, Lq, D)`` to every key in the state, in ``q``'s dtype."""
-        phi_q = elu_feature_map(q.float())
-        return _divide(phi_q @ self.kv, phi_q @ self.k_sum.unsqueeze(-1)).to(q.dtype)
+        """Non-causal attention of queries ``(B, H, Lq, D)`` to every key in the state, computed in
+        float32 (autocast or not), returned in ``q``'s dtype."""
+        with float32_region(q):
+            phi_q = elu_feature_map(q.float())
+            return _divide(phi_q @ self.kv, phi_q @ self.k_sum.unsqueeze(-1)).to(q.dtype)
 
     def reorder(self, index: Tensor) -> None:
         self.kv, self.k_sum = self.kv.index_select(0, index), self.k_sum.index_select(0, index)
@@ -112,8 +124,16 @@ def linear_attention(
         chunk_size: Causal chunk length (memory ``O(L * chunk_size)``, time ``O(L * chunk_size * D)``).
 
     Returns:
-        ``out`` ``(B, H, Lq, Dv)`` in ``q``'s dtype, then the weights and/or the state if asked.
+        ``out`` ``(B, H, Lq, Dv)`` in ``q``'s dtype, then the weights and/or the state if asked. The
+        sums and the state are float32 whatever the inputs' dtype or the autocast.
     """
+    with float32_region(q):
+        return _linear_attention(q, k, v, key_mask, is_causal, need_weights, state, return_state, chunk_size)
+
+
+def _linear_attention(q: Tensor, k: Tensor, v: Tensor, key_mask: Tensor | None, is_causal: bool, need_weights: bool,
+                      state: LinearAttentionState | None, return_state: bool,
+                      chunk_size: int) -> Tensor | tuple[Tensor, ...]:
     check_qkv(q, k, v)
     b, _, lq, _ = q.shape
     lk = k.shape[2]
@@ -145,11 +165,22 @@ def linear_attention(
 
 
 class _StreamingSoftmax(torch.autograd.Function):
-    """Exact softmax attention over key blocks; backward recomputes each block (FlashAttention's scheme)."""
+    """Exact softmax attention over key blocks; backward recomputes each block (FlashAttention's scheme).
+
+    Precision: float32 throughout, forward and backward alike, with autocast off inside both
+    (:func:`float32_region`), so the backward's recomputed probabilities use the forward's exact
+    log-sum-exp; inputs and gradients keep their dtype.
+    """
 
     @staticmethod
     def forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, scale: float,
                 block_size: int) -> Tensor:
+        with float32_region(q):
+            return _StreamingSoftmax._forward(ctx, q, k, v, mask, is_causal, scale, block_size)
+
+    @staticmethod
+    def _forward(ctx, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool, scale: float,
+                 block_size: int) -> Tensor:
         qf = q.float()
         b, h, lq, _ = q.shape
         lk = k.shape[2]
@@ -174,6 +205,11 @@ class _StreamingSoftmax(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
+        with float32_region(grad_out):
+            return _StreamingSoftmax._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out: Tensor):
         q, k, v, out, lse = ctx.saved_tensors
         qf, go = q.float(), grad_out.float()
         lk = k.shape[2]
