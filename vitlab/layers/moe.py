@@ -2,11 +2,12 @@
 Mixtral, Jiang et al. 2024).
 
 Each token goes to ``top_k`` of ``num_experts`` expert MLPs: a learned router scores the experts
-(``router``, a bias-free linear), the top-k logits are kept and soft-maxed among themselves (as in
-Mixtral), and the token's output is the gate-weighted sum of its experts' outputs. Tokens are
-dispatched: each expert runs only on the tokens routed to it, so compute grows with ``top_k``, not
-with ``num_experts``. (With ``top_k=1`` the gate is exactly 1, so the router learns from the
-balancing loss alone, as in Mixtral's formulation; Switch instead scales by the full-softmax probability.)
+(``router``, a bias-free linear) and the token's output is the gate-weighted sum of its top-k experts'
+outputs. The gates: for ``top_k >= 2`` the chosen logits soft-maxed among themselves (Mixtral); for
+``top_k = 1`` the chosen expert's probability under the softmax over all experts (Switch Transformer,
+eq. 2): a softmax over one logit would be exactly 1 and give the router no gradient from the task.
+Tokens are dispatched: each expert runs only on the tokens routed to it, so compute grows with
+``top_k``, not with ``num_experts``.
 
 Load balancing (Switch Transformer): ``aux_loss = weight * E * sum_e f_e * P_e``, where ``f_e`` is the
 fraction of the batch's routing assignments that went to expert ``e`` and ``P_e`` the mean router
@@ -56,9 +57,12 @@ class MoE(nn.Module):
         self.aux_loss: Tensor | None = None
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Tokens ``(T, dim)`` -> router logits ``(T, E)``, chosen experts ``(T, k)``, gates ``(T, k)`` (sum 1)."""
+        """Tokens ``(T, dim)`` -> router logits ``(T, E)``, chosen experts ``(T, k)``, gates ``(T, k)``
+        (Mixtral's, summing to 1, for k >= 2; Switch's full-softmax probability for k = 1)."""
         logits = self.router(x)
         top_logits, top_idx = logits.topk(self.top_k, dim=-1)
+        if self.top_k == 1:
+            return logits, top_idx, logits.float().softmax(dim=-1).gather(-1, top_idx)
         return logits, top_idx, top_logits.float().softmax(dim=-1)
 
     def forward(self, x: Tensor) -> Tensor:
