@@ -219,7 +219,7 @@ class WindowLoader:
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         device = self.tokens.device
         if self.train:
-            g = torch.Generator(device="cpu").manual_seed(process_seed(self.seed, 0, self.epoch))
+            g = torch.Generator(device="cpu").manual_seed(process_seed(self.seed, 0, self.epoch, "windows"))
             high = len(self.tokens) - self.block_size  # last start whose window (block + 1) fits
             for _ in range(self.steps):
                 starts = torch.randint(0, high, (self.batch_size,), generator=g)

@@ -249,8 +249,9 @@ class DeviceImageLoader:
     ``seed + epoch``, identical on every process), then per batch a gather, a random crop with zero
     padding and a horizontal flip for the whole batch at once, RandAugment (``augment='randaugment'``,
     :func:`rand_augment`), and normalization. The crops, flips and RandAugment draws come from a
-    generator of this process's own (:func:`vitlab.seeding.process_seed` of ``seed``, ``process_index``
-    and the epoch), so processes augment independently.
+    generator of this process's own (:func:`vitlab.seeding.process_seed` of ``seed``, ``process_index``,
+    the epoch and the ``'augment'`` stream), so processes augment independently, and not with the
+    numbers dropout draws.
 
     With ``size`` (the model's input) other than the stored images', each batch is resized there after
     the crop and flip (bicubic, as the per-image transforms), so small images stay small in memory.
@@ -317,7 +318,7 @@ class DeviceImageLoader:
         n, device = len(self.labels), self.labels.device
         shared = torch.Generator(device=device).manual_seed(self.seed + self.epoch)  # the same on every process
         self._generator = torch.Generator(device=device).manual_seed(
-            process_seed(self.seed, self.process_index, self.epoch))
+            process_seed(self.seed, self.process_index, self.epoch, "augment"))
         order = (torch.randperm(n, device=device, generator=shared) if self.train
                  else torch.arange(n, device=device))
         for i in range(len(self)):

@@ -1,0 +1,47 @@
+"""Random streams: each consumer of randomness in a training epoch draws its own numbers."""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from vitlab.data.corpus import WindowLoader
+from vitlab.data.images import DeviceImageLoader, ImageData
+from vitlab.seeding import process_seed, seed_process
+
+
+def _correlation(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(np.corrcoef(a.double().numpy(), b.double().numpy())[0, 1])
+
+
+def test_each_stream_has_its_own_seed_for_every_process_and_epoch():
+    seeds = {process_seed(0, rank, epoch, stream) for rank in (0, 1) for epoch in (1, 2)
+             for stream in ("global", "augment", "windows")}
+    assert len(seeds) == 12
+    assert process_seed(3, 1, 2) == process_seed(3, 1, 2, "global")  # a pure function of its arguments
+
+
+def test_device_loader_augmentation_does_not_draw_what_dropout_draws():
+    # After seed_process (what the loop does at each epoch), dropout and drop path draw from torch's
+    # global generator; the device loader's crops, flips and RandAugment from its own generator.
+    data = ImageData(torch.zeros(64, 3, 8, 8, dtype=torch.uint8), torch.zeros(64, dtype=torch.long), [])
+    loader = DeviceImageLoader(data, 16, "cpu", seed=0, num_processes=2, process_index=1)
+    loader.set_epoch(3)
+    seed_process(0, 1, 3)
+    next(iter(loader))
+    assert loader._generator.initial_seed() == process_seed(0, 1, 3, "augment")
+    global_draws = torch.rand(10_000)  # dropout's first draws on that process and epoch
+    augment_draws = torch.rand(10_000, generator=torch.Generator().manual_seed(loader._generator.initial_seed()))
+    assert not torch.equal(augment_draws, global_draws)
+    assert abs(_correlation(augment_draws, global_draws)) < 0.05
+
+
+def test_language_model_windows_do_not_draw_what_process_0_dropout_draws():
+    tokens = torch.arange(100_000) % 50
+    loader = WindowLoader(tokens, 8, 4096, "cpu", steps=1, seed=0)
+    loader.set_epoch(1)
+    starts = next(iter(loader))[0][:, 0]  # tokens[start] = start % 50 for these tokens: use the windows' starts
+    seed_process(0, 0, 1)
+    same_stream = torch.randint(0, 100_000 - 8, (4096,))  # what the global generator (dropout) draws
+    assert not torch.equal(starts, same_stream % 50)
+    g = torch.Generator().manual_seed(process_seed(0, 0, 1, "windows"))
+    assert torch.equal(starts, torch.randint(0, 100_000 - 8, (4096,), generator=g) % 50)
