@@ -68,3 +68,17 @@ def test_presets_have_nanogpts_shapes_and_need_a_vocabulary():
         vitlab.create_model("gpt_char_tiny")
     with pytest.raises(ValueError, match="exceeds block_size=24"):
         _tiny()(torch.zeros(1, 25, dtype=torch.long))
+
+
+def test_init_is_gpt2s_with_residual_projections_scaled_by_depth():
+    # GPT-2 (Radford et al. 2019, sec. 2.3) and nanoGPT's model.py: N(0, 0.02) everywhere, except the
+    # projections that write into the residual stream (attention output, MLP output: nanoGPT's
+    # c_proj), N(0, 0.02 / sqrt(2 * n_layer)).
+    torch.manual_seed(0)
+    model = vitlab.create_model("gpt_char_small", vocab_size=65)  # 6 blocks, 384 wide
+    residual = 0.02 / (2 * 6) ** 0.5
+    for name, p in model.named_parameters():
+        if p.dim() < 2:
+            continue
+        expected = residual if name.endswith(("attn.proj.weight", "mlp.fc2.weight")) else 0.02
+        assert p.std().item() == pytest.approx(expected, rel=0.03), name

@@ -8,6 +8,7 @@ the same block with ``is_causal=True``. Decoding keeps each block's :class:`~vit
 """
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -75,7 +76,10 @@ class GPT(nn.Module, HubMixin, GradCheckpointing):
             self.head.weight = self.tok_embed.weight
 
     def _init_weights(self) -> None:
-        """GPT-2's: normal(0, 0.02) for linears and embeddings, zero biases; SwiGLU gates start open."""
+        """GPT-2's (as nanoGPT): normal(0, 0.02) for linears and embeddings, zero biases, and normal(0,
+        0.02 / sqrt(2 * depth)) for the projections that add to the residual stream (each block's
+        attention output and MLP output, every expert's in a MoE), so the stream's variance does not
+        grow with depth; SwiGLU gates start open."""
         for m in self.modules():
             if isinstance(m, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(m.weight, std=0.02)
@@ -83,6 +87,9 @@ class GPT(nn.Module, HubMixin, GradCheckpointing):
                     nn.init.zeros_(m.bias)
             elif m is not self and hasattr(m, "init_weights"):
                 m.init_weights()
+        for name, p in self.blocks.named_parameters():
+            if name.endswith(("attn.proj.weight", "fc2.weight")):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * len(self.blocks)))
         if isinstance(self.pos_embed, nn.Parameter):
             trunc_normal_(self.pos_embed, std=0.02)
 
