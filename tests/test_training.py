@@ -283,6 +283,59 @@ def test_eval_split_val_and_train_score_exactly_the_examples_training_used(train
         assert metrics["loss"] == pytest.approx(last["val_loss"], abs=1e-5)
 
 
+@pytest.fixture(scope="module")
+def imagefolder_48px(tmp_path_factory) -> Path:
+    from conftest import make_imagefolder
+
+    return make_imagefolder(tmp_path_factory.mktemp("px48"), {"train": 32, "test": 12}, size=48)
+
+
+@pytest.mark.parametrize("loader", ["torch", "gpu"])
+def test_eval_and_predict_preprocess_as_training_did_when_images_are_stored_at_another_size(
+        imagefolder_48px, tmp_path, loader):
+    # 48-pixel files, stored at 32 x 32 (data.decode_size), seen by the model at 16 x 16: training's
+    # loaders resize each batch; `vitlab eval` and `predict` must give the model the same pixels.
+    from vitlab.cli import main
+
+    tiny_imagefolder = imagefolder_48px
+    run_dir = tmp_path / "run"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=1", "data.val_size=15",
+                                           "data.decode_size=32", "model.img_size=16", f"data.loader={loader}")))
+    reset_accelerate()
+    out = tmp_path / "m.json"
+    main(["eval", "--checkpoint", str(run_dir), "--split", "val", "--output", str(out)])
+    metrics, logged = json.loads(out.read_text()), _evals(run_dir)[-1]
+    assert metrics["num_images"] == 15
+    assert metrics["top1"] == logged["val_top1"]
+    assert metrics["loss"] == pytest.approx(logged["val_loss"], abs=1e-5)
+    # `vitlab predict` and `attention` read a file as `read_image(path, decode_size(model))`, then
+    # `create_transform(model)`: the pixels evaluation gave that image (not those of a direct 48 -> 16).
+    from vitlab.data.images import create_transform, decode_size, eval_transform, load_split, read_image
+
+    model = vitlab.load_model(run_dir)
+    assert decode_size(model) == (32, 32)
+    first = sorted((tiny_imagefolder / "test" / "class_0").iterdir())[0]
+    stored = load_split("imagefolder", tiny_imagefolder, "test", size=(32, 32)).images[0]
+    expected = eval_transform((16, 16), model.pretrained_cfg["mean"], model.pretrained_cfg["std"])(stored)
+    assert torch.equal(create_transform(model)(read_image(first, decode_size(model))), expected)
+    assert not torch.equal(create_transform(model)(read_image(first)), expected)
+    result = subprocess.run([sys.executable, "-m", "vitlab.cli", "predict", "--checkpoint", str(run_dir), "--topk", "1",
+                             str(first)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_device_loader_resizes_as_the_dataloader_does():
+    # One resize rule (bicubic, antialiased, on uint8) for both loaders: the same pixels for the model.
+    from vitlab.data.images import DeviceImageLoader, ImageData, TensorImageDataset, eval_transform
+
+    g = torch.Generator().manual_seed(0)
+    data = ImageData(torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8, generator=g), torch.arange(8), [])
+    for size in ((16, 16), (56, 56)):
+        device = next(iter(DeviceImageLoader(data, 8, "cpu", train=False, size=size)))[0]
+        dataset = TensorImageDataset(data, eval_transform(size))
+        torch.testing.assert_close(device, torch.stack([dataset[i][0] for i in range(8)]), rtol=0, atol=1e-6)
+
+
 def test_eval_split_val_of_a_run_without_validation_is_refused(tiny_imagefolder, tmp_path):
     run_dir = tmp_path / "run"
     train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=1")))

@@ -22,7 +22,7 @@ from ..seeding import process_seed
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "load_split", "balanced_indices",
            "train_transform", "eval_transform", "image_transform", "create_transform", "read_image", "DeviceImageLoader",
-           "rand_augment"]
+           "rand_augment", "resize_images", "decode_size"]
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -160,9 +160,20 @@ def load_split(dataset: str, root: str | Path, split: str, *, download: bool = F
     return _load_imagefolder(root, split, subset, seed, size)
 
 
+# The one rule by which images are brought to the model's input size, in every path (the DataLoader's
+# transforms, the device loader's batches, vitlab eval / predict / attention): torchvision's bicubic
+# resize with antialiasing, on uint8, rounded back to uint8.
+_RESIZE = dict(interpolation=v2.InterpolationMode.BICUBIC, antialias=True)
+
+
+def resize_images(x: Tensor, size: tuple[int, int]) -> Tensor:
+    """uint8 images ``(..., C, H, W)`` -> ``(..., C, *size)`` by the package's one resize rule (above)."""
+    return v2.functional.resize(x, list(size), **_RESIZE)
+
+
 def _resize_and_normalize(out_size: tuple[int, int] | None, mean: tuple[float, ...],
                           std: tuple[float, ...]) -> list[v2.Transform]:
-    resize = [v2.Resize(out_size, interpolation=v2.InterpolationMode.BICUBIC, antialias=True)] if out_size else []
+    resize = [v2.Resize(out_size, **_RESIZE)] if out_size else []
     return resize + [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
 
 
@@ -195,9 +206,15 @@ def eval_transform(out_size: tuple[int, int] | None = None, mean: tuple[float, .
 def image_transform(size: tuple[int, int], mean: tuple[float, ...] = CIFAR10_MEAN,
                     std: tuple[float, ...] = CIFAR10_STD) -> v2.Compose:
     """Any image (PIL, uint8 tensor or array; any size; gray or RGB) -> normalized float32 ``(3, *size)``."""
-    return v2.Compose([v2.ToImage(), v2.RGB(), v2.Resize(size, interpolation=v2.InterpolationMode.BICUBIC,
-                                                         antialias=True),
-                       v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)])
+    return v2.Compose([v2.ToImage(), v2.RGB(), *_resize_and_normalize(size, mean, std)])
+
+
+def decode_size(model: object) -> tuple[int, int] | None:
+    """The size a model's training decoded its image files at (``data.decode_size``, kept in its
+    ``pretrained_cfg``), or None: :func:`read_image` at this size, then :func:`create_transform`, gives
+    a file the pixels training and ``vitlab eval`` gave it."""
+    size = (getattr(model, "pretrained_cfg", None) or {}).get("decode_size")
+    return (size, size) if size else None
 
 
 def create_transform(model: object) -> v2.Compose:
@@ -254,7 +271,8 @@ class DeviceImageLoader:
     numbers dropout draws.
 
     With ``size`` (the model's input) other than the stored images', each batch is resized there after
-    the crop and flip (bicubic, as the per-image transforms), so small images stay small in memory.
+    the augmentation (:func:`resize_images`, the per-image transforms' rule), so small images stay small
+    in memory.
 
     ``batch_size`` is global. Each batch is cut into ``num_processes`` contiguous parts and this
     process takes its own; for evaluation (``train=False``) the parts of the last batch may differ
@@ -327,7 +345,6 @@ class DeviceImageLoader:
             x = self.images[part]
             if self.train:
                 x = self._augment(x)
-            x = x.float()
             if self.size is not None:
-                x = torch.nn.functional.interpolate(x, self.size, mode="bicubic", align_corners=False).clamp_(0, 255)
-            yield (x - self.mean) / self.std, self.labels[part]
+                x = resize_images(x, self.size)
+            yield (x.float() - self.mean) / self.std, self.labels[part]

@@ -150,7 +150,7 @@ def _meta_of(model: nn.Module) -> dict[str, Any]:
     meta = {}
     if cfg.get("label_names") is not None:
         meta["classes"] = list(cfg["label_names"])
-    for key in ("mean", "std", "task"):
+    for key in ("mean", "std", "task", "decode_size"):
         if cfg.get(key) is not None:
             meta[key] = list(cfg[key]) if isinstance(cfg[key], tuple) else cfg[key]
     return meta
@@ -181,6 +181,8 @@ def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], 
         cfg.update({k: tuple(meta[k]) for k in ("mean", "std") if k in meta})
         if "classes" in meta:
             cfg["label_names"] = list(meta["classes"])
+        if meta.get("decode_size"):  # training stored its images at this size, then resized them to input_size
+            cfg["decode_size"] = meta["decode_size"]
     else:  # a text model: the task and the tokenizer saved beside the weights
         tokenizer = directory / TOKENIZER_NAME
         cfg = {"task": meta.get("task"), "tokenizer": str(tokenizer) if tokenizer.is_file() else None}

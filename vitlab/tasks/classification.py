@@ -137,7 +137,8 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         m = evaluate_classifier(net, loader, acc, num_classes)
         return {"top1": m["top1"], "top5": m["top5"], "loss": m["loss"]}
 
-    meta = {"task": "classification", "classes": train_data.classes, "mean": list(mean), "std": list(std)}
+    meta = {"task": "classification", "classes": train_data.classes, "mean": list(mean), "std": list(std),
+            **({"decode_size": d.decode_size} if d.decode_size and d.dataset == "imagefolder" else {})}
     return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=not on_device,
                      eval_loaders=eval_loaders, prepare_eval_loaders=not on_device, loss=loss, count=count,
                      evaluate=score,
