@@ -212,7 +212,10 @@ class HubMixin(PyTorchModelHubMixin, library_name="vitlab", tags=["vitlab"], mod
     def _from_pretrained(cls, *, model_id: str, revision: str | None, cache_dir: str | Path | None,
                          force_download: bool, local_files_only: bool, token: str | bool | None,
                          config: dict[str, Any] | None = None, map_location: str | torch.device = "cpu",
+                         proxies: dict | None = None, resume_download: bool | None = None,
                          **overrides: Any) -> nn.Module:
+        # proxies / resume_download: passed by huggingface_hub < 1.0 (deprecated there, gone since); taken
+        # here so that they never become model arguments.
         if os.path.isdir(model_id):
             directory = Path(model_id)
         else:

@@ -4,7 +4,7 @@
 size and number of classes) from one of:
 
 - ``timm:<name>``: timm's pretrained weights for ``<name>`` (``timm.create_model(name, pretrained=True)``,
-  downloaded by timm, or read offline from ``file`` through ``pretrained_cfg_overlay=dict(file=...)``),
+  downloaded by timm, or read offline from ``file`` as timm reads a local file),
   converted with :func:`vitlab.interop.from_timm`;
 - a ``.safetensors``, ``.pth`` or ``.bin`` file of a timm or vitlab ViT (timm's ``load_state_dict``
   reads both, and timm's checkpoint dicts);
@@ -16,10 +16,11 @@ exactly. The returned ``pretrained_cfg`` says how the weights expect images to b
 """
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..errors import CheckpointError
 from .hub import CONFIG_NAME, load_model_dir, read_json, resolve_checkpoint
@@ -31,14 +32,41 @@ __all__ = ["load_pretrained"]
 _HEAD = ("head.weight", "head.bias")
 
 
-def _from_timm(name: str, file: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    import timm
+def _timm_model(name: str, file: str) -> nn.Module:
+    """timm's ``name`` with its pretrained weights: fetched by timm, or read from ``file`` (offline).
 
-    overlay = dict(file=str(Path(file).expanduser())) if file else None
-    if file and not Path(file).expanduser().is_file():
+    A file is loaded here the way timm's ``load_pretrained`` loads a local file (its ``load_state_dict``,
+    then the model module's ``checkpoint_filter_fn``) rather than through
+    ``pretrained_cfg_overlay=dict(file=...)``: timm 1.0.29 hands such a file to its JAX ``.npz`` loader
+    when the registry entry has ``custom_load`` (the augreg ViTs), and fails.
+    """
+    import timm
+    from timm.models import load_state_dict
+
+    if not file:
+        return timm.create_model(name, pretrained=True)
+    path = Path(file).expanduser()
+    if not path.is_file():
         raise CheckpointError(f"model.pretrained_file={file!r} does not exist")
+    model = timm.create_model(name, pretrained=False)  # the pretrained_cfg of name's tag all the same
     try:
-        reference = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay)
+        state = load_state_dict(str(path))
+    except Exception as e:  # noqa: BLE001 (a corrupt file raises whatever its reader raises)
+        raise CheckpointError(f"cannot read model.pretrained_file={file!r}: {type(e).__name__}: {e}") from None
+    filter_fn = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
+    if filter_fn is not None:
+        state = filter_fn(state, model)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise CheckpointError(f"model.pretrained_file={file!r} does not hold timm's {name!r}: "
+                              f"{str(e).splitlines()[0]}") from None
+    return model
+
+
+def _from_timm(name: str, file: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    try:
+        reference = _timm_model(name, file)
     except RuntimeError as e:
         if "Unknown model" in str(e):
             raise CheckpointError(f"model.pretrained=timm:{name}: timm has no model {name!r}") from None
