@@ -297,9 +297,8 @@ def test_eval_and_predict_preprocess_as_training_did_when_images_are_stored_at_a
     # loaders resize each batch; `vitlab eval` and `predict` must give the model the same pixels.
     from vitlab.cli import main
 
-    tiny_imagefolder = imagefolder_48px
     run_dir = tmp_path / "run"
-    train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=1", "data.val_size=15",
+    train(load_config(None, tiny_overrides(imagefolder_48px, run_dir, "train.epochs=1", "data.val_size=15",
                                            "data.decode_size=32", "model.img_size=16", f"data.loader={loader}")))
     reset_accelerate()
     out = tmp_path / "m.json"
@@ -314,8 +313,8 @@ def test_eval_and_predict_preprocess_as_training_did_when_images_are_stored_at_a
 
     model = vitlab.load_model(run_dir)
     assert decode_size(model) == (32, 32)
-    first = sorted((tiny_imagefolder / "test" / "class_0").iterdir())[0]
-    stored = load_split("imagefolder", tiny_imagefolder, "test", size=(32, 32)).images[0]
+    first = sorted((imagefolder_48px / "test" / "class_0").iterdir())[0]
+    stored = load_split("imagefolder", imagefolder_48px, "test", size=(32, 32)).images[0]
     expected = eval_transform((16, 16), model.pretrained_cfg["mean"], model.pretrained_cfg["std"])(stored)
     assert torch.equal(create_transform(model)(read_image(first, decode_size(model))), expected)
     assert not torch.equal(create_transform(model)(read_image(first)), expected)

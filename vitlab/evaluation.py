@@ -80,8 +80,7 @@ def _evaluate_seq2seq(directory: Path, cfg: Config, model: nn.Module, split: str
 
 def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
                          output: Path | None) -> dict[str, Any]:
-    from .data.images import TensorImageDataset, eval_transform
-    from .tasks.classification import evaluate_classifier, load_test_data, load_train_val_data
+    from .tasks.classification import eval_dataset, evaluate_classifier, load_test_data, load_train_val_data
 
     info = model.pretrained_cfg
     size = tuple(info["input_size"][1:])
@@ -91,17 +90,14 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
                           f"--split test, or train with data.val_size=N")
     # The run's own split (same config, same seed): --split val is exactly the held-out images, decoded
     # at the size training stored them and resized as its evaluation loaders did.
-    decode = (d.decode_size, d.decode_size) if d.decode_size else size
-    data = (load_test_data(d, cfg.train.seed, decode) if split == "test"
-            else dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, decode)))[split])
-    stored = tuple(data.images.shape[-2:])
+    data = (load_test_data(d, cfg.train.seed, size) if split == "test"
+            else dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, size)))[split])
     if data.classes != info["label_names"]:
         raise ConfigError(f"data.root={d.root!r} has classes {data.classes}, the model was trained on "
                           f"{info['label_names']}")
     accelerator = create_accelerator(cfg.train.mixed_precision)
-    transform = eval_transform(size if stored != size else None, info["mean"], info["std"])
-    loader = DataLoader(TensorImageDataset(data, transform),
-                        batch_size=batch_size, num_workers=d.num_workers)
+    loader = DataLoader(eval_dataset(data, size, info["mean"], info["std"]), batch_size=batch_size,
+                        num_workers=d.num_workers)
     metrics = evaluate_classifier(accelerator.prepare(model), accelerator.prepare(loader), accelerator,
                                   len(data.classes), keep_probs=True)
     probs = metrics.pop("probs")

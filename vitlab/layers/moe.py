@@ -57,18 +57,19 @@ class MoE(nn.Module):
         self.aux_loss: Tensor | None = None
 
     def route(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Tokens ``(T, dim)`` -> router logits ``(T, E)``, chosen experts ``(T, k)``, gates ``(T, k)``
-        (Mixtral's, summing to 1, for k >= 2; Switch's full-softmax probability for k = 1)."""
+        """Tokens ``(T, dim)`` -> router probabilities over all experts ``(T, E)`` (float32), chosen
+        experts ``(T, k)``, gates ``(T, k)`` (Mixtral's, summing to 1, for k >= 2; Switch's
+        full-softmax probability for k = 1)."""
         logits = self.router(x)
+        probs = logits.float().softmax(dim=-1)
         top_logits, top_idx = logits.topk(self.top_k, dim=-1)
-        if self.top_k == 1:
-            return logits, top_idx, logits.float().softmax(dim=-1).gather(-1, top_idx)
-        return logits, top_idx, top_logits.float().softmax(dim=-1)
+        gates = probs.gather(-1, top_idx) if self.top_k == 1 else top_logits.float().softmax(dim=-1)
+        return probs, top_idx, gates
 
     def forward(self, x: Tensor) -> Tensor:
         shape = x.shape
         x = x.reshape(-1, shape[-1])  # (T, dim)
-        logits, top_idx, gates = self.route(x)
+        probs, top_idx, gates = self.route(x)
         expert_of = top_idx.flatten()                                  # (T * k,) one row per assignment
         token_of = torch.arange(x.shape[0], device=x.device).repeat_interleave(self.top_k)
         gate_of = gates.flatten()
@@ -86,7 +87,7 @@ class MoE(nn.Module):
             counts = torch.bincount(expert_of, minlength=self.num_experts).float()
             self.expert_counts = counts if self.expert_counts is None else self.expert_counts + counts
             fraction = counts / expert_of.numel()
-            mean_prob = logits.float().softmax(dim=-1).mean(dim=0)
+            mean_prob = probs.mean(dim=0)
             self.aux_loss = self.aux_loss_weight * self.num_experts * (fraction * mean_prob).sum()
         return out.reshape(*shape[:-1], out.shape[-1])
 

@@ -22,17 +22,24 @@ from .base import TaskSetup, build_model
 if TYPE_CHECKING:
     from ..config import Config, DataConfig
 
-__all__ = ["image_classification_task", "resolve_loader", "load_train_val_data", "load_test_data", "evaluate_classifier",
-           "metrics_from_predictions", "gather_uneven"]
+__all__ = ["image_classification_task", "resolve_loader", "load_train_val_data", "load_test_data", "eval_dataset",
+           "evaluate_classifier", "metrics_from_predictions", "gather_uneven"]
+
+
+def _decode_size(d: DataConfig, size: tuple[int, int]) -> tuple[int, int]:
+    """The size ImageFolder files are decoded at: ``data.decode_size``, else the model's input ``size``."""
+    return (d.decode_size, d.decode_size) if d.decode_size else tuple(size)
 
 
 def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int]) -> tuple[ImageData, ImageData | None]:
-    """Decode the training images and hold out the validation set: ``data.val_size`` images, balanced,
-    chosen by ``seed`` (None if 0). The same config and seed give the same images, so ``vitlab eval
-    --split val`` scores exactly the validation images training used."""
+    """Decode the training images (at :func:`_decode_size` for the model's input ``size``) and hold out
+    the validation set: ``data.val_size`` images, balanced, chosen by ``seed`` (None if 0). The same
+    config and seed give the same images, so ``vitlab eval --split val`` scores exactly the validation
+    images training used."""
     # Only the images used are decoded: the training subset plus the validation images.
     wanted = d.train_subset + d.val_size if d.train_subset else 0
-    train = load_split(d.dataset, d.root, "train", download=d.download, subset=wanted, seed=seed, size=size)
+    train = load_split(d.dataset, d.root, "train", download=d.download, subset=wanted, seed=seed,
+                       size=_decode_size(d, size))
     if d.val_size == 0:
         return train, None
     if d.val_size >= len(train.labels):
@@ -45,8 +52,18 @@ def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int]) -> tupl
 
 
 def load_test_data(d: DataConfig, seed: int, size: tuple[int, int]) -> ImageData:
-    """Decode the test images (``data.test_subset`` of them, balanced, if set)."""
-    return load_split(d.dataset, d.root, "test", download=d.download, subset=d.test_subset, seed=seed, size=size)
+    """Decode the test images (``data.test_subset`` of them, balanced, if set), as :func:`load_train_val_data`."""
+    return load_split(d.dataset, d.root, "test", download=d.download, subset=d.test_subset, seed=seed,
+                      size=_decode_size(d, size))
+
+
+def eval_dataset(data: ImageData, size: tuple[int, int], mean: tuple[float, ...],
+                 std: tuple[float, ...]) -> TensorImageDataset:
+    """Decoded images as the model sees them in evaluation: resized to its input ``size`` (only if
+    stored at another size) and normalized; the DataLoader's evaluation data, in training and in
+    ``vitlab eval`` alike."""
+    stored = tuple(data.images.shape[-2:])
+    return TensorImageDataset(data, eval_transform(tuple(size) if stored != tuple(size) else None, mean, std))
 
 
 def _normalization(cfg: Config, model: nn.Module, resume_from: Path | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -84,9 +101,8 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     model = build_model(cfg)
     mean, std = _normalization(cfg, model, resume_from)
     size = model.patch_embed.img_size
-    decode = (d.decode_size, d.decode_size) if d.decode_size else size
-    train_data, val_data = load_train_val_data(d, t.seed, decode)
-    test = load_test_data(d, t.seed, decode)
+    train_data, val_data = load_train_val_data(d, t.seed, size)
+    test = load_test_data(d, t.seed, size)
     stored = tuple(train_data.images.shape[-2:])
     if test.classes != train_data.classes:
         raise ConfigError(f"data.root={d.root!r}: the test classes {test.classes} differ from the train classes "
@@ -114,9 +130,8 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         # which keeps a resumed run exactly equal to an uninterrupted one.
         loader_args: dict[str, Any] = dict(num_workers=d.num_workers, pin_memory=accelerator.device.type == "cuda")
         train_loader = DataLoader(train_set, batch_size=micro_batch, shuffle=True, drop_last=True, **loader_args)
-        eval_loaders = {name: DataLoader(TensorImageDataset(data, eval_transform(out_size, mean, std)),
-                                         batch_size=micro_batch,
-                                         shuffle=False, **loader_args) for name, data in eval_sets.items()}
+        eval_loaders = {name: DataLoader(eval_dataset(data, size, mean, std), batch_size=micro_batch, shuffle=False,
+                                         **loader_args) for name, data in eval_sets.items()}
     if len(train_loader) == 0:
         raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(train_data.labels)} training images")
 
