@@ -1,7 +1,8 @@
 """Train with Hugging Face Accelerate: a ViT on CIFAR-10, or a text Transformer (task: seq2seq).
 
     python train.py --config configs/vit_cifar10.yaml [key.sub=value ...]
-    python train.py --resume runs/vit_cifar10 [train.epochs=300]
+    python train.py --resume runs/vit_cifar10 [train.epochs=300]   # continue a run, changed on purpose
+    (the same --config command again continues its run: train.resume=auto)
     accelerate launch --multi_gpu --num_processes 2 train.py --config ...
 """
 from vitlab.cli import train_main

@@ -117,3 +117,28 @@ def max_weight_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> f
             diff = torch.cat([diff[:third], diff[2 * third:]])
         worst = max(worst, diff.max().item() if diff.numel() else 0.0)
     return worst
+
+
+def signal_at_step(monkeypatch: pytest.MonkeyPatch, step: int, signum: int = 15) -> None:
+    """Send this process ``signum`` (SIGTERM) as optimizer step ``step`` (1-based, counted over the run)
+    begins, as a scheduler would: the loop is to finish that step, then stop."""
+    from vitlab import training
+
+    original = training._Loop.step
+
+    def step_after_a_signal(self, group):
+        if self.state["global_step"] + 1 == step:
+            os.kill(os.getpid(), signum)
+        original(self, group)
+
+    monkeypatch.setattr(training._Loop, "step", step_after_a_signal)
+
+
+def same_run_records(a: Path, b: Path) -> bool:
+    """Whether two runs' ``metrics.jsonl`` hold the same records, timings left out."""
+    import json
+
+    timings = {"epoch_time", "data_time", "examples_per_s", "eval_time"}
+    read = lambda run: [{k: v for k, v in json.loads(line).items() if k not in timings}
+                        for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return read(a) == read(b)

@@ -14,9 +14,9 @@ def _correlation(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_each_stream_has_its_own_seed_for_every_process_and_epoch():
-    seeds = {process_seed(0, rank, epoch, stream) for rank in (0, 1) for epoch in (1, 2)
-             for stream in ("global", "augment", "windows")}
-    assert len(seeds) == 12
+    seeds = {process_seed(0, rank, epoch, stream, index) for rank in (0, 1) for epoch in (1, 2)
+             for stream in ("global", "augment", "windows", "samples") for index in (None, 0, 1)}
+    assert len(seeds) == 48  # index 0 is not "no index" (as a trailing 0 of a SeedSequence's entropy would be)
     assert process_seed(3, 1, 2) == process_seed(3, 1, 2, "global")  # a pure function of its arguments
 
 
@@ -28,7 +28,7 @@ def test_device_loader_augmentation_does_not_draw_what_dropout_draws():
     loader.set_epoch(3)
     seed_process(0, 1, 3)
     next(iter(loader))
-    assert loader._generator.initial_seed() == process_seed(0, 1, 3, "augment")
+    assert loader._generator.initial_seed() == process_seed(0, 1, 3, "augment", 0)  # batch 0's
     global_draws = torch.rand(10_000)  # dropout's first draws on that process and epoch
     augment_draws = torch.rand(10_000, generator=torch.Generator().manual_seed(loader._generator.initial_seed()))
     assert not torch.equal(augment_draws, global_draws)

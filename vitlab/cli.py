@@ -210,7 +210,10 @@ def train_main(argv: list[str] | None = None) -> None:
     """``train.py`` / ``vitlab train``: ``--config FILE [--resume RUN_DIR] [key.sub=value ...]``."""
     parser = argparse.ArgumentParser(prog="train.py", description="Train a ViT on images or a text Transformer (task: seq2seq) with Accelerate.")
     parser.add_argument("--config", help="YAML config (optional with --resume: the run's own config is used)")
-    parser.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    parser.add_argument("--resume", metavar="RUN_DIR|auto",
+                        help="continue the run in RUN_DIR from its last checkpoint (its config, changed by any "
+                             "key=value); auto: continue train.output_dir's run if it has the same config, else start "
+                             "(train.resume=auto, the default)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. train.epochs=5 optim.lr=1e-3")
     args = parser.parse_args(argv)
 
@@ -220,6 +223,10 @@ def train_main(argv: list[str] | None = None) -> None:
         from .config import load_config
         from .training import train
 
+        if args.resume == "auto":
+            args.resume, args.overrides = None, [*args.overrides, "train.resume=auto"]
+            if args.config is None:
+                raise ConfigError("--resume auto continues train.output_dir of a config: pass --config as well")
         if args.config is None and args.resume is None:
             raise ConfigError("pass --config configs/<name>.yaml (or --resume <run dir>)")
         if args.resume is not None and not Path(args.resume).is_dir():

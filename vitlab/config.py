@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import signal
 import types
 import typing
 from dataclasses import dataclass, field
@@ -142,6 +143,10 @@ class TrainConfig:
     label_smoothing: float = 0.1
     ema_decay: float = 0.0    # 0 = no EMA; else timm ModelEmaV3 with this decay
     save_every: int = 1       # epochs between checkpoints
+    save_every_steps: int = 0  # also write last/ every N optimizer steps, inside epochs (0 = at epoch ends only)
+    keep_last: int = 0        # keep the K newest last/ checkpoints as checkpoints/step_<global step>/ (0 = none)
+    resume: Literal["auto", "no"] = "auto"  # auto: continue the run in output_dir if it has a checkpoint
+    stop_signals: str = "SIGTERM"  # on these (comma-separated; "" = none): checkpoint, exit 75 (EX_TEMPFAIL)
     eval_every: int = 1       # epochs between evaluations; 0 = only after the last epoch
     output_dir: str = "runs/vit_cifar10"
     seed: int = 0
@@ -279,6 +284,11 @@ def _check_values(cfg: Config) -> None:
     need(0 <= t.label_smoothing < 1, "train.label_smoothing", t.label_smoothing, "a number in [0, 1)")
     need(0 <= t.ema_decay < 1, "train.ema_decay", t.ema_decay, "a number in [0, 1) (0 = no EMA)")
     need(t.save_every >= 1, "train.save_every", t.save_every, "an integer >= 1")
+    need(t.save_every_steps >= 0, "train.save_every_steps", t.save_every_steps, "an integer >= 0 (0 = epoch ends only)")
+    need(t.keep_last >= 0, "train.keep_last", t.keep_last, "an integer >= 0")
+    stoppable = {s.name for s in signal.Signals} - {"SIGKILL", "SIGSTOP"}
+    need(all(name.strip() in stoppable for name in t.stop_signals.split(",") if name.strip()), "train.stop_signals",
+         t.stop_signals, "comma-separated signal names such as SIGTERM,SIGUSR1 (not SIGKILL or SIGSTOP), or ''")
     need(t.eval_every >= 0, "train.eval_every", t.eval_every, "an integer >= 0 (0 = only after the last epoch)")
     need(t.log_every >= 1, "train.log_every", t.log_every, "an integer >= 1")
     need(bool(t.output_dir), "train.output_dir", t.output_dir, "a directory path")

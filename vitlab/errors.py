@@ -2,7 +2,8 @@
 command-line tools print it as one line (no traceback) and exit non-zero."""
 from __future__ import annotations
 
-__all__ = ["VitlabError", "ConfigError", "DataError", "CheckpointError", "TrainingError"]
+__all__ = ["VitlabError", "ConfigError", "DataError", "CheckpointError", "TrainingError", "Preempted",
+           "PREEMPTED_EXIT_CODE"]
 
 
 class VitlabError(ValueError):
@@ -23,3 +24,19 @@ class CheckpointError(VitlabError):
 
 class TrainingError(VitlabError):
     """Training cannot go on (a non-finite loss, say)."""
+
+
+class Preempted(SystemExit):
+    """Training stopped on a signal (``train.stop_signals``) after writing ``checkpoints/last/``; the same
+    command continues the run. A ``SystemExit`` with status :data:`PREEMPTED_EXIT_CODE`, so a script that
+    does not catch it ends with that status and no traceback."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(PREEMPTED_EXIT_CODE)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL (sysexits.h): a temporary failure, run the same command again

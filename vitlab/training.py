@@ -12,8 +12,9 @@ import math
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from accelerate import Accelerator, DataLoaderConfiguration
@@ -23,10 +24,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
-from .config import Config, config_to_dict, save_config
-from .errors import ConfigError, TrainingError
-from .seeding import seed_process
+from .config import Config, config_to_dict, load_config, save_config
+from .errors import PREEMPTED_EXIT_CODE, CheckpointError, ConfigError, Preempted, TrainingError
 from .layers import expert_utilization, moe_aux_loss
+from .preemption import StopSignals
+from .seeding import rng_state, seed_process, set_rng_state
 from .tasks import TaskSetup
 
 __all__ = ["train", "create_accelerator", "param_groups", "lr_multiplier", "plot_curves"]
@@ -74,35 +76,6 @@ def _plain(model: nn.Module) -> nn.Module:
     return getattr(model, "_orig_mod", model)
 
 
-def _check_run_dir(run_dir: Path, resume: bool) -> None:
-    has_run = (run_dir / "checkpoints").exists() or (run_dir / "metrics.jsonl").exists()
-    if has_run and not resume:
-        raise ConfigError(f"train.output_dir={str(run_dir)!r} already holds a run; continue it with "
-                          f"--resume {run_dir}, or choose another train.output_dir")
-
-
-def _save_checkpoint(accelerator: Accelerator, run_dir: Path, name: str, cfg: Config, task: TaskSetup,
-                     model: nn.Module, ema: ModelEmaV3 | None, optimizer: Any, state: dict[str, Any]) -> None:
-    """Write checkpoints/<name>/ atomically: into a temporary directory, then swapped in."""
-    final = run_dir / "checkpoints" / name
-    tmp = final.with_name(f".{name}.tmp")
-    if accelerator.is_main_process:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        ckpt.save_model(_plain(accelerator.unwrap_model(model)), tmp, cfg.model.name, task.meta,
-                        ema.module if ema is not None else None)
-        task.save_files(tmp)
-        ckpt.save_optimizer(optimizer, tmp)
-        ckpt.write_json(tmp / "trainer_state.json", state)
-        save_config(cfg, tmp / "run_config.yaml")
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        ckpt.replace_dir(tmp, final)
-    accelerator.wait_for_everyone()
-
-
 def _setup_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
                 resume_from: Path | None) -> TaskSetup:
     if cfg.task == "seq2seq":
@@ -140,6 +113,39 @@ def create_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Accelerato
     return Accelerator(cpu=launched and not gpus, mixed_precision=mixed_precision, **kwargs)
 
 
+def _find_resume_point(cfg: Config, resume: str | Path | None) -> tuple[Path, Path | None]:
+    """The run directory and the checkpoint to continue from (None: a new run), decided before any
+    data is read.
+
+    ``resume`` (a run directory) continues that run with ``cfg`` as it is now (more epochs, say).
+    Otherwise ``train.output_dir`` decides: with ``train.resume: auto`` a run there with a ``last/``
+    checkpoint is continued if its config is ``cfg`` (else one line names the keys that differ), and a
+    directory without a checkpoint starts anew; with ``train.resume: no`` any run there is refused.
+    """
+    if resume is not None:
+        return Path(resume), ckpt.resolve_checkpoint(resume, "last")
+    run_dir = Path(cfg.train.output_dir)
+    try:
+        last: Path | None = ckpt.resolve_checkpoint(run_dir, "last")
+    except CheckpointError:
+        last = None
+    if cfg.train.resume == "no":
+        if last is not None or (run_dir / "metrics.jsonl").exists():
+            raise ConfigError(f"train.output_dir={str(run_dir)!r} already holds a run and train.resume=no; continue "
+                              f"it with train.resume=auto (or --resume {run_dir}), or choose another train.output_dir")
+        return run_dir, None
+    if last is None:
+        return run_dir, None
+    saved, wanted = _flat_hparams(load_config(last / "run_config.yaml")), _flat_hparams(cfg)
+    differ = [f"{k}: {saved.get(k)!r} there, {wanted.get(k)!r} now" for k in sorted(saved.keys() | wanted.keys())
+              if k != "train.resume" and saved.get(k) != wanted.get(k)]
+    if differ:
+        raise ConfigError(f"train.output_dir={str(run_dir)!r} holds a run with another config ({'; '.join(differ)}); "
+                          f"run its own config to continue it, change it on purpose with --resume {run_dir} "
+                          f"key=value, or choose another train.output_dir")
+    return run_dir, last
+
+
 def _resume_state(resume_from: Path, run_dir: Path) -> dict[str, Any]:
     """The trainer state of ``last/``, with the best metric of ``best/`` when it exists: ``best/`` may
     have been written after ``last/`` (with ``train.save_every > 1``) and must not be overwritten by
@@ -152,202 +158,392 @@ def _resume_state(resume_from: Path, run_dir: Path) -> dict[str, Any]:
     return state
 
 
-def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int | None = None) -> dict[str, Any]:
-    """Train ``cfg``; with ``resume`` (a run directory) continue from its last checkpoint.
+@dataclass
+class _Meter:
+    """One process's sums over the epoch's optimizer steps: its task loss since the last log line
+    (``window``) and over the epoch (``total``), the MoE balancing loss since the last log line, the
+    seconds spent and waiting for data. Kept in a checkpoint written inside an epoch."""
 
-    Model selection uses the validation split only: ``checkpoints/best/`` is written when the task
-    has a ``'val'`` loader, chosen on its metric; otherwise there is no ``best/`` and the run's
-    figure is the final epoch's test metric. ``stop_after_epoch`` ends the run early after that
-    epoch's checkpoint, as an interruption would (the schedule still spans ``train.epochs``); tests
-    use it to check that resuming is exact. Returns a summary: the last evaluation, the best
-    validation metric (if any), epochs, wall time.
-    """
-    start_time = time.time()
-    run_dir = Path(resume) if resume is not None else Path(cfg.train.output_dir)
-    # Everything that can be wrong with the input is checked before data is loaded.
-    resume_from = ckpt.resolve_checkpoint(run_dir, "last") if resume is not None else None
-    _check_run_dir(run_dir, resume is not None)
-    t = cfg.train
-    accelerator = create_accelerator(
-        t.mixed_precision, log_with="tensorboard", project_dir=str(run_dir),
-        dataloader_config=DataLoaderConfiguration(split_batches=True, use_seedable_sampler=True, data_seed=t.seed),
-    )
-    micro_batch = t.batch_size // t.grad_accum_steps
-    if micro_batch % accelerator.num_processes:
-        raise ConfigError(f"train.batch_size={t.batch_size} / train.grad_accum_steps={t.grad_accum_steps} = "
-                          f"{micro_batch} is not divisible by the {accelerator.num_processes} processes")
-    set_seed(t.seed)  # the initial weights depend on train.seed only: equal on every process
-    task = _setup_task(cfg, accelerator, micro_batch, run_dir, resume_from)
-    model = task.model
-    optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay, cfg.optim.lr, cfg.optim.layer_decay),
-                                  lr=cfg.optim.lr, betas=cfg.optim.betas,
-                                  fused=accelerator.device.type == "cuda" or None)
-    if t.compile:
-        model = torch.compile(model)  # checkpoints strip the wrapper: they load compiled or not
-    model, optimizer = accelerator.prepare(model, optimizer)
-    eval_loaders = ({k: accelerator.prepare(v) for k, v in task.eval_loaders.items()} if task.prepare_eval_loaders
-                    else task.eval_loaders)
-    train_loader = accelerator.prepare(task.train_loader) if task.prepare_train_loader else task.train_loader
-    # Gradient accumulation is done here, not by Accelerate: each optimizer step takes exactly
-    # grad_accum_steps micro-batches, a partial group at the end of an epoch is dropped (as
-    # drop_last drops a partial batch), so no gradient carries into the next epoch.
-    accum = t.grad_accum_steps
-    steps_per_epoch = len(train_loader) // accum
-    if steps_per_epoch == 0:
-        raise ConfigError(f"one epoch has {len(train_loader)} micro-batches, fewer than train.grad_accum_steps="
-                          f"{accum}; lower train.batch_size or train.grad_accum_steps")
-    total_steps = steps_per_epoch * t.epochs
-    warmup_steps = max(1, round(cfg.optim.warmup_epochs * steps_per_epoch))
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer.optimizer, lambda s: lr_multiplier(
-        s, warmup_steps, total_steps, cfg.optim.min_lr / cfg.optim.lr, cfg.optim.schedule))
-    ema = ModelEmaV3(_plain(accelerator.unwrap_model(model)), decay=t.ema_decay) if t.ema_decay > 0 else None
-    scaler = accelerator.scaler  # fp16 only
+    window: torch.Tensor
+    total: torch.Tensor
+    moe_aux: torch.Tensor
+    window_steps: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    data_seconds: float = 0.0
+    expert_counts: list[list[float]] | None = None  # routing counts of the epoch before a resume
 
-    state: dict[str, Any] = {"epoch": 0, "global_step": 0, "best_metric": None, "best_epoch": None}
-    if resume_from is not None:
-        saved = _resume_state(resume_from, run_dir)
-        ckpt.load_weights(_plain(accelerator.unwrap_model(model)), resume_from / "model.safetensors")
-        if ema is not None:
-            ckpt.load_weights(ema.module, resume_from / "ema.safetensors")
-        ckpt.load_optimizer(optimizer.optimizer, resume_from)
-        scheduler.load_state_dict(saved.pop("scheduler"))
+    @classmethod
+    def start(cls, device: torch.device, saved: dict[str, Any] | None = None) -> "_Meter":
+        saved = dict(saved or {})
+        tensors = {k: torch.tensor(saved.pop(k, 0.0), device=device) for k in ("window", "total", "moe_aux")}
+        return cls(**tensors, **saved)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
+
+
+class _Loop:
+    """A run set up to train: model, optimizer, schedule, EMA and loaders prepared by Accelerate, its
+    state restored from ``resume_from``. Its parts: :meth:`step` (one optimizer step),
+    :meth:`train_epoch`, :meth:`end_epoch` (evaluation, logs, checkpoint policy), :meth:`save`."""
+
+    def __init__(self, cfg: Config, run_dir: Path, resume_from: Path | None) -> None:
+        t = cfg.train
+        self.cfg, self.run_dir = cfg, run_dir
+        self.accelerator = acc = create_accelerator(
+            t.mixed_precision, log_with="tensorboard", project_dir=str(run_dir),
+            dataloader_config=DataLoaderConfiguration(split_batches=True, use_seedable_sampler=True, data_seed=t.seed),
+        )
+        micro_batch = t.batch_size // t.grad_accum_steps
+        if micro_batch % acc.num_processes:
+            raise ConfigError(f"train.batch_size={t.batch_size} / train.grad_accum_steps={t.grad_accum_steps} = "
+                              f"{micro_batch} is not divisible by the {acc.num_processes} processes")
+        set_seed(t.seed)  # the initial weights depend on train.seed only: equal on every process
+        self.task = task = _setup_task(cfg, acc, micro_batch, run_dir, resume_from)
+        model = task.model
+        optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay, cfg.optim.lr, cfg.optim.layer_decay),
+                                      lr=cfg.optim.lr, betas=cfg.optim.betas, fused=acc.device.type == "cuda" or None)
+        if t.compile:
+            model = torch.compile(model)  # checkpoints strip the wrapper: they load compiled or not
+        self.model, self.optimizer = acc.prepare(model, optimizer)
+        self.eval_loaders = ({k: acc.prepare(v) for k, v in task.eval_loaders.items()} if task.prepare_eval_loaders
+                             else task.eval_loaders)
+        self.train_loader = acc.prepare(task.train_loader) if task.prepare_train_loader else task.train_loader
+        # Gradient accumulation is done here, not by Accelerate: each optimizer step takes exactly
+        # grad_accum_steps micro-batches, a partial group at the end of an epoch is dropped (as
+        # drop_last drops a partial batch), so no gradient carries into the next epoch.
+        self.accum = t.grad_accum_steps
+        self.steps_per_epoch = len(self.train_loader) // self.accum
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"one epoch has {len(self.train_loader)} micro-batches, fewer than "
+                              f"train.grad_accum_steps={self.accum}; lower train.batch_size or train.grad_accum_steps")
+        total_steps, warmup_steps = self.steps_per_epoch * t.epochs, max(1, round(cfg.optim.warmup_epochs
+                                                                               * self.steps_per_epoch))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer.optimizer, lambda s: lr_multiplier(
+            s, warmup_steps, total_steps, cfg.optim.min_lr / cfg.optim.lr, cfg.optim.schedule))
+        self.ema = ModelEmaV3(self.plain_model, decay=t.ema_decay) if t.ema_decay > 0 else None
+        self.scaler = acc.scaler  # fp16 only
+        self.has_moe = bool(expert_utilization(self.model))
+        # epoch: epochs done; epoch_step: optimizer steps done in the next one (a checkpoint inside it).
+        self.state: dict[str, Any] = {"epoch": 0, "epoch_step": 0, "global_step": 0, "best_metric": None,
+                                      "best_epoch": None}
+        self.process_state: dict[str, Any] | None = None  # this process's RNG and sums, inside an epoch
+        self.meter = _Meter.start(acc.device)
+        keep_lines = self._load(resume_from) if resume_from is not None else 0
+        self.saved_step = self.state["global_step"] if resume_from is not None else None  # last/'s step
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_file = run_dir / "metrics.jsonl"
+        self.metrics_lines = _truncate_lines(self.metrics_file, keep_lines) if acc.is_main_process else 0
+        if acc.is_main_process:
+            save_config(cfg, run_dir / "config.yaml")
+        acc.init_trackers("tensorboard", config=_flat_hparams(cfg))
+        n_params = sum(p.numel() for p in self.model.parameters())
+        selection = (f"best/ chosen on {'ema_' if self.ema is not None else ''}val_{task.select}"
+                     if "val" in self.eval_loaders else "no validation split: no best/, the final epoch's test metric "
+                                                        "is the result")
+        acc.print(f"model {cfg.model.name}: {n_params / 1e6:.2f}M params | train {task.train_size} examples, "
+                  f"{self.steps_per_epoch} steps/epoch x {t.epochs} epochs | {acc.num_processes} process(es) on "
+                  f"{acc.device} | mixed precision {t.mixed_precision} | {selection} | run dir {run_dir}"
+                  + (f" | resumed at epoch {self.state['epoch'] + 1}, step {self.state['epoch_step']}"
+                     if resume_from is not None else ""))
+
+    @property
+    def plain_model(self) -> nn.Module:
+        """The model without DDP's and ``torch.compile``'s wrappers (the same parameters)."""
+        return _plain(self.accelerator.unwrap_model(self.model))
+
+    def _load(self, resume_from: Path) -> int | None:
+        """Restore weights, EMA, optimizer, schedule, scaler and position; returns how many lines of
+        ``metrics.jsonl`` the checkpoint had seen (None: all, for a checkpoint that did not count)."""
+        acc = self.accelerator
+        saved = _resume_state(resume_from, self.run_dir)
+        ckpt.load_weights(self.plain_model, resume_from / "model.safetensors")
+        if self.ema is not None:
+            ckpt.load_weights(self.ema.module, resume_from / "ema.safetensors")
+        ckpt.load_optimizer(self.optimizer.optimizer, resume_from)
+        self.scheduler.load_state_dict(saved.pop("scheduler"))
         grad_scaler = saved.pop("grad_scaler", None)
-        if scaler is not None and grad_scaler is not None:
-            scaler.load_state_dict(grad_scaler)
-        state.update(saved)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if accelerator.is_main_process:
-        save_config(cfg, run_dir / "config.yaml")
-    accelerator.init_trackers("tensorboard", config=_flat_hparams(cfg))
-    metrics_file = run_dir / "metrics.jsonl"
+        if self.scaler is not None and grad_scaler is not None:
+            self.scaler.load_state_dict(grad_scaler)
+        num_processes, lines = saved.pop("num_processes", acc.num_processes), saved.pop("metrics_lines", None)
+        self.state.update(saved)
+        if self.state["epoch_step"]:
+            if num_processes == acc.num_processes:
+                self.process_state = ckpt.read_json(resume_from / f"process_{acc.process_index}.json")
+            else:
+                acc.print(f"the checkpoint was written by {num_processes} processes, not {acc.num_processes}: the rest "
+                          f"of epoch {self.state['epoch'] + 1} draws fresh random numbers (not what the run would have "
+                          f"drawn)")
+        return lines
 
-    def log(record: dict[str, Any]) -> None:
-        accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"},
-                        step=record["step"])
-        if accelerator.is_main_process:
-            with metrics_file.open("a") as f:
+    def log(self, record: dict[str, Any]) -> None:
+        self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"},
+                             step=record["step"])
+        if self.accelerator.is_main_process:
+            with self.metrics_file.open("a") as f:
                 f.write(json.dumps(record) + "\n")
+            self.metrics_lines += 1
 
-    step_aux = torch.zeros((), device=accelerator.device)  # MoE balancing loss summed over steps since the last log
-
-    def optimizer_step(group: list[Any]) -> torch.Tensor:
-        """Forward and backward over one global batch (this process's micro-batches), then one update.
-        Returns this process's share of the global mean loss (the task's loss; MoE balancing adds to the
-        gradient and is logged apart as ``moe_aux_loss``)."""
-        nonlocal step_aux
+    def step(self, group: list[Any]) -> None:
+        """Forward and backward over one global batch (this process's micro-batches ``group``), then one
+        update of the weights, the schedule and the EMA; the task loss (this process's share of the
+        global mean) and the MoE balancing loss go to the meter."""
+        acc, model, meter = self.accelerator, self.model, self.meter
         # Each micro-batch's mean loss, weighted by its share of the global batch: the step's loss is
         # the mean over the global batch, wherever its examples ran. DDP averages gradients over
         # processes, hence the factor num_processes. Even batches give weights of exactly 1 / k.
-        counts = [task.count(b) for b in group]
-        total = accelerator.reduce(torch.tensor(float(sum(counts)), device=accelerator.device), reduction="sum")
-        step_loss = torch.zeros((), device=accelerator.device)
+        counts = [self.task.count(b) for b in group]
+        total = acc.reduce(torch.tensor(float(sum(counts)), device=acc.device), reduction="sum")
         for i, batch in enumerate(group):
-            with contextlib.nullcontext() if i == len(group) - 1 else accelerator.no_sync(model):
-                loss = task.loss(model, batch) * (counts[i] * accelerator.num_processes / total)
+            with contextlib.nullcontext() if i == len(group) - 1 else acc.no_sync(model):
+                loss = self.task.loss(model, batch) * (counts[i] * acc.num_processes / total)
                 aux = moe_aux_loss(model)  # mixture-of-experts load balancing, already weighted
-                accelerator.backward(loss if aux is None else loss + aux / len(group))
-            step_loss += loss.detach()
+                acc.backward(loss if aux is None else loss + aux / len(group))
+            meter.window += loss.detach()
+            meter.total += loss.detach()
             if aux is not None:
-                step_aux += aux.detach() / len(group)
-        if cfg.optim.grad_clip > 0:
-            accelerator.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        return step_loss
+                meter.moe_aux += aux.detach() / len(group)
+        if self.cfg.optim.grad_clip > 0:
+            acc.clip_grad_norm_(model.parameters(), self.cfg.optim.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        meter.window_steps += 1
+        meter.steps += 1
+        self.state["global_step"] += 1
+        self.state["epoch_step"] += 1
+        if self.ema is not None:
+            self.ema.update(self.plain_model, step=self.state["global_step"])
 
-    n_params = sum(p.numel() for p in model.parameters())
-    has_moe = bool(expert_utilization(model))
-    selection = (f"best/ chosen on {'ema_' if ema is not None else ''}val_{task.select}" if "val" in eval_loaders
-                 else "no validation split: no best/, the final epoch's test metric is the result")
-    accelerator.print(f"model {cfg.model.name}: {n_params / 1e6:.2f}M params | train {task.train_size} examples, "
-                      f"{steps_per_epoch} steps/epoch x {t.epochs} epochs | {accelerator.num_processes} process(es) "
-                      f"on {accelerator.device} | mixed precision {t.mixed_precision} | {selection} | run dir {run_dir}")
-    model.train()
-    summary: dict[str, Any] = {}
-    for epoch in range(state["epoch"] + 1, t.epochs + 1):
-        seed_process(t.seed, accelerator.process_index, epoch)
-        # Shuffling depends on (seed, epoch) only, so a resumed run sees the batches it would have seen.
-        (train_loader if hasattr(train_loader, "set_epoch") else train_loader.batch_sampler).set_epoch(epoch)
-        epoch_start = time.time()
-        running, seen = torch.zeros((), device=accelerator.device), 0
-        epoch_loss, epoch_steps = torch.zeros((), device=accelerator.device), 0
-        bar = tqdm(train_loader, desc=f"epoch {epoch}/{t.epochs}", leave=False, dynamic_ncols=True,
-                   disable=None if accelerator.is_main_process else True)  # None: off when not a TTY
+    def _batches(self, epoch: int, skip: int) -> Iterable[Any]:
+        """The epoch's training micro-batches (in the order of (seed, epoch)) from the ``skip``-th on."""
+        loader = self.train_loader
+        (loader if hasattr(loader, "set_epoch") else loader.batch_sampler).set_epoch(epoch)
+        if skip == 0:
+            return loader
+        if hasattr(loader, "batches_from"):  # vitlab's device-resident loaders
+            return loader.batches_from(skip)
+        return self.accelerator.skip_first_batches(loader, skip)  # a DataLoader: its sampler skips
+
+    def train_epoch(self, epoch: int, stop: StopSignals) -> bool:
+        """Train ``epoch`` from its step ``state['epoch_step']`` (0, or where a checkpoint inside it was
+        written), with a checkpoint every ``train.save_every_steps``. Returns False if the processes
+        agreed to stop (:class:`StopSignals`) before its last step."""
+        t, acc, state = self.cfg.train, self.accelerator, self.state
+        seed_process(t.seed, acc.process_index, epoch)
+        resumed, self.process_state = self.process_state, None
+        self.meter = meter = _Meter.start(acc.device, resumed["meter"] if resumed else None)
+        skip = state["epoch_step"] * self.accum
+        bar = tqdm(self._batches(epoch, skip), desc=f"epoch {epoch}/{t.epochs}", total=len(self.train_loader),
+                   initial=skip, leave=False, dynamic_ncols=True,
+                   disable=None if acc.is_main_process else True)  # None: off when not a TTY
+        started, waiting_since = time.time() - meter.seconds, time.perf_counter()
         group: list[Any] = []
-        data_time, waiting_since = 0.0, time.perf_counter()  # time spent waiting for batches
         for batch in bar:
-            data_time += time.perf_counter() - waiting_since
+            meter.data_seconds += time.perf_counter() - waiting_since
             group.append(batch)
-            if len(group) == accum:
-                step_loss = optimizer_step(group)
-                running += step_loss
-                epoch_loss += step_loss
-                epoch_steps += 1
+            if len(group) == self.accum:
+                if resumed is not None:  # where the checkpoint left the global generators (the loader has started)
+                    set_rng_state(resumed["rng"], acc.device)
+                    resumed = None
+                self.step(group)
                 group = []
-                seen += 1
-                state["global_step"] += 1
-                if ema is not None:
-                    ema.update(_plain(accelerator.unwrap_model(model)), step=state["global_step"])
                 if state["global_step"] % t.log_every == 0:
-                    mean_loss = _checked_mean(accelerator, running / seen, epoch, state["global_step"])
-                    lr = max(scheduler.get_last_lr())
-                    bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
-                    record = {"split": "train", "epoch": epoch, "step": state["global_step"], "loss": mean_loss,
-                              "lr": lr}
-                    if has_moe:
-                        record["moe_aux_loss"] = accelerator.reduce(step_aux / seen, reduction="mean").item()
-                        step_aux.zero_()
-                    log(record)
-                    running.zero_()
-                    seen = 0
+                    self._log_window(epoch, bar)
+                meter.seconds = time.time() - started
+                if state["epoch_step"] < self.steps_per_epoch:  # the epoch's end has its own checkpoint policy
+                    if t.save_every_steps and state["global_step"] % t.save_every_steps == 0:
+                        self.save("last")
+                    if stop.agreed():
+                        return False
             waiting_since = time.perf_counter()
-        if seen:
-            _checked_mean(accelerator, running / seen, epoch, state["global_step"])
-        epoch_time = time.time() - epoch_start
+        if meter.window_steps:
+            _checked_mean(acc, meter.window / meter.window_steps, epoch, state["global_step"])
+        meter.seconds = time.time() - started
+        return True
+
+    def _log_window(self, epoch: int, bar: tqdm) -> None:
+        """A training log line: the mean loss since the last one (checked finite), the learning rate."""
+        acc, meter = self.accelerator, self.meter
+        mean_loss = _checked_mean(acc, meter.window / meter.window_steps, epoch, self.state["global_step"])
+        lr = max(self.scheduler.get_last_lr())
+        bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
+        record = {"split": "train", "epoch": epoch, "step": self.state["global_step"], "loss": mean_loss, "lr": lr}
+        if self.has_moe:
+            record["moe_aux_loss"] = acc.reduce(meter.moe_aux / meter.window_steps, reduction="mean").item()
+            meter.moe_aux.zero_()
+        self.log(record)
+        meter.window.zero_()
+        meter.window_steps = 0
+
+    def end_epoch(self, epoch: int, stop_after_epoch: int | None = None) -> dict[str, Any]:
+        """The epoch's record (training loss, time, evaluation when due), its line and log, then the
+        checkpoint policy: ``best/`` on a better validation metric, ``last/`` every ``train.save_every``
+        epochs and at the end. Returns the record."""
+        t, acc, state, meter = self.cfg.train, self.accelerator, self.state, self.meter
         record: dict[str, Any] = {"split": "eval", "epoch": epoch, "step": state["global_step"],
-                                  "train_loss": accelerator.reduce(epoch_loss / max(epoch_steps, 1),
-                                                                   reduction="mean").item(),
-                                  "epoch_time": epoch_time, "data_time": data_time,
-                                  "examples_per_s": task.train_size / epoch_time, "lr": max(scheduler.get_last_lr())}
-        if has_moe:  # share of routing assignments per expert, per MoE layer, over all processes this epoch
-            counts = [accelerator.reduce(c, reduction="sum") for c in expert_utilization(model)]
+                                  "train_loss": acc.reduce(meter.total / max(meter.steps, 1), reduction="mean").item(),
+                                  "epoch_time": meter.seconds, "data_time": meter.data_seconds,
+                                  "examples_per_s": self.task.train_size / meter.seconds,
+                                  "lr": max(self.scheduler.get_last_lr())}
+        if self.has_moe:  # share of routing assignments per expert, per MoE layer, over all processes this epoch
+            counts = [acc.reduce(c, reduction="sum") for c in _epoch_expert_counts(self.model, meter, reset=True)]
             record["expert_utilization"] = [[round(x, 4) for x in (c / c.sum().clamp(min=1)).tolist()]
                                             for c in counts]
         is_best = False
         if epoch == t.epochs or (t.eval_every and epoch % t.eval_every == 0):
             eval_start = time.time()
-            for name, loader in eval_loaders.items():
-                for prefix, net in [("", model)] + ([("ema_", ema.module)] if ema is not None else []):
-                    record.update({f"{prefix}{name}_{k}": v for k, v in task.evaluate(net, loader, accelerator).items()})
-            if "val" in eval_loaders:
-                metric = record[("ema_" if ema is not None else "") + "val_" + task.select]
+            for name, loader in self.eval_loaders.items():
+                nets = [("", self.model)] + ([("ema_", self.ema.module)] if self.ema is not None else [])
+                for prefix, net in nets:
+                    record.update({f"{prefix}{name}_{k}": v for k, v in self.task.evaluate(net, loader, acc).items()})
+            if "val" in self.eval_loaders:
+                metric = record[("ema_" if self.ema is not None else "") + "val_" + self.task.select]
                 best = state["best_metric"]
-                if best is None or (metric < best if task.select_lower else metric > best):
+                if best is None or (metric < best if self.task.select_lower else metric > best):
                     state.update(best_metric=metric, best_epoch=epoch)
                     is_best = True
             record["eval_time"] = time.time() - eval_start
         # One line per epoch, evaluated or not, so a run without evaluations still shows its progress.
-        accelerator.print(f"epoch {epoch}: " + ", ".join(
+        acc.print(f"epoch {epoch}: " + ", ".join(
             f"{k} {v:.4f}" for k, v in record.items() if k.startswith(("train_loss", "val", "test", "ema")))
-            + f" | {epoch_time:.1f}s ({record['examples_per_s']:.0f} examples/s)"
-            + (f" | expert use {record['expert_utilization']}" if has_moe else ""))
-        log(record)
-        summary = record
-        state["epoch"] = epoch
-        checkpoint_state = {**state, "scheduler": scheduler.state_dict(),
-                            **({"grad_scaler": scaler.state_dict()} if scaler is not None else {})}
+            + f" | {meter.seconds:.1f}s ({record['examples_per_s']:.0f} examples/s)"
+            + (f" | expert use {record['expert_utilization']}" if self.has_moe else ""))
+        self.log(record)
+        state.update(epoch=epoch, epoch_step=0)
         if is_best:
-            _save_checkpoint(accelerator, run_dir, "best", cfg, task, model, ema, optimizer.optimizer, checkpoint_state)
+            self.save("best")
         if epoch % t.save_every == 0 or epoch == t.epochs or epoch == stop_after_epoch:
-            _save_checkpoint(accelerator, run_dir, "last", cfg, task, model, ema, optimizer.optimizer, checkpoint_state)
-        if epoch == stop_after_epoch:
-            break
-    accelerator.end_training()
-    if accelerator.is_main_process and state["epoch"] == t.epochs:
-        plot_curves(metrics_file, run_dir / "curves.png")
+            self.save("last")
+        return record
+
+    def save(self, name: str) -> None:
+        """Write ``checkpoints/<name>/`` atomically: into a temporary directory, then swapped in. Inside an
+        epoch every process adds its ``process_<rank>.json`` (its global generators and sums). ``last/``
+        is also kept as ``step_<global step>/`` (the ``train.keep_last`` newest)."""
+        acc, state = self.accelerator, self.state
+        final = self.run_dir / "checkpoints" / name
+        tmp = final.with_name(f".{name}.tmp")
+        if acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        acc.wait_for_everyone()
+        if state["epoch_step"]:
+            process_state = {"rng": rng_state(acc.device), "meter": self.meter.state_dict()}
+            if self.has_moe:
+                process_state["meter"]["expert_counts"] = [c.tolist() for c in _epoch_expert_counts(self.model, self.meter)]
+            ckpt.write_json(tmp / f"process_{acc.process_index}.json", process_state)
+        if acc.is_main_process:
+            ckpt.save_model(self.plain_model, tmp, self.cfg.model.name, self.task.meta,
+                            self.ema.module if self.ema is not None else None)
+            self.task.save_files(tmp)
+            ckpt.save_optimizer(self.optimizer.optimizer, tmp)
+            ckpt.write_json(tmp / "trainer_state.json", {
+                **state, "scheduler": self.scheduler.state_dict(), "num_processes": acc.num_processes,
+                "metrics_lines": self.metrics_lines,
+                **({"grad_scaler": self.scaler.state_dict()} if self.scaler is not None else {})})
+            save_config(self.cfg, tmp / "run_config.yaml")
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            if name == "last" and self.cfg.train.keep_last:
+                _keep_step_copy(tmp, self.run_dir / "checkpoints", state["global_step"], self.cfg.train.keep_last)
+            ckpt.replace_dir(tmp, final)
+        acc.wait_for_everyone()
+        if name == "last":
+            self.saved_step = state["global_step"]
+
+
+def _epoch_expert_counts(model: nn.Module, meter: _Meter, reset: bool = False) -> list[torch.Tensor]:
+    """This process's routing counts per MoE layer over the epoch so far (before and after a resume)."""
+    counts = expert_utilization(model, reset=reset)
+    if meter.expert_counts is None:
+        return counts
+    return [c + torch.tensor(before, device=c.device) for c, before in zip(counts, meter.expert_counts)]
+
+
+def _keep_step_copy(checkpoint: Path, checkpoints: Path, step: int, keep: int) -> None:
+    """``checkpoints/step_<step>/`` as hard links to a written checkpoint's files (no second write;
+    copies where the file system has no hard links); only the ``keep`` newest are kept."""
+    copy = checkpoints / f"step_{step}"
+    staging = copy.with_name(f".{copy.name}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        shutil.copytree(checkpoint, staging, copy_function=os.link)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(checkpoint, staging)
+    ckpt.replace_dir(staging, copy)
+    steps = sorted(int(p.name[5:]) for p in checkpoints.glob("step_*") if p.name[5:].isdigit())
+    for old in steps[:-keep]:
+        shutil.rmtree(checkpoints / f"step_{old}")
+
+
+def _truncate_lines(path: Path, keep: int | None) -> int:
+    """Keep the first ``keep`` lines of ``path`` (all if None; a missing file has none): what a resumed
+    run logged after its checkpoint is logged again. Returns the lines kept."""
+    if not path.exists():
+        return 0
+    lines = path.read_text().splitlines(keepends=True)
+    if keep is not None and keep < len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(lines[:keep]))
+        os.replace(tmp, path)
+        return keep
+    return len(lines)
+
+
+def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int | None = None) -> dict[str, Any]:
+    """Train ``cfg``: a new run in ``train.output_dir``, or (``train.resume: auto``) the run there
+    continued from its last checkpoint; with ``resume`` (a run directory) continue that run.
+
+    Model selection uses the validation split only: ``checkpoints/best/`` is written when the task
+    has a ``'val'`` loader, chosen on its metric; otherwise there is no ``best/`` and the run's
+    figure is the final epoch's test metric. On a signal of ``train.stop_signals`` every process
+    finishes its optimizer step, ``last/`` is written and :class:`~vitlab.errors.Preempted` (exit status
+    75) is raised. ``stop_after_epoch`` ends the run early after that epoch's checkpoint, as an
+    interruption would (the schedule still spans ``train.epochs``). Returns a summary: the last
+    evaluation, the best validation metric (if any), epochs, wall time.
+    """
+    start_time = time.time()
+    run_dir, resume_from = _find_resume_point(cfg, resume)  # bad input fails here, before data is read
+    loop = _Loop(cfg, run_dir, resume_from)
+    t, acc, state = cfg.train, loop.accelerator, loop.state
+    summary: dict[str, Any] = {}
+    loop.model.train()
+    with StopSignals(t.stop_signals, acc.num_processes) as stop:
+        for epoch in range(state["epoch"] + 1, t.epochs + 1):
+            stopped = not loop.train_epoch(epoch, stop)
+            if not stopped:
+                summary = loop.end_epoch(epoch, stop_after_epoch)
+                stopped = epoch < t.epochs and epoch != stop_after_epoch and stop.agreed()  # a signal in evaluation
+            if stopped:
+                if loop.saved_step != state["global_step"]:
+                    loop.save("last")
+                acc.end_training()
+                preempted = Preempted(
+                    f"stopped by {stop.received or 'a signal to another process'} after step {state['global_step']} "
+                    f"(epoch {state['epoch'] + 1}, step {state['epoch_step']} of {loop.steps_per_epoch}); "
+                    f"{run_dir / 'checkpoints' / 'last'} holds it: run the same command to continue (exit status "
+                    f"{PREEMPTED_EXIT_CODE})")
+                acc.print(preempted.message)
+                raise preempted
+            if epoch == stop_after_epoch:
+                break
+    acc.end_training()
+    if acc.is_main_process and state["epoch"] == t.epochs:
+        plot_curves(loop.metrics_file, run_dir / "curves.png")
+    if not summary and state["epoch"] == t.epochs:
+        acc.print(f"{run_dir} holds a finished run ({t.epochs} epochs): nothing to train")
+        summary = _last_eval(loop.metrics_file)
     return {**summary, "best_metric": state["best_metric"], "best_epoch": state["best_epoch"],
             "epochs_done": state["epoch"], "wall_time": time.time() - start_time, "run_dir": str(run_dir)}
+
+
+def _last_eval(metrics_file: Path) -> dict[str, Any]:
+    records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    evals = [r for r in records if r["split"] == "eval"]
+    return evals[-1] if evals else {}
 
 
 def _checked_mean(accelerator: Accelerator, local_mean: torch.Tensor, epoch: int, step: int) -> float:

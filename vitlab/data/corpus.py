@@ -217,15 +217,23 @@ class WindowLoader:
         return chunk[:, :-1], chunk[:, 1:]
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        return self.batches_from(0)
+
+    def batches_from(self, start: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """Training: the epoch's batches from batch ``start`` on, equal to those of a whole epoch (the
+        offsets of the batches before it are drawn and dropped: a few integers each)."""
         device = self.tokens.device
         if self.train:
             g = torch.Generator(device="cpu").manual_seed(process_seed(self.seed, 0, self.epoch, "windows"))
             high = len(self.tokens) - self.block_size  # last start whose window (block + 1) fits
-            for _ in range(self.steps):
+            for step in range(self.steps):
                 starts = torch.randint(0, high, (self.batch_size,), generator=g)
-                part = torch.tensor_split(starts, self.num_processes)[self.process_index]
-                yield self._windows(part.to(device))
+                if step >= start:
+                    part = torch.tensor_split(starts, self.num_processes)[self.process_index]
+                    yield self._windows(part.to(device))
             return
+        if start:
+            raise ValueError("evaluation batches always start at the first")
         starts = torch.arange(self.num_windows, device=device) * self.block_size
         for i in range(-(-self.num_windows // self.batch_size)):
             batch = starts[i * self.batch_size:(i + 1) * self.batch_size]

@@ -42,18 +42,35 @@ class ImageData:
 
 
 class TensorImageDataset(Dataset):
-    """Indexes decoded images and applies a per-sample transform (uint8 CHW tensor in)."""
+    """Indexes decoded images and applies a per-sample transform (uint8 CHW tensor in).
 
-    def __init__(self, data: ImageData, transform: v2.Transform | None = None) -> None:
+    With ``seed`` (training), the random transform of image ``i`` in epoch ``e`` (``set_epoch``) draws
+    from torch's generator seeded by :func:`vitlab.seeding.process_seed` ``(seed, 0, e, 'samples', i)``,
+    inside ``fork_rng`` (the caller's generator is left as it was): the augmentation of an image is a
+    function of (seed, epoch, image), whichever worker or process loads it and wherever an epoch
+    resumes. Without ``seed`` the transform draws from the global generator (evaluation draws nothing).
+    """
+
+    def __init__(self, data: ImageData, transform: v2.Transform | None = None, seed: int | None = None) -> None:
         self.data = data
         self.transform = transform
+        self.seed, self.epoch = seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
 
     def __len__(self) -> int:
         return len(self.data.labels)
 
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
-        image = self.data.images[i]
-        return (self.transform(image) if self.transform is not None else image), self.data.labels[i]
+        image, label = self.data.images[i], self.data.labels[i]
+        if self.transform is None:
+            return image, label
+        if self.seed is None:
+            return self.transform(image), label
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(process_seed(self.seed, 0, self.epoch, "samples", int(i)))
+            return self.transform(image), label
 
 
 def balanced_indices(labels: Tensor, n: int, seed: int = 0) -> Tensor:
@@ -266,9 +283,10 @@ class DeviceImageLoader:
     ``seed + epoch``, identical on every process), then per batch a gather, a random crop with zero
     padding and a horizontal flip for the whole batch at once, RandAugment (``augment='randaugment'``,
     :func:`rand_augment`), and normalization. The crops, flips and RandAugment draws come from a
-    generator of this process's own (:func:`vitlab.seeding.process_seed` of ``seed``, ``process_index``,
-    the epoch and the ``'augment'`` stream), so processes augment independently, and not with the
-    numbers dropout draws.
+    generator of this process's own, seeded for each batch (:func:`vitlab.seeding.process_seed` of
+    ``seed``, ``process_index``, the epoch, the ``'augment'`` stream and the batch), so processes
+    augment independently, not with the numbers dropout draws, and :meth:`batches_from` starts an
+    epoch at any batch as if the ones before it had been drawn.
 
     With ``size`` (the model's input) other than the stored images', each batch is resized there after
     the augmentation (:func:`resize_images`, the per-image transforms' rule), so small images stay small
@@ -333,17 +351,22 @@ class DeviceImageLoader:
         return x
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        return self.batches_from(0)
+
+    def batches_from(self, start: int) -> Iterator[tuple[Tensor, Tensor]]:
+        """The epoch's batches from batch ``start`` on (what a resumed epoch needs), equal to those of
+        a whole epoch."""
         n, device = len(self.labels), self.labels.device
         shared = torch.Generator(device=device).manual_seed(self.seed + self.epoch)  # the same on every process
-        self._generator = torch.Generator(device=device).manual_seed(
-            process_seed(self.seed, self.process_index, self.epoch, "augment"))
+        self._generator = torch.Generator(device=device)
         order = (torch.randperm(n, device=device, generator=shared) if self.train
                  else torch.arange(n, device=device))
-        for i in range(len(self)):
+        for i in range(start, len(self)):
             batch = order[i * self.batch_size:(i + 1) * self.batch_size]
             part = torch.tensor_split(batch, self.num_processes)[self.process_index]
             x = self.images[part]
             if self.train:
+                self._generator.manual_seed(process_seed(self.seed, self.process_index, self.epoch, "augment", i))
                 x = self._augment(x)
             if self.size is not None:
                 x = resize_images(x, self.size)

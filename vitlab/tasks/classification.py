@@ -125,9 +125,9 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         out_size = size if stored != tuple(size) else None
         train_set = TensorImageDataset(train_data, train_transform(stored, d.crop_padding, d.hflip, d.augment,
                                                                    d.randaugment_ops, d.randaugment_magnitude,
-                                                                   out_size, mean, std))
-        # Workers are not persistent: fresh ones each epoch are seeded from the (checkpointed) main RNG,
-        # which keeps a resumed run exactly equal to an uninterrupted one.
+                                                                   out_size, mean, std), seed=t.seed)
+        # Workers are not persistent: fresh ones each epoch get the dataset with its epoch set (each
+        # image's augmentation is seeded by (seed, epoch, image)).
         loader_args: dict[str, Any] = dict(num_workers=d.num_workers, pin_memory=accelerator.device.type == "cuda")
         train_loader = DataLoader(train_set, batch_size=micro_batch, shuffle=True, drop_last=True, **loader_args)
         eval_loaders = {name: DataLoader(eval_dataset(data, size, mean, std), batch_size=micro_batch, shuffle=False,

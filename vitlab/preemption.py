@@ -1,0 +1,59 @@
+"""Stopping on a scheduler's signal: catch it, agree across processes, stop after an optimizer step.
+
+SLURM and Kubernetes send SIGTERM some time before they kill a job (SLURM's ``--signal`` can send
+another, SIGUSR1 say, earlier). :class:`StopSignals` turns each of ``train.stop_signals`` into a flag
+and nothing else, so a signal can never interrupt a step or a checkpoint half-way; a second signal
+only sets the flag again. The loop asks :meth:`StopSignals.agreed` after each optimizer step: one
+all-reduce (MAX) of the flag over the processes, on the CPU (gloo), so the GPU's queue is not waited
+for and every process stops after the same step even when only one of them got the signal.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["StopSignals"]
+
+
+class StopSignals:
+    """A context manager that catches ``names`` (e.g. ``"SIGTERM,SIGUSR1"``) while training runs and
+    restores the previous handlers on exit. Outside the main thread (where Python cannot catch
+    signals) it catches nothing."""
+
+    def __init__(self, names: str, num_processes: int = 1) -> None:
+        self.signals = [signal.Signals[n.strip()] for n in names.split(",") if n.strip()]
+        self.received: str | None = None  # the name of the first signal caught
+        self._previous: dict[signal.Signals, Any] = {}
+        self._group = None
+        if num_processes > 1 and self.signals:
+            # NCCL would put the flag on the GPU and make reading it wait for the queue: a CPU group.
+            self._group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+        self._distributed = num_processes > 1 and bool(self.signals)
+
+    def _catch(self, signum: int, frame: FrameType | None) -> None:
+        self.received = self.received or signal.Signals(signum).name
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._catch)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def agreed(self) -> bool:
+        """Whether any process caught a signal; every process gets the same answer (a collective:
+        call it at the same point on every process)."""
+        if not self._distributed:
+            return self.received is not None
+        flag = torch.tensor([self.received is not None], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        return bool(flag.item())
