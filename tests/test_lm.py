@@ -22,6 +22,7 @@ from vitlab.data import corpus
 from vitlab.data.corpus import CharTokenizer, WindowLoader, read_corpus, split_tokens, tiny_shakespeare
 from vitlab.errors import DataError
 from vitlab.training import train
+from conftest import reset_accelerate
 
 ROOT = Path(__file__).resolve().parents[1]
 SHAKESPEARE = os.environ.get("VITLAB_TINYSHAKESPEARE")
@@ -51,6 +52,34 @@ def test_training_windows_are_one_global_batch_split_over_processes():
     again = WindowLoader(tokens, 32, 12, "cpu", steps=3, seed=7)
     again.set_epoch(1)
     assert not torch.equal(next(iter(again))[0], one[0])  # another epoch, other windows
+
+
+def test_language_model_stopped_inside_an_epoch_resumes_bit_identical(tmp_path, monkeypatch, on_cpu):
+    # Random windows (their own stream, replayed up to the stop) and dropout (the checkpointed global one).
+    from safetensors.torch import load_file
+
+    from conftest import same_run_records, signal_at_step
+    from vitlab.errors import Preempted
+
+    text = tmp_path / "text.txt"
+    text.write_text("".join(chr(97 + (i * i) % 26) for i in range(6000)))
+    overrides = [f"data.root={text}", "model.depth=1", "model.embed_dim=32", "model.num_heads=2", "model.dropout=0.1",
+                 "data.block_size=16", "data.steps_per_epoch=5", "train.batch_size=8", "train.epochs=2",
+                 "train.log_every=2"]
+    cfg = lambda run: load_config(ROOT / "configs/lm_shakespeare_char_cpu.yaml", overrides + [f"train.output_dir={run}"])
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train(cfg(whole))
+    reset_accelerate()
+    with monkeypatch.context() as m:
+        signal_at_step(m, 3)
+        with pytest.raises(Preempted):
+            train(cfg(parts))
+    reset_accelerate()
+    train(cfg(parts))
+    a = load_file(str(whole / "checkpoints/last/model.safetensors"))
+    b = load_file(str(parts / "checkpoints/last/model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert same_run_records(whole, parts)
 
 
 def test_bad_text_input_is_one_clear_line(tmp_path):

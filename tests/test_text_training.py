@@ -218,27 +218,37 @@ def test_real_multi30k_reads_aligned_and_bpe_round_trips(tmp_path):
     assert [tok.decode(tok.encode(s).ids) for s in test_en] == test_en
 
 
-def test_interrupted_and_resumed_translation_run_ends_with_the_same_weights(tmp_path):
-    # Token-count batches, dropout and the saved tokenizer: a resumed run must end bit-identical.
+def test_translation_run_stopped_inside_an_epoch_resumes_bit_identical(tmp_path, monkeypatch, on_cpu):
+    # Token-count batches with 2 accumulation steps, dropout and the saved tokenizer: stopped by SIGTERM
+    # at step 3 of epoch 1, the same command resumes at micro-batch 7 and ends bit-identical.
     from safetensors.torch import load_file
+
+    from conftest import same_run_records, signal_at_step
+    from vitlab.errors import Preempted
 
     for split, n in (("train", 120), ("val", 10), ("test", 10)):
         _write_parallel(tmp_path / "data", n, split)
     overrides = ["model.name=transformer_tiny", "model.dropout=0.1", f"data.root={tmp_path / 'data'}",
-                 "data.test_split=test", "data.vocab_size=80", "data.batch_tokens=200", "train.epochs=3",
-                 "generate.eval_subset=4", "generate.max_new_tokens=8", "optim.warmup_epochs=0.5"]
+                 "data.test_split=test", "data.vocab_size=80", "data.batch_tokens=200", "train.epochs=2",
+                 "train.grad_accum_steps=2", "generate.eval_subset=4", "generate.max_new_tokens=8",
+                 "optim.warmup_epochs=0.5"]
     whole = tmp_path / "whole"
     train(load_config(ROOT / "configs/multi30k_de_en.yaml", overrides + [f"train.output_dir={whole}"]))
     reset_accelerate()
     parts = tmp_path / "parts"
     cfg = load_config(ROOT / "configs/multi30k_de_en.yaml", overrides + [f"train.output_dir={parts}"])
-    train(cfg, stop_after_epoch=1)
+    with monkeypatch.context() as m:
+        signal_at_step(m, 3)
+        with pytest.raises(Preempted):
+            train(cfg)
     reset_accelerate()
-    train(cfg, resume=parts)
+    state = json.loads((parts / "checkpoints/last/trainer_state.json").read_text())
+    assert (state["epoch"], state["epoch_step"]) == (0, 3)
+    train(cfg)
     a = load_file(str(whole / "checkpoints/last/model.safetensors"))
     b = load_file(str(parts / "checkpoints/last/model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
+    assert same_run_records(whole, parts)
 
 
 @pytest.mark.parametrize("batching", ["batch_tokens=200", "batch_tokens=0"])
