@@ -206,3 +206,87 @@ def test_an_images_augmentation_is_a_function_of_seed_epoch_and_index_only():
     assert torch.equal(torch.rand(3), expected)  # the caller's generator (dropout's) is left as it was
     ds.set_epoch(3)
     assert not any(torch.equal(ds[i][0], first[i]) for i in range(4))  # a new epoch, new draws
+
+
+# Two processes (gloo), launched as a user would. The signal and the kill come from outside, at a time
+# the test does not choose exactly: what is checked holds wherever they land.
+TWO = (*RANDOM, "train.epochs=3", "train.save_every_steps=2")  # 18 steps
+
+
+def _launch(run_dir: Path, data: Path, *torchrun: str) -> subprocess.Popen:
+    # A fresh store for each restart: in the agent's shared one, restarted gloo workers could read their
+    # peers' addresses from the attempt before and fail to connect (2 restarts in 7 here, torch 2.14).
+    env = {**launch_env(2, exact=True), "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                             *torchrun, str(ROOT / "train.py"), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
+                             *tiny_overrides(data, run_dir, *TWO)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _worker(launcher: subprocess.Popen, rank: int) -> int:
+    """The pid of the worker of ``rank`` that ``launcher`` (torchrun) started."""
+    for proc in Path("/proc").iterdir():
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == launcher.pid and f"RANK={rank}".encode() in environ:
+            return int(proc.name)
+    raise AssertionError(f"no worker of rank {rank}")
+
+
+def _wait_for(condition, launcher: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert launcher.poll() is None, launcher.communicate()[1][-3000:]
+        assert time.time() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _finish(launcher: subprocess.Popen) -> tuple[int, str, str]:
+    out, err = launcher.communicate(timeout=300)
+    return launcher.returncode, out, err
+
+
+@pytest.fixture(scope="module")
+def two_process_whole(tiny_imagefolder, tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("two") / "whole"
+    code, out, err = _finish(_launch(run_dir, tiny_imagefolder))
+    assert code == 0, err[-3000:]
+    return run_dir
+
+
+def test_sigterm_to_one_of_two_processes_stops_both_after_one_step_and_the_same_command_ends_bit_identical(
+        two_process_whole, tiny_imagefolder, tmp_path):
+    run_dir = tmp_path / "run"
+    launcher = _launch(run_dir, tiny_imagefolder)
+    metrics = run_dir / "metrics.jsonl"
+    _wait_for(lambda: metrics.exists() and '"split": "train"' in metrics.read_text(), launcher)
+    os.kill(_worker(launcher, 1), signal.SIGTERM)  # only process 1 hears it: the all-reduce tells process 0
+    code, out, err = _finish(launcher)
+    assert code != 0 and err.count("exitcode  : 75") + err.count("exitcode: 75") >= 1, err[-3000:]
+    assert "stopped by a signal to another process after step" in out  # process 0 prints
+    state = _state(run_dir)
+    assert 0 < state["global_step"] < 18 and (run_dir / "checkpoints/last/process_1.json").is_file() == bool(
+        state["epoch_step"])
+    code, out, err = _finish(_launch(run_dir, tiny_imagefolder))  # the same command
+    assert code == 0, err[-3000:]
+    assert f"resumed at epoch {state['epoch'] + 1}, step {state['epoch_step']}" in out
+    for name in ("model.safetensors", "ema.safetensors"):
+        assert _equal(_weights(two_process_whole, name), _weights(run_dir, name)), name
+    assert same_run_records(two_process_whole, run_dir)
+
+
+def test_a_killed_worker_under_torchrun_max_restarts_resumes_from_its_step_checkpoint_by_itself(
+        two_process_whole, tiny_imagefolder, tmp_path):
+    run_dir = tmp_path / "run"
+    launcher = _launch(run_dir, tiny_imagefolder, "--max-restarts", "1", "--monitor-interval", "0.2")
+    last = run_dir / "checkpoints" / "last" / "trainer_state.json"
+    _wait_for(lambda: last.exists() and 0 < ckpt.read_json(last)["epoch_step"], launcher)
+    os.kill(_worker(launcher, 1), signal.SIGKILL)
+    code, out, err = _finish(launcher)
+    assert code == 0, err[-3000:]
+    assert out.count("resumed at epoch") == 1  # the restarted workers continued from a step checkpoint
+    assert _equal(_weights(two_process_whole), _weights(run_dir))
+    assert _equal(_weights(two_process_whole, "ema.safetensors"), _weights(run_dir, "ema.safetensors"))

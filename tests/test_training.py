@@ -474,24 +474,6 @@ def test_two_processes_draw_different_augmentation_dropout_and_mixup(identical_i
         assert draws[0][stream] != draws[1][stream], stream
 
 
-def test_two_process_run_interrupted_and_resumed_equals_the_uninterrupted_one(tiny_imagefolder, tmp_path):
-    # Crops, flips, mixup (NumPy), drop path and EMA, each process drawing its own stream.
-    extra = ("train.epochs=3", "data.mixup_alpha=0.2", "model.drop_path_rate=0.1", "train.ema_decay=0.9")
-    whole, parts = tmp_path / "whole", tmp_path / "parts"
-    result = _torchrun(29543, str(HELPER), *tiny_overrides(tiny_imagefolder, whole, *extra), exact=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    result = _torchrun(29544, str(HELPER), "--stop-after-epoch", "1", *tiny_overrides(tiny_imagefolder, parts, *extra),
-                       exact=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    result = _torchrun(29545, str(ROOT / "train.py"), "--resume", str(parts), exact=True)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "2 process(es)" in result.stdout
-    for name in ("model.safetensors", "ema.safetensors"):
-        a, b = _weights(whole, name=name), _weights(parts, name=name)
-        assert all(torch.equal(a[k], b[k]) for k in a), name
-    assert _evals(whole)[-1]["test_loss"] == _evals(parts)[-1]["test_loss"]
-
-
 @pytest.mark.parametrize("option", ["train.mixed_precision=bf16", "train.compile=true"])
 def test_gpu_only_paths_train_evaluate_and_reload_on_the_cpu(tiny_imagefolder, tmp_path, option):
     # bf16 runs as CPU autocast, compile as inductor on the CPU: one step, one evaluation, a checkpoint
