@@ -127,7 +127,7 @@ def test_tiny_shakespeare_download_is_checked_and_never_left_half_written(tmp_pa
 
 
 @pytest.mark.skipif(not SHAKESPEARE, reason="tiny Shakespeare not available: set VITLAB_TINYSHAKESPEARE")
-def test_char_gpt_learns_tiny_shakespeare_and_eval_and_sample_agree(tmp_path):
+def test_char_gpt_learns_tiny_shakespeare_and_eval_and_sample_agree(tmp_path, capsys):
     run_dir = tmp_path / "lm"
     summary = train(load_config(ROOT / "configs/lm_shakespeare_char_cpu.yaml", [
         f"data.root={SHAKESPEARE}", f"train.output_dir={run_dir}", "data.steps_per_epoch=60", "train.epochs=2",
@@ -142,13 +142,17 @@ def test_char_gpt_learns_tiny_shakespeare_and_eval_and_sample_agree(tmp_path):
     assert m["loss"] == pytest.approx(summary["val_loss"], abs=1e-6)  # the whole validation split, both times
     assert m["num_tokens"] == 111_540 - 1  # nanoGPT's prepare.py: "val has 111,540 tokens"; all but the first predicted
     assert m["perplexity"] == pytest.approx(math.exp(m["loss"])) and m["bpc"] == pytest.approx(m["loss"] / math.log(2))
-    sample = [sys.executable, "-m", "vitlab.cli", "sample", "--checkpoint", str(run_dir), "--prompt", "ROMEO:",
-              "--max-new-tokens", "40", "--seed", "3"]
-    first = subprocess.run(sample, check=True, capture_output=True, text=True, env=env).stdout
+    sample = ["sample", "--checkpoint", str(run_dir), "--prompt", "ROMEO:", "--max-new-tokens", "40", "--seed", "3"]
+    capsys.readouterr()
+    main(sample)
+    first = capsys.readouterr().out
     assert first.startswith("ROMEO:") and len(first.rstrip("\n")) == 46
-    assert subprocess.run(sample, check=True, capture_output=True, text=True, env=env).stdout == first
-    bad = subprocess.run(sample[:-4] + ["--prompt", "ROMEO€"], capture_output=True, text=True, env=env)
-    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "'€'" in bad.stderr
+    main(sample)
+    assert capsys.readouterr().out == first
+    with pytest.raises(SystemExit) as bad:
+        main(sample[:-4] + ["--prompt", "ROMEO€"])
+    err = capsys.readouterr().err
+    assert bad.value.code == 1 and err.count("\n") == 1 and "'€'" in err
     pattern = tmp_path / "pattern.png"
     main(["sample", "--checkpoint", str(run_dir), "--prompt", "ROMEO:", "--max-new-tokens", "5", "--attention",
           str(pattern)])

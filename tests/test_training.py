@@ -115,7 +115,7 @@ def test_inverse_sqrt_schedule_is_the_papers():
 
 
 @pytest.mark.parametrize("loader", ["torch", "gpu", "moe"])
-def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder, tmp_path, loader):
+def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder, tmp_path, loader, on_cpu):
     # No randomness beyond the (shared, seeded) shuffling: same global batches, same updates. The
     # device loader shards evaluation itself (36 test images over 2 processes, gathered unevenly).
     # "moe": a mixture of experts under DDP (balancing loss off: it is computed per process).
@@ -124,10 +124,7 @@ def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder,
     extra = ("data.crop_padding=0", "data.hflip=false", "train.epochs=1", "train.label_smoothing=0.0",
              f"data.loader={loader}", "train.batch_size=24", "data.test_subset=35", *moe)  # last eval batch: 6 + 5
     env = {**launch_env(2, exact=True), "OMP_NUM_THREADS": "1"}  # both runs where the comparison holds
-    one = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
-                          *tiny_overrides(tiny_imagefolder, tmp_path / "one", *extra)],
-                         capture_output=True, text=True, env=env)
-    assert one.returncode == 0, one.stderr[-2000:]
+    train(load_config(ROOT / "configs/cifar10_cpu_quick.yaml", tiny_overrides(tiny_imagefolder, tmp_path / "one", *extra)))
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                           str(29533 + (loader == "gpu") + 2 * bool(moe)), str(ROOT / "train.py"), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
                           *tiny_overrides(tiny_imagefolder, tmp_path / "two", *extra)],
