@@ -2,7 +2,6 @@
 an elastic restart after a killed worker. Each is compared with the uninterrupted run, bit for bit (CPU)."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
