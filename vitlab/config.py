@@ -45,9 +45,13 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: Literal["cifar10", "imagefolder"] = "cifar10"
-    root: str = "./data"
+    dataset: Literal["cifar10", "imagefolder", "hf"] = "cifar10"
+    root: str = "./data"      # hf: a Hub id, a DatasetDict.save_to_disk directory or a folder of parquet files
     download: bool = True
+    train_split: str = "train"  # imagefolder: folder names; hf: split names
+    test_split: str = "test"
+    image_key: str = ""       # hf: the image and label columns ('' = image/img, label/labels/fine_label)
+    label_key: str = ""
     train_subset: int = 0     # use only N training images, balanced across classes; 0 = all
     test_subset: int = 0      # likewise for the test set
     val_size: int = 0         # hold out N training images (balanced) for validation/best-checkpoint choice
@@ -147,6 +151,10 @@ class TrainConfig:
     keep_last: int = 0        # keep the K newest last/ checkpoints as checkpoints/step_<global step>/ (0 = none)
     resume: Literal["auto", "no"] = "auto"  # auto: continue the run in output_dir if it has a checkpoint
     stop_signals: str = "SIGTERM"  # on these (comma-separated; "" = none): checkpoint, exit 75 (EX_TEMPFAIL)
+    # Experiment trackers through Accelerate (the run's scalars and its whole config; project: the run's
+    # directory name); all: every one installed. mlflow writes a file store in <run>/mlruns unless
+    # MLFLOW_TRACKING_URI says otherwise.
+    log_with: Literal["tensorboard", "wandb", "mlflow", "aim", "all", "none"] = "tensorboard"
     eval_every: int = 1       # epochs between evaluations; 0 = only after the last epoch
     output_dir: str = "runs/vit_cifar10"
     seed: int = 0

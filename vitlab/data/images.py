@@ -22,7 +22,7 @@ from ..seeding import process_seed
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "load_split", "balanced_indices",
            "train_transform", "eval_transform", "image_transform", "create_transform", "read_image", "DeviceImageLoader",
-           "rand_augment", "resize_images", "decode_size"]
+           "rand_augment", "resize_images", "decode_size", "pil_to_tensor"]
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -97,13 +97,18 @@ def read_image(path: str | Path, size: tuple[int, int] | None = None) -> Tensor:
     """
     try:
         with Image.open(path) as img:
-            img = img.convert("RGB")
-            if size is not None and img.size != (size[1], size[0]):
-                img = img.resize((size[1], size[0]), Image.BICUBIC)
-            array = np.asarray(img, dtype=np.uint8).copy()
+            return pil_to_tensor(img, size)
     except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise DataError(f"cannot read image {str(path)!r}: {e}") from None
-    return torch.from_numpy(array).permute(2, 0, 1)
+
+
+def pil_to_tensor(img: Image.Image, size: tuple[int, int] | None = None) -> Tensor:
+    """A PIL image (any mode: greyscale, RGBA, palette are converted to RGB) as uint8 ``(3, H, W)``,
+    resized (bicubic) to ``size`` if given: how every decoded image enters memory."""
+    img = img.convert("RGB")
+    if size is not None and img.size != (size[1], size[0]):
+        img = img.resize((size[1], size[0]), Image.BICUBIC)
+    return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
 
 
 def _imagefolder_files(split_dir: Path) -> tuple[list[Path], list[int], list[str]]:
@@ -154,20 +159,28 @@ def _load_cifar10(root: Path, split: str, download: bool, subset: int, seed: int
 
 
 def load_split(dataset: str, root: str | Path, split: str, *, download: bool = False, subset: int = 0,
-               seed: int = 0, size: tuple[int, int] = (32, 32)) -> ImageData:
+               seed: int = 0, size: tuple[int, int] = (32, 32), image_key: str = "", label_key: str = "") -> ImageData:
     """Decode one split into memory.
 
     Args:
-        dataset: ``'cifar10'`` (``torchvision.datasets.CIFAR10`` under ``root``) or ``'imagefolder'``
-            (``root/<split>/<class>/*.png``; class folders sorted give the labels).
-        root: Data root.
-        split: ``'train'`` or ``'test'``.
+        dataset: ``'cifar10'`` (``torchvision.datasets.CIFAR10`` under ``root``), ``'imagefolder'``
+            (``root/<split>/<class>/*.png``; class folders sorted give the labels) or ``'hf'`` (a Hugging
+            Face dataset: :func:`vitlab.data.hf.load_hf_split`).
+        root: Data root (for ``'hf'``: a Hub id, a ``save_to_disk`` directory or a folder of parquet files).
+        split: The split's name (CIFAR-10: ``'train'`` or ``'test'``).
         download: Download CIFAR-10 if absent.
-        subset: Keep only this many images, balanced across classes (0 = all); for ImageFolder
-            data only the kept files are decoded.
+        subset: Keep only this many images, balanced across classes (0 = all); for ImageFolder and
+            Hugging Face data only the kept images are decoded.
         seed: Seed of the subset choice.
-        size: ``(H, W)`` ImageFolder images are resized to (once, at decode time) if they differ.
+        size: ``(H, W)`` ImageFolder and Hugging Face images are resized to (once, at decode time) if
+            they differ.
+        image_key, label_key: The columns of a Hugging Face dataset ('' = found by name).
     """
+    if dataset == "hf":
+        from .hf import load_hf_split
+
+        return load_hf_split(str(root), split, image_key=image_key, label_key=label_key, subset=subset, seed=seed,
+                             size=size)
     root = Path(root).expanduser()
     if dataset == "cifar10":
         return _load_cifar10(root, split, download, subset, seed)

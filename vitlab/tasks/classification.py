@@ -38,8 +38,8 @@ def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int]) -> tupl
     images training used."""
     # Only the images used are decoded: the training subset plus the validation images.
     wanted = d.train_subset + d.val_size if d.train_subset else 0
-    train = load_split(d.dataset, d.root, "train", download=d.download, subset=wanted, seed=seed,
-                       size=_decode_size(d, size))
+    train = load_split(d.dataset, d.root, d.train_split, download=d.download, subset=wanted, seed=seed,
+                       size=_decode_size(d, size), image_key=d.image_key, label_key=d.label_key)
     if d.val_size == 0:
         return train, None
     if d.val_size >= len(train.labels):
@@ -53,8 +53,8 @@ def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int]) -> tupl
 
 def load_test_data(d: DataConfig, seed: int, size: tuple[int, int]) -> ImageData:
     """Decode the test images (``data.test_subset`` of them, balanced, if set), as :func:`load_train_val_data`."""
-    return load_split(d.dataset, d.root, "test", download=d.download, subset=d.test_subset, seed=seed,
-                      size=_decode_size(d, size))
+    return load_split(d.dataset, d.root, d.test_split, download=d.download, subset=d.test_subset, seed=seed,
+                      size=_decode_size(d, size), image_key=d.image_key, label_key=d.label_key)
 
 
 def eval_dataset(data: ImageData, size: tuple[int, int], mean: tuple[float, ...],
@@ -109,8 +109,11 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                           f"{train_data.classes}")
     num_classes = len(train_data.classes)
     if model.num_classes != num_classes:
-        raise ConfigError(f"model.num_classes={model.num_classes} but the data has {num_classes} classes "
-                          f"{train_data.classes}; set model.num_classes={num_classes}")
+        if "num_classes" in cfg.model.args:
+            raise ConfigError(f"model.num_classes={model.num_classes} but the data has {num_classes} classes "
+                              f"{train_data.classes}; set model.num_classes={num_classes}, or leave it out to take "
+                              f"the data's")
+        model.reset_classifier(num_classes)  # the data decides: a new head, initialised as the model's own
     eval_sets = {"test": test} if val_data is None else {"val": val_data, "test": test}
     on_device = resolve_loader(d.loader, d.augment, accelerator.device) == "gpu"
     if on_device:

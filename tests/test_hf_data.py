@@ -1,0 +1,123 @@
+"""Hugging Face datasets as training data (``data.dataset=hf``): the same images give the same numbers
+as through ImageFolder; parquet; greyscale; bad input is one line."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import reset_accelerate, same_run_records
+from vitlab.config import load_config
+from vitlab.data.hf import load_hf_split
+from vitlab.errors import DataError
+from vitlab.training import train
+
+datasets = pytest.importorskip("datasets", reason="the hf extra is not installed: pip install 'vitlab[hf]'")
+
+PER_CLASS = {"train": 24, "test": 8}  # of each of CIFAR-10's 10 classes: 240 + 80 real images
+
+
+@pytest.fixture(scope="module")
+def cifar_copies(cifar10_dir, tmp_path_factory) -> dict[str, Path]:
+    """The same real CIFAR-10 PNGs three ways: ImageFolder (links), a saved DatasetDict, parquet files."""
+    root = tmp_path_factory.mktemp("hf")
+    classes = sorted(p.name for p in (cifar10_dir / "train").iterdir())
+    columns: dict[str, dict[str, list]] = {}
+    for split, n in PER_CLASS.items():
+        columns[split] = {"img": [], "label": []}
+        for label, name in enumerate(classes):
+            (root / "folder" / split / name).mkdir(parents=True)
+            for f in sorted((cifar10_dir / split / name).iterdir())[:n]:
+                (root / "folder" / split / name / f.name).symlink_to(f)
+                columns[split]["img"].append(str(f))
+                columns[split]["label"].append(label)
+    features = datasets.Features({"img": datasets.Image(), "label": datasets.ClassLabel(names=classes)})
+    dd = datasets.DatasetDict({s: datasets.Dataset.from_dict(c, features=features) for s, c in columns.items()})
+    dd.save_to_disk(str(root / "saved"))
+    (root / "parquet").mkdir()
+    for split, ds in dd.items():
+        ds.to_parquet(str(root / "parquet" / f"{split}-00000-of-00001.parquet"))
+    return {"imagefolder": root / "folder", "saved": root / "saved", "parquet": root / "parquet"}
+
+
+def _run(data: list[str], run_dir: Path) -> dict:
+    overrides = ["model.name=vit_cifar_tiny_patch4_32", "model.depth=1", "model.embed_dim=32", "model.num_heads=2",
+                 "data.num_workers=0", "train.batch_size=32", "train.epochs=2", "optim.warmup_epochs=1",
+                 "train.log_every=2", "data.val_size=40", f"train.output_dir={run_dir}", *data]
+    summary = train(load_config(None, overrides))
+    reset_accelerate()
+    return summary
+
+
+def test_a_saved_datasetdict_trains_to_the_numbers_of_the_same_images_as_an_imagefolder(cifar_copies, tmp_path):
+    # Same images, same order, same seed: the same validation split, batches, augmentation and weights.
+    folder = _run(["data.dataset=imagefolder", f"data.root={cifar_copies['imagefolder']}"], tmp_path / "folder")
+    saved = _run(["data.dataset=hf", f"data.root={cifar_copies['saved']}"], tmp_path / "saved")
+    assert saved["test_top1"] == folder["test_top1"] and saved["val_top1"] == folder["val_top1"]
+    assert same_run_records(tmp_path / "folder", tmp_path / "saved")
+    a = load_file(str(tmp_path / "folder/checkpoints/last/model.safetensors"))
+    b = load_file(str(tmp_path / "saved/checkpoints/last/model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # The class names are the ClassLabel's, kept with the model.
+    meta = json.loads((tmp_path / "saved/checkpoints/last/config.json").read_text())
+    assert meta["classes"][:3] == ["airplane", "automobile", "bird"]
+
+
+def test_parquet_files_read_like_the_saved_dataset(cifar_copies):
+    saved = load_hf_split(str(cifar_copies["saved"]), "test", size=(32, 32))
+    parquet = load_hf_split(str(cifar_copies["parquet"]), "test", size=(32, 32))
+    assert torch.equal(saved.images, parquet.images) and torch.equal(saved.labels, parquet.labels)
+    assert saved.images.shape == (80, 3, 32, 32) and saved.classes == parquet.classes
+
+
+def test_greyscale_images_without_classlabel_train_with_the_data_s_number_of_classes(tmp_path):
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(0)
+    rows = {"image": [], "labels": []}
+    for i in range(48):
+        label = i % 2
+        pixels = (torch.rand(20, 24, generator=g) * 60 + 150 * label).to(torch.uint8).numpy()
+        rows["image"].append(Image.fromarray(pixels, mode="L"))  # greyscale, 20 x 24: converted, resized
+        rows["labels"].append(label + 3)  # plain integers: classes "3" and "4"
+    ds = datasets.Dataset.from_dict(rows, features=datasets.Features({"image": datasets.Image(),
+                                                                     "labels": datasets.Value("int64")}))
+    datasets.DatasetDict(train=ds, test=ds.select(range(16))).save_to_disk(str(tmp_path / "grey"))
+    data = load_hf_split(str(tmp_path / "grey"), "train", size=(32, 32))
+    assert data.images.shape == (48, 3, 32, 32) and data.classes == ["3", "4"]
+    assert torch.equal(data.images[:, 0], data.images[:, 1])  # grey: R = G = B
+    summary = _run(["data.dataset=hf", f"data.root={tmp_path / 'grey'}", "data.val_size=0"], tmp_path / "run")
+    weights = load_file(str(tmp_path / "run/checkpoints/last/model.safetensors"))
+    assert weights["head.weight"].shape[0] == 2  # no model.num_classes in the config: the data's 2
+    assert summary["test_top1"] >= 0.9  # dark against bright
+
+
+def test_bad_hugging_face_input_is_one_line(cifar_copies, tmp_path, monkeypatch):
+    saved = str(cifar_copies["saved"])
+    cases = [
+        (dict(root=saved, split="validation"), r"has no split 'validation'; its splits: \['train', 'test'\]"),
+        (dict(root=saved, split="test", image_key="pixels"), r"data.image_key='pixels' is not a column of the "
+                                                             r"data set; its columns: \['img', 'label'\]"),
+        (dict(root=str(tmp_path), split="train"), "a directory with neither a saved dataset"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(DataError, match=message) as e:
+            load_hf_split(**kwargs)
+        assert "\n" not in str(e.value)
+    ds = datasets.Dataset.from_dict({"picture": ["not an image"], "y": [1]})
+    datasets.DatasetDict(train=ds).save_to_disk(str(tmp_path / "odd"))
+    with pytest.raises(DataError, match=r"no image column found among \['picture', 'y'\] \(looked for image, img\); "
+                                        r"name it with data.image_key=<column>"):
+        load_hf_split(str(tmp_path / "odd"), "train")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True, raising=False)
+    with pytest.raises(DataError, match=r"could not load data.root='someone/no-such-dataset' \(") as e:
+        load_hf_split("someone/no-such-dataset", "train")
+    assert "\n" not in str(e.value)
+    monkeypatch.setitem(sys.modules, "datasets", None)
+    with pytest.raises(DataError, match=r"needs the Hugging Face datasets package: pip install 'vitlab\[hf\]'"):
+        load_hf_split(saved, "train")
