@@ -1,6 +1,7 @@
 """The training loop end to end on small generated data: learning, checkpoints, resume, errors, CLI."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -511,3 +512,59 @@ def test_mixture_of_experts_trains_with_its_balancing_loss_and_logs_expert_use(t
     assert len(use) == 2 and all(len(layers) == 1 and len(layers[0]) == 4 for layers in use)  # 1 block, 4 experts
     assert all(abs(sum(layers[0]) - 1) < 1e-3 for layers in use)
     assert ckpt.load_model(run_dir).config["mlp_layer"] == "moe"
+
+
+def test_trackers_record_the_runs_scalars_and_config_and_a_missing_one_is_one_line(tiny_imagefolder, tmp_path,
+                                                                                monkeypatch):
+    mlflow = pytest.importorskip("mlflow", reason="mlflow not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run_dir = tmp_path / "my_run"
+    summary = train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.log_with=all",
+                                                     "train.epochs=1")))
+    reset_accelerate()
+    # MLflow: a file store in the run directory, an experiment named after it, the epoch's scalars and
+    # the whole config as parameters.
+    client = mlflow.tracking.MlflowClient(tracking_uri=(run_dir / "mlruns").resolve().as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("my_run").experiment_id])
+    assert run.data.metrics["test_top1"] == pytest.approx(summary["test_top1"])
+    assert run.data.metrics["train_loss"] == pytest.approx(summary["train_loss"])
+    assert run.data.params["model.embed_dim"] == "32" and run.data.params["optim.lr"] == "0.003"
+    # TensorBoard: the same scalars.
+    scalars = EventAccumulator(str(run_dir / "tensorboard" / "my_run")).Reload()
+    assert scalars.Scalars("test_top1")[-1].value == pytest.approx(summary["test_top1"])
+    for tracker, package in (("wandb", "wandb"), ("aim", "aim")):
+        if importlib.util.find_spec(package) is None:
+            with pytest.raises(ConfigError, match=rf"train.log_with={tracker}: the {package} package is not installed; "
+                                                  rf"pip install {package}"):
+                train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / tracker, f"train.log_with={tracker}")))
+            assert not (tmp_path / tracker).exists()  # refused before anything was written
+    train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "quiet", "train.log_with=none",
+                                           "train.epochs=1")))
+    assert not (tmp_path / "quiet" / "tensorboard").exists() and not (tmp_path / "quiet" / "mlruns").exists()
+
+
+def test_the_model_card_states_what_the_run_measured_and_the_evaluations_recorded(trained_run, tmp_path):
+    import shutil
+
+    from vitlab.cli import main
+
+    run_dir, summary = tmp_path / "run", trained_run[1]
+    shutil.copytree(trained_run[0], run_dir)
+    main(["eval", "--checkpoint", str(run_dir), "--split", "val", "--record"])
+    reset_accelerate()
+    model = vitlab.load_model(run_dir)
+    training = model.pretrained_cfg["training"]  # load_model reads best/: the model of the best epoch
+    epoch = summary["best_epoch"]
+    assert training["epochs"] == epoch and training["steps"] == 5 * epoch  # 5 steps an epoch
+    assert training["dataset"].startswith("imagefolder (") and 0 < training["wall_time"] < summary["wall_time"]
+    best = _evals(run_dir)[epoch - 1]
+    assert training["evaluation"] == {k: best[k] for k in training["evaluation"]} and best["epoch"] == epoch
+    model.save_pretrained(tmp_path / "hub")
+    card = (tmp_path / "hub" / "README.md").read_text()
+    assert f"for {epoch} epochs ({5 * epoch} optimizer\nsteps)" in card
+    assert f"| test_top1 | {best['test_top1']:.4f} |" in card
+    (evaluation,) = model.pretrained_cfg["evaluations"]
+    assert evaluation["metrics"]["top1"] == best["val_top1"]  # the recorded val split is the run's own
+    assert f"| val | top1 | {best['val_top1']:.4f} | `vitlab eval --checkpoint {run_dir} --split val` |" in card

@@ -37,7 +37,7 @@ def _eval(args: argparse.Namespace) -> None:
     from .evaluation import evaluate_checkpoint
 
     evaluate_checkpoint(args.checkpoint, args.split, tuple(args.overrides), use_ema=not args.no_ema,
-                        batch_size=args.batch_size, output=args.output)
+                        batch_size=args.batch_size, output=args.output, record=args.record)
 
 
 def _translate(args: argparse.Namespace) -> None:
@@ -265,6 +265,8 @@ def main(argv: list[str] | None = None) -> None:
                          "the examples it trained on (a language model has only train and val: test means val)")
     ev.add_argument("--batch-size", type=int, default=256)
     ev.add_argument("--no-ema", action="store_true", help="evaluate the raw weights even if the run kept an EMA")
+    ev.add_argument("--record", action="store_true", help="add the result to the checkpoint's config.json: the model "
+                                                          "card save_pretrained writes lists it")
     ev.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. data.root=... data.test_subset=1000")
     pr = sub.add_parser("predict", help="print the top-k classes of image files")
     pr.add_argument("--checkpoint", required=True)

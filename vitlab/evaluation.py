@@ -5,33 +5,54 @@ held-out images or sentences); the task's metric code (:mod:`vitlab.tasks`) scor
 """
 from __future__ import annotations
 
+import os
+import shlex
 from pathlib import Path
 from typing import Any
 
+from accelerate import PartialState
 from torch import nn
 from torch.utils.data import DataLoader
 
-from .checkpoint import load_model, resolve_checkpoint, write_json
+from .checkpoint import load_model, read_json, resolve_checkpoint, write_json
 from .config import Config, load_config
 from .errors import ConfigError
 from .models import VisionTransformer
 from .training import create_accelerator
 from .visualize import plot_confusion_matrix, plot_mistakes, save_figure
 
-__all__ = ["evaluate_checkpoint"]
+__all__ = ["evaluate_checkpoint", "record_evaluation"]
 
 
 def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: tuple[str, ...] = (),
-                        use_ema: bool = True, batch_size: int = 256, output: str | Path | None = None) -> dict[str, Any]:
+                        use_ema: bool = True, batch_size: int = 256, output: str | Path | None = None,
+                        record: bool = False) -> dict[str, Any]:
     """Evaluate a run (its best checkpoint) or a checkpoint directory on ``split`` (train, val, test) of
     its own data; print the metrics on the main process and write them to ``output`` (JSON) if given.
-    A classifier also gets its confusion matrix (JSON + PNG) beside ``output`` or in the checkpoint."""
+    A classifier also gets its confusion matrix (JSON + PNG) beside ``output`` or in the checkpoint.
+    ``record`` adds the result to the checkpoint (:func:`record_evaluation`) for its model card."""
     directory = resolve_checkpoint(checkpoint)
     cfg = load_config(directory / "run_config.yaml", overrides)
     model = load_model(directory, use_ema=use_ema)
     run = (_evaluate_classifier if isinstance(model, VisionTransformer) else _evaluate_lm if cfg.task == "lm"
            else _evaluate_seq2seq)
-    return run(directory, cfg, model, split, batch_size, Path(output) if output else None)
+    metrics = run(directory, cfg, model, split, batch_size, Path(output) if output else None)
+    if record and PartialState().is_main_process:
+        command = ["vitlab", "eval", "--checkpoint", str(checkpoint), "--split", split, *overrides]
+        record_evaluation(directory, split, metrics, shlex.join(command + ([] if use_ema else ["--no-ema"])))
+    return metrics
+
+
+def record_evaluation(directory: Path, split: str, metrics: dict[str, Any], command: str) -> None:
+    """Add an evaluation (its scalar metrics and the command) to the checkpoint's ``config.json``, where
+    ``save_pretrained``'s model card lists it; written to a temporary file and renamed into place."""
+    meta = read_json(directory / "config.json")
+    scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    meta.setdefault("evaluations", []).append({"split": split, "metrics": scalars,
+                                               "command": command})
+    tmp = directory / "config.json.tmp"
+    write_json(tmp, meta)
+    os.replace(tmp, directory / "config.json")
 
 
 def _evaluate_lm(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,

@@ -10,7 +10,9 @@ import contextlib
 import json
 import math
 import os
+import shlex
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +148,29 @@ def _find_resume_point(cfg: Config, resume: str | Path | None) -> tuple[Path, Pa
     return run_dir, last
 
 
+TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "aim": "aim"}  # name: package
+
+
+def _trackers(log_with: str) -> list[str]:
+    """The trackers ``train.log_with`` names (``all``: every one installed; ``none``: none).
+
+    Raises:
+        ConfigError: naming the package, if a tracker asked for by name is not installed (Accelerate
+            would leave it out without a word).
+    """
+    from accelerate.tracking import get_available_trackers
+
+    available = {str(t) for t in get_available_trackers()}
+    if log_with == "all":
+        return [name for name in TRACKERS if name in available]
+    if log_with == "none":
+        return []
+    if log_with not in available:
+        raise ConfigError(f"train.log_with={log_with}: the {TRACKERS[log_with]} package is not installed; pip install "
+                          f"{TRACKERS[log_with]}, or choose train.log_with=tensorboard or none")
+    return [log_with]
+
+
 def _resume_state(resume_from: Path, run_dir: Path) -> dict[str, Any]:
     """The trainer state of ``last/``, with the best metric of ``best/`` when it exists: ``best/`` may
     have been written after ``last/`` (with ``train.save_every > 1``) and must not be overwritten by
@@ -191,8 +216,9 @@ class _Loop:
     def __init__(self, cfg: Config, run_dir: Path, resume_from: Path | None) -> None:
         t = cfg.train
         self.cfg, self.run_dir = cfg, run_dir
+        trackers = _trackers(t.log_with)
         self.accelerator = acc = create_accelerator(
-            t.mixed_precision, log_with="tensorboard", project_dir=str(run_dir),
+            t.mixed_precision, log_with=trackers or None, project_dir=str(run_dir / "tensorboard"),
             dataloader_config=DataLoaderConfiguration(split_batches=True, use_seedable_sampler=True, data_seed=t.seed),
         )
         micro_batch = t.batch_size // t.grad_accum_steps
@@ -230,14 +256,24 @@ class _Loop:
                                       "best_epoch": None}
         self.process_state: dict[str, Any] | None = None  # this process's RNG and sums, inside an epoch
         self.meter = _Meter.start(acc.device)
+        self.started = time.time()
+        self.last_evaluation: dict[str, Any] = {}  # the record of the last evaluated epoch
         keep_lines = self._load(resume_from) if resume_from is not None else 0
+        self.wall_time_before = self.state.get("wall_time", 0.0)  # of the run's earlier commands
         self.saved_step = self.state["global_step"] if resume_from is not None else None  # last/'s step
         run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_file = run_dir / "metrics.jsonl"
         self.metrics_lines = _truncate_lines(self.metrics_file, keep_lines) if acc.is_main_process else 0
         if acc.is_main_process:
             save_config(cfg, run_dir / "config.yaml")
-        acc.init_trackers("tensorboard", config=_flat_hparams(cfg))
+        if "mlflow" in trackers and not os.environ.get("MLFLOW_TRACKING_URI") and acc.is_main_process:
+            import mlflow
+
+            # A file store in the run, no server (MLflow 3 keeps it in maintenance mode, behind this switch).
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
+        if trackers:
+            acc.init_trackers(run_dir.resolve().name, config=_flat_hparams(cfg))
         n_params = sum(p.numel() for p in self.model.parameters())
         selection = (f"best/ chosen on {'ema_' if self.ema is not None else ''}val_{task.select}"
                      if "val" in self.eval_loaders else "no validation split: no best/, the final epoch's test metric "
@@ -267,6 +303,7 @@ class _Loop:
         if self.scaler is not None and grad_scaler is not None:
             self.scaler.load_state_dict(grad_scaler)
         num_processes, lines = saved.pop("num_processes", acc.num_processes), saved.pop("metrics_lines", None)
+        self.last_evaluation = ckpt.read_json(resume_from / "config.json").get("training", {}).get("evaluation", {})
         self.state.update(saved)
         if self.state["epoch_step"]:
             if num_processes == acc.num_processes:
@@ -411,12 +448,24 @@ class _Loop:
             + f" | {meter.seconds:.1f}s ({record['examples_per_s']:.0f} examples/s)"
             + (f" | expert use {record['expert_utilization']}" if self.has_moe else ""))
         self.log(record)
+        if "eval_time" in record:
+            self.last_evaluation = record
         state.update(epoch=epoch, epoch_step=0)
         if is_best:
             self.save("best")
         if epoch % t.save_every == 0 or epoch == t.epochs or epoch == stop_after_epoch:
             self.save("last")
         return record
+
+    def _record(self) -> dict[str, Any]:
+        """What the run has measured, for the model card: data, epochs, steps, wall time, the command,
+        the metrics of the last evaluated epoch."""
+        d = self.cfg.data
+        return {"dataset": f"{d.dataset}" + (f" ({d.root})" if getattr(d, "root", "") else ""),
+                "epochs": self.state["epoch"], "steps": self.state["global_step"], "wall_time": self.state["wall_time"],
+                "command": shlex.join(["python", *sys.argv]),
+                "evaluation": {k: v for k, v in self.last_evaluation.items() if k == "epoch" or (
+                    k.startswith(("train_loss", "val_", "test_", "ema_")) and isinstance(v, (int, float)))}}
 
     def save(self, name: str) -> None:
         """Write ``checkpoints/<name>/`` atomically: into a temporary directory, then swapped in. Inside an
@@ -434,8 +483,9 @@ class _Loop:
             if self.has_moe:
                 process_state["meter"]["expert_counts"] = [c.tolist() for c in _epoch_expert_counts(self.model, self.meter)]
             ckpt.write_json(tmp / f"process_{acc.process_index}.json", process_state)
+        state["wall_time"] = self.wall_time_before + time.time() - self.started
         if acc.is_main_process:
-            ckpt.save_model(self.plain_model, tmp, self.cfg.model.name, self.task.meta,
+            ckpt.save_model(self.plain_model, tmp, self.cfg.model.name, {**self.task.meta, "training": self._record()},
                             self.ema.module if self.ema is not None else None)
             self.task.save_files(tmp)
             ckpt.save_optimizer(self.optimizer.optimizer, tmp)

@@ -53,7 +53,26 @@ import vitlab
 
 model = vitlab.load_model("path/to/this/folder")  # or vitlab.models.{{ architecture }}.from_pretrained("user/repo")
 ```
-"""
+{% if training %}
+## Training
+
+Trained by vitlab on `{{ training.dataset }}` for {{ training.epochs }} epochs ({{ training.steps }} optimizer
+steps) in {{ "%.0f" | format(training.wall_time) }} s of wall time:
+
+    {{ training.command }}
+
+{% if training.evaluation %}| evaluated after epoch {{ training.evaluation.epoch }} | value |
+|---|---|
+{% for name, value in training.evaluation.items() if name != "epoch" %}| {{ name }} | {{ "%.4f" | format(value) }} |
+{% endfor %}{% endif %}
+{% endif %}{% if evaluations %}
+## Evaluations (`vitlab eval`)
+
+| split | metric | value | command |
+|---|---|---|---|
+{% for e in evaluations %}{% for name, value in e.metrics.items() %}| {{ e.split }} | {{ name }} | {{ "%.4f" | format(value) if value is float else value }} | `{{ e.command }}` |
+{% endfor %}{% endfor %}
+{% endif %}"""
 
 
 def write_json(path: Path, obj: Any) -> None:
@@ -150,7 +169,7 @@ def _meta_of(model: nn.Module) -> dict[str, Any]:
     meta = {}
     if cfg.get("label_names") is not None:
         meta["classes"] = list(cfg["label_names"])
-    for key in ("mean", "std", "task", "decode_size"):
+    for key in ("mean", "std", "task", "decode_size", "training", "evaluations"):
         if cfg.get(key) is not None:
             meta[key] = list(cfg[key]) if isinstance(cfg[key], tuple) else cfg[key]
     return meta
@@ -186,6 +205,8 @@ def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], 
     else:  # a text model: the task and the tokenizer saved beside the weights
         tokenizer = directory / TOKENIZER_NAME
         cfg = {"task": meta.get("task"), "tokenizer": str(tokenizer) if tokenizer.is_file() else None}
+    # What the run measured (training) and what vitlab eval --record added (evaluations): for the model card.
+    cfg.update({k: meta[k] for k in ("training", "evaluations") if k in meta})
     model.pretrained_cfg = {**cfg, "checkpoint": str(directory)}
     return model.to(map_location).eval()
 
@@ -206,7 +227,11 @@ class HubMixin(PyTorchModelHubMixin, library_name="vitlab", tags=["vitlab"], mod
             shutil.copyfile(tokenizer, save_directory / TOKENIZER_NAME)
 
     def generate_model_card(self, *args: Any, **kwargs: Any):  # noqa: ANN201 (huggingface_hub's ModelCard)
-        return super().generate_model_card(*args, architecture=type(self).__name__, **kwargs)
+        """The card: how to load the model, and what its run measured (``pretrained_cfg``'s ``training``
+        record and the ``vitlab eval --record`` results) when it came from a vitlab run."""
+        cfg = getattr(self, "pretrained_cfg", None) or {}
+        return super().generate_model_card(*args, architecture=type(self).__name__, training=cfg.get("training"),
+                                           evaluations=cfg.get("evaluations"), **kwargs)
 
     @classmethod
     def _from_pretrained(cls, *, model_id: str, revision: str | None, cache_dir: str | Path | None,
