@@ -69,7 +69,9 @@ class TensorImageDataset(Dataset):
         if self.seed is None:
             return self.transform(image), label
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(process_seed(self.seed, 0, self.epoch, "samples", int(i)))
+            # The CPU generator alone (the transforms run on the CPU): torch.manual_seed also seeds every
+            # other backend, 187 us an image here against 1.3 us.
+            torch.random.default_generator.manual_seed(process_seed(self.seed, 0, self.epoch, "samples", int(i)))
             return self.transform(image), label
 
 
