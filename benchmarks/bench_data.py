@@ -1,7 +1,8 @@
 """Data pipeline: images/s each loader delivers against images/s the model consumes.
 
 Loaders: the DataLoader path (per-image torchvision transforms; crop + flip, and with RandAugment)
-at several worker counts, and the device-resident loader (``data.loader: gpu``). The model's rate is
+at several worker counts, each with the per-image seeding training uses and without it, and the
+device-resident loader (``data.loader: gpu``). The model's rate is
 its training-step throughput at the same batch size. A loader must deliver well above what the
 model consumes, or training waits for data.
 
@@ -80,20 +81,21 @@ def main() -> None:
     consumes = model_rate(args.model, args.batch, device, dtype)
     print(f"device {device}; model {args.model} ({'bf16' if dtype else 'fp32'}) consumes {consumes:,.0f} images/s "
           f"at batch {args.batch}")
-    print(f"{'loader':52s} {'images/s':>10s} {'x model':>8s}")
+    print(f"{'loader':62s} {'images/s':>10s} {'x model':>8s}")
     rows = []
     for augment in ("none", "randaugment"):
         for workers in map(int, args.workers.split(",")):
-            ds = TensorImageDataset(data, train_transform((32, 32), augment=augment))
-            dl = DataLoader(ds, batch_size=args.batch, shuffle=True, drop_last=True, num_workers=workers,
-                            pin_memory=device.type == "cuda", persistent_workers=workers > 0)
-            rows.append((f"torch DataLoader, crop+flip{'+RandAugment' if augment != 'none' else ''}, {workers} workers",
-                         loader_rate(dl, device, args.images)))
+            for seed in (0, None):  # 0: as training does (each image's augmentation seeded); None: unseeded
+                ds = TensorImageDataset(data, train_transform((32, 32), augment=augment), seed=seed)
+                dl = DataLoader(ds, batch_size=args.batch, shuffle=True, drop_last=True, num_workers=workers,
+                                pin_memory=device.type == "cuda", persistent_workers=workers > 0)
+                name = f"torch DataLoader, crop+flip{'+RandAugment' if augment != 'none' else ''}, {workers} workers"
+                rows.append((name + ("" if seed is not None else ", unseeded"), loader_rate(dl, device, args.images)))
     gpu_loader = DeviceImageLoader(data, args.batch, device)
     loader_rate(gpu_loader, device, args.batch * 2)  # warm-up (kernels, allocator)
     rows.append((f"device loader (data.loader=gpu) on {device.type}", loader_rate(gpu_loader, device, args.images * 4)))
     for label, rate in rows:
-        print(f"{label:52s} {rate:10,.0f} {rate / consumes:8.1f}")
+        print(f"{label:62s} {rate:10,.0f} {rate / consumes:8.1f}")
 
 
 if __name__ == "__main__":
