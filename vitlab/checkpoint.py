@@ -2,13 +2,17 @@
 
 A checkpoint directory (``<run>/checkpoints/last`` or ``<run>/checkpoints/best``) holds::
 
-    model.safetensors      the model's weights          config.json         how to rebuild the model
-    ema.safetensors        EMA weights (if EMA is on)   run_config.yaml     the resolved run config
-    optimizer.safetensors  + optimizer.json             trainer_state.json  epoch, step, best metric,
-                                                        scheduler, fp16 GradScaler
+    model.safetensors      the model's weights          config.json         how to rebuild the model, and
+    ema.safetensors        EMA weights (if EMA is on)                       what the run measured so far
+    optimizer.safetensors  + optimizer.json             run_config.yaml     the resolved run config
+                                                        trainer_state.json  epoch, step (in the run and in
+                                                        the epoch), best metric, scheduler, fp16 GradScaler,
+                                                        processes, log lines, wall time
 
-No random-generator state is stored: every random draw of an epoch is seeded from (seed, process,
-epoch) (:mod:`vitlab.seeding`), so a run resumed at an epoch boundary draws what it would have drawn.
+At an epoch's end no random-generator state is stored: every random draw of an epoch is seeded from
+(seed, process, epoch) (:mod:`vitlab.seeding`), so a run resumed there draws what it would have drawn.
+A checkpoint written inside an epoch (``train.save_every_steps``, a stop signal) adds, for each process,
+``process_<rank>.json``: its global generators' state and its running loss sums.
 
 Directories are written under a temporary name and swapped in by rename, so a crash mid-write
 never leaves a half-written checkpoint in place of a good one (see :func:`replace_dir`).
