@@ -289,3 +289,20 @@ def test_a_killed_worker_under_torchrun_max_restarts_resumes_from_its_step_check
     assert out.count("resumed at epoch") == 1  # the restarted workers continued from a step checkpoint
     assert _equal(_weights(two_process_whole), _weights(run_dir))
     assert _equal(_weights(two_process_whole, "ema.safetensors"), _weights(run_dir, "ema.safetensors"))
+
+
+def test_sigterm_to_the_whole_process_group_with_dataloader_workers_still_checkpoints_and_exits_75(
+        tiny_imagefolder, tmp_path):
+    # SLURM signals every process of a job step, a terminal's Ctrl-C the whole group: the DataLoader's
+    # workers get the signal too. They must leave the stop to the main process, not die under it.
+    run_dir = tmp_path / "run"
+    process = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
+         *tiny_overrides(tiny_imagefolder, run_dir, "data.loader=torch", "data.num_workers=2", "train.epochs=50")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    metrics = run_dir / "metrics.jsonl"
+    _wait_for(lambda: metrics.exists() and '"split": "train"' in metrics.read_text(), process)
+    os.killpg(process.pid, signal.SIGTERM)
+    code, out, err = _finish(process)
+    assert code == 75, err[-3000:]
+    assert "stopped by SIGTERM after step" in out and _state(run_dir)["global_step"] > 0

@@ -9,15 +9,36 @@ for and every process stops after the same step even when only one of them got t
 """
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 from types import FrameType
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["StopSignals"]
+__all__ = ["StopSignals", "ignore_in_workers"]
+
+
+def _parse(names: str) -> list[signal.Signals]:
+    return [signal.Signals[n.strip()] for n in names.split(",") if n.strip()]
+
+
+def ignore_in_workers(loader: Any, names: str) -> None:
+    """Make the worker processes of ``loader`` (a ``DataLoader``; anything else is left alone) ignore
+    the signals ``names``. SLURM signals every process of a job step and a terminal its whole process
+    group; a worker killed by the stop signal (torch's workers die on SIGTERM) would take the main
+    process down with it before it could write its checkpoint. The main process ends its workers."""
+    if getattr(loader, "num_workers", 0) and _parse(names):
+        loader.worker_init_fn = functools.partial(_ignore_then, names, loader.worker_init_fn)
+
+
+def _ignore_then(names: str, worker_init_fn: Callable[[int], None] | None, worker_id: int) -> None:
+    for sig in _parse(names):
+        signal.signal(sig, signal.SIG_IGN)
+    if worker_init_fn is not None:
+        worker_init_fn(worker_id)
 
 
 class StopSignals:
@@ -26,7 +47,7 @@ class StopSignals:
     signals) it catches nothing."""
 
     def __init__(self, names: str, num_processes: int = 1) -> None:
-        self.signals = [signal.Signals[n.strip()] for n in names.split(",") if n.strip()]
+        self.signals = _parse(names)
         self.received: str | None = None  # the name of the first signal caught
         self._previous: dict[signal.Signals, Any] = {}
         self._group = None

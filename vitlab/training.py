@@ -29,7 +29,7 @@ from . import checkpoint as ckpt
 from .config import Config, config_to_dict, load_config, save_config
 from .errors import PREEMPTED_EXIT_CODE, CheckpointError, ConfigError, Preempted, TrainingError
 from .layers import expert_utilization, moe_aux_loss
-from .preemption import StopSignals
+from .preemption import StopSignals, ignore_in_workers
 from .seeding import rng_state, seed_process, set_rng_state
 from .tasks import TaskSetup
 
@@ -148,7 +148,7 @@ def _find_resume_point(cfg: Config, resume: str | Path | None) -> tuple[Path, Pa
     return run_dir, last
 
 
-TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow", "aim": "aim"}  # name: package
+TRACKERS = ("tensorboard", "wandb", "mlflow", "aim")  # each the name of its pip package too
 
 
 def _trackers(log_with: str) -> list[str]:
@@ -166,8 +166,8 @@ def _trackers(log_with: str) -> list[str]:
     if log_with == "none":
         return []
     if log_with not in available:
-        raise ConfigError(f"train.log_with={log_with}: the {TRACKERS[log_with]} package is not installed; pip install "
-                          f"{TRACKERS[log_with]}, or choose train.log_with=tensorboard or none")
+        raise ConfigError(f"train.log_with={log_with}: the {log_with} package is not installed; pip install "
+                          f"{log_with}, or choose train.log_with=tensorboard or none")
     return [log_with]
 
 
@@ -227,6 +227,8 @@ class _Loop:
                               f"{micro_batch} is not divisible by the {acc.num_processes} processes")
         set_seed(t.seed)  # the initial weights depend on train.seed only: equal on every process
         self.task = task = _setup_task(cfg, acc, micro_batch, run_dir, resume_from)
+        for loader in (task.train_loader, *task.eval_loaders.values()):
+            ignore_in_workers(loader, t.stop_signals)  # before Accelerate copies them
         model = task.model
         optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay, cfg.optim.lr, cfg.optim.layer_decay),
                                       lr=cfg.optim.lr, betas=cfg.optim.betas, fused=acc.device.type == "cuda" or None)
@@ -590,9 +592,13 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
             "epochs_done": state["epoch"], "wall_time": time.time() - start_time, "run_dir": str(run_dir)}
 
 
+def _read_records(metrics_file: Path) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl``."""
+    return [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+
+
 def _last_eval(metrics_file: Path) -> dict[str, Any]:
-    records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
-    evals = [r for r in records if r["split"] == "eval"]
+    evals = [r for r in _read_records(metrics_file) if r["split"] == "eval"]
     return evals[-1] if evals else {}
 
 
@@ -622,7 +628,7 @@ def plot_curves(metrics_file: Path, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line.strip()]
+    records = _read_records(metrics_file)
     evals = [r for r in records if r["split"] == "eval"]
     trains = [r for r in records if r["split"] == "train"]
     steps_per_epoch = max(1, evals[0]["step"]) if evals else 1
