@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 import vitlab
-from vitlab.data.images import DeviceImageLoader, ImageData, TensorImageDataset, load_split, train_transform
+from vitlab.data import load_split
+from vitlab.data.images import DeviceImageLoader, ImageData, TensorImageDataset, train_transform
 
 
 def loader_rate(loader, device: torch.device, max_images: int) -> float:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitlab.data.images import balanced_indices, eval_transform, image_transform, load_split, train_transform
+from vitlab.data import load_split
+from vitlab.data.images import balanced_indices, eval_transform, image_transform, train_transform
 from vitlab.errors import DataError
 
 
@@ -98,3 +99,59 @@ def test_read_image_decodes_as_pil_does(tmp_path, mode, suffix):
     resized = torch.from_numpy(np.array(Image.open(path).convert("RGB").resize((16, 12), Image.BICUBIC)))
     diff = (read_image(path, (12, 16)).int() - resized.permute(2, 0, 1).int()).abs()
     assert diff.max() <= (3 if suffix == ".jpg" else 1)
+
+
+@pytest.mark.parametrize("mode", ["I;16", "I", "F"])
+def test_greyscale_of_more_than_8_bits_is_scaled_to_8_bits_not_clipped(tmp_path, mode):
+    # A 0..65535 ramp (16-bit PNG, its 32-bit integer form, and floats in 0..1) keeps all 256 levels:
+    # round(v / 257), as libvips and ImageMagick scale 16 bits to 8. PIL's convert("RGB") clips at 255.
+    import numpy as np
+    from PIL import Image
+
+    from vitlab.data import pil_to_tensor, read_image
+
+    ramp = np.arange(65536, dtype=np.uint16).reshape(256, 256)
+    expected = torch.from_numpy(np.rint(ramp / 257.0).astype(np.uint8))
+    if mode == "I;16":
+        Image.fromarray(ramp).save(tmp_path / "ramp.png")  # a 16-bit greyscale PNG
+        got = read_image(tmp_path / "ramp.png")
+    elif mode == "I":
+        got = pil_to_tensor(Image.fromarray(ramp.astype(np.int32), mode="I"))
+    else:
+        got = pil_to_tensor(Image.fromarray((ramp / 65535.0).astype(np.float32), mode="F"))
+    assert got.shape == (3, 256, 256) and torch.equal(got[0], got[2])
+    assert torch.equal(got[0], expected) and got.unique().numel() == 256
+
+
+def test_every_split_is_numbered_by_the_training_splits_classes(tmp_path):
+    # A test split without one of the training classes keeps the training numbering; a class only the
+    # test split has is one line.
+    from conftest import make_imagefolder
+
+    from vitlab.data import index_split
+
+    make_imagefolder(tmp_path, {"train": 2, "test": 2})
+    import shutil
+
+    shutil.rmtree(tmp_path / "test" / "class_0")
+    train = index_split("imagefolder", tmp_path, "train")
+    test = load_split("imagefolder", tmp_path, "test", classes=train.classes)
+    assert test.classes == ["class_0", "class_1", "class_2"] and test.labels.tolist() == [1, 1, 2, 2]
+    # class_2's images still look like class 2 (brightest in channel 2): labels and pixels stay together
+    assert test.images[test.labels == 2].float().mean((0, 2, 3)).argmax() == 2
+    (tmp_path / "test" / "class_9").mkdir()
+    shutil.copy(next((tmp_path / "test" / "class_1").iterdir()), tmp_path / "test" / "class_9" / "x.png")
+    with pytest.raises(DataError, match=r"split 'test' of data.root=.* has class\(es\) \['class_9'\] that the "
+                                        r"training split does not have") as e:
+        index_split("imagefolder", tmp_path, "test", classes=train.classes)
+    assert "\n" not in str(e.value)
+
+
+def test_decoded_images_fill_one_preallocated_tensor_in_order(tiny_imagefolder):
+    from vitlab.data import index_split, read_image
+    from vitlab.data.decode import decode_all
+
+    index = index_split("imagefolder", tiny_imagefolder, "test")
+    files = sorted((tiny_imagefolder / "test").rglob("*.png"))
+    got = decode_all(lambda i: index.decode(i, None), [5, 0, 17])
+    assert torch.equal(got, torch.stack([read_image(files[i]) for i in (5, 0, 17)]))

@@ -121,3 +121,91 @@ def test_bad_hugging_face_input_is_one_line(cifar_copies, tmp_path, monkeypatch)
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(DataError, match=r"needs the Hugging Face datasets package: pip install 'vitlab\[hf\]'"):
         load_hf_split(saved, "train")
+
+
+def _tiny_hf(root: Path, splits: dict[str, list], features: dict | None = None) -> Path:
+    """A saved DatasetDict of 8 x 8 images whose brightness says their label (an int or a name)."""
+    from PIL import Image
+
+    dd = {}
+    for split, labels in splits.items():
+        images = [Image.new("RGB", (8, 8), (40 * (i % 5), 0, 0)) for i in range(len(labels))]
+        ds = datasets.Dataset.from_dict({"image": images, "label": labels})
+        if features is not None:
+            ds = ds.cast(datasets.Features({"image": datasets.Image(), **features}))
+        dd[split] = ds
+    datasets.DatasetDict(dd).save_to_disk(str(root))
+    return root
+
+
+def test_an_unlabelled_test_split_is_one_line_before_any_image_is_decoded(tmp_path, monkeypatch):
+    # As ImageNet-1k's test split on the Hub: ClassLabel -1 for every image.
+    root = _tiny_hf(tmp_path / "data", {"train": [0, 1] * 4, "test": [-1] * 4},
+                    {"label": datasets.ClassLabel(names=["cat", "dog"])})
+    from vitlab.data import hf
+
+    def decoded(*args, **kwargs):
+        raise AssertionError("an image was decoded before the labels were checked")
+
+    monkeypatch.setattr(hf, "pil_to_tensor", decoded)
+    with pytest.raises(DataError) as e:
+        _run(["data.dataset=hf", f"data.root={root}", "data.val_size=0"], tmp_path / "run")
+    assert "\n" not in str(e.value)
+    assert f"split 'test' of data.root='{root}': 4 of its 4 images have no label (-1 or null" in str(e.value)
+    assert "data.test_split=validation" in str(e.value)
+
+
+def test_integer_labels_of_every_split_are_numbered_by_the_training_split(tmp_path):
+    root = _tiny_hf(tmp_path / "data", {"train": [3, 7, 9, 3], "test": [7, 9, 9], "odd": [7, 5]})
+    train = load_hf_split(str(root), "train")
+    from vitlab.data import index_split
+
+    test = index_split("hf", root, "test", classes=train.classes)
+    assert train.classes == test.classes == ["3", "7", "9"] and test.labels.tolist() == [1, 2, 2]
+    with pytest.raises(DataError, match=r"split 'odd' of data.root=.* has class\(es\) \['5'\] that the training"):
+        index_split("hf", root, "odd", classes=train.classes)
+
+
+def test_parquet_with_encoded_image_structs_and_no_hugging_face_metadata_decodes(tmp_path):
+    # What pandas or pyarrow write: an image column of {bytes, path} structs, no "huggingface" schema key.
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.integers(0, 256, (6, 5, 3), dtype=np.uint8) for _ in range(4)]
+    encoded = []
+    for a in arrays:
+        buffer = io.BytesIO()
+        Image.fromarray(a).save(buffer, format="PNG")
+        encoded.append({"bytes": buffer.getvalue(), "path": None})
+    table = pa.table({"image": encoded, "label": [0, 1, 0, 1]})
+    (tmp_path / "pq").mkdir()
+    for split in ("train", "test"):
+        pq.write_table(table, tmp_path / "pq" / f"{split}-00000-of-00001.parquet")
+    assert b"huggingface" not in (pq.read_schema(tmp_path / "pq" / "train-00000-of-00001.parquet").metadata or {})
+    data = load_hf_split(str(tmp_path / "pq"), "train")
+    assert torch.equal(data.images, torch.stack([torch.from_numpy(a).permute(2, 0, 1) for a in arrays]))
+    assert data.labels.tolist() == [0, 1, 0, 1]
+
+
+def test_a_list_valued_label_column_is_one_line(tmp_path):
+    root = _tiny_hf(tmp_path / "data", {"train": [[0, 1], [1], [0], []]})
+    with pytest.raises(DataError, match=r"the label column 'label' holds lists \(multi-label\); vitlab trains "
+                                        r"single-label classification") as e:
+        load_hf_split(str(root), "train")
+    assert "\n" not in str(e.value)
+
+
+def test_hugging_face_runs_keep_their_decode_size_for_predict(tmp_path):
+    # predict / attention read files at the size training decoded them at: the checkpoint must say it.
+    root = _tiny_hf(tmp_path / "data", {"train": [0, 1] * 8, "test": [0, 1] * 2})
+    _run(["data.dataset=hf", f"data.root={root}", "data.val_size=0", "data.decode_size=24", "train.epochs=1",
+          "train.batch_size=8"], tmp_path / "run")
+    import vitlab
+    from vitlab.data.images import decode_size
+
+    assert decode_size(vitlab.load_model(tmp_path / "run")) == (24, 24)

@@ -142,12 +142,12 @@ def test_resume_auto_starts_where_there_is_no_checkpoint_and_refuses_another_con
     reset_accelerate()
     assert '"loss": 9.0' not in (run_dir / "metrics.jsonl").read_text()
 
-    from vitlab.data import images
+    from vitlab.tasks import classification
 
     def no_data(*args, **kwargs):
         raise AssertionError("data was read before the config was checked")
 
-    monkeypatch.setattr(images, "load_split", no_data)
+    monkeypatch.setattr(classification, "index_splits", no_data)
     other = load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=1", "model.embed_dim=64"))
     with pytest.raises(ConfigError) as e:
         train(other)

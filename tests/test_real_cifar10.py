@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vitlab.config import load_config
-from vitlab.data.images import load_split
+from vitlab.data import load_split
 from vitlab.training import train
 
 ROOT = Path(__file__).resolve().parents[1]

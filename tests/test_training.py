@@ -279,7 +279,8 @@ def test_eval_and_predict_preprocess_as_training_did_when_images_are_stored_at_a
     assert metrics["loss"] == pytest.approx(logged["val_loss"], abs=1e-5)
     # `vitlab predict` and `attention` read a file as `read_image(path, decode_size(model))`, then
     # `create_transform(model)`: the pixels evaluation gave that image (not those of a direct 48 -> 16).
-    from vitlab.data.images import create_transform, decode_size, eval_transform, load_split, read_image
+    from vitlab.data import load_split
+    from vitlab.data.images import create_transform, decode_size, eval_transform, read_image
 
     model = vitlab.load_model(run_dir)
     assert decode_size(model) == (32, 32)
@@ -397,7 +398,7 @@ def test_a_failed_cifar10_download_is_one_line_naming_the_way_out(tmp_path, monk
 
     from torchvision.datasets import CIFAR10
 
-    from vitlab.data.images import load_split
+    from vitlab.data import load_split
     from vitlab.errors import DataError
 
     def offline(self):

@@ -1,5 +1,10 @@
-"""Data: images (:mod:`.images`: CIFAR-10 / ImageFolder decoded once, transforms, the device-resident
-loader) and text (:mod:`.text`: synthetic pairs, parallel text, BPE, token batching). Knows no model."""
-from .images import CIFAR10_MEAN, CIFAR10_STD, ImageData, create_transform, load_split, read_image
+"""Data: where images come from (:mod:`.sources`: CIFAR-10, ImageFolder :mod:`.folder`, Hugging Face
+:mod:`.hf`, each listed as a :mod:`.split` before :mod:`.decode` decodes it), images in memory with
+their transforms and loaders (:mod:`.images`), and text (:mod:`.text`: synthetic pairs, parallel
+text, BPE, token batching). Knows no model."""
+from .decode import pil_to_tensor, read_image
+from .images import CIFAR10_MEAN, CIFAR10_STD, ImageData, create_transform
+from .sources import index_split, load_split
 
-__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "create_transform", "load_split", "read_image"]
+__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "create_transform", "index_split", "load_split",
+           "pil_to_tensor", "read_image"]

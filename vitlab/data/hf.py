@@ -1,5 +1,5 @@
 """Image classification data from Hugging Face ``datasets``: a Hub id, a ``save_to_disk`` directory or
-a folder of parquet files, decoded into memory as :class:`~vitlab.data.images.ImageData`.
+a folder of parquet files, listed as a :class:`~vitlab.data.split.SplitIndex`.
 
 ``datasets`` is an optional dependency (``pip install 'vitlab[hf]'``), imported only here.
 """
@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ..errors import DataError
-from .images import ImageData, balanced_indices, pil_to_tensor
+from .decode import pil_to_tensor
+from .images import ImageData
+from .split import SplitIndex, label_indices
 
-__all__ = ["IMAGE_KEYS", "LABEL_KEYS", "load_hf_split"]
+__all__ = ["IMAGE_KEYS", "LABEL_KEYS", "index_hf_split", "load_hf_split"]
 
 # The names the usual image-classification data sets give their columns, in order of preference.
 IMAGE_KEYS = ("image", "img")
@@ -58,39 +58,52 @@ def _column(names: list[str], wanted: str, usual: tuple[str, ...], what: str) ->
                     f"data.{what}_key=<column>")
 
 
-def load_hf_split(root: str, split: str, *, image_key: str = "", label_key: str = "", subset: int = 0,
-                  seed: int = 0, size: tuple[int, int] | None = None) -> ImageData:
-    """Decode one split of a Hugging Face image-classification data set into memory.
+def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str = "",
+                   classes: list[str] | None = None) -> SplitIndex:
+    """List one split of a Hugging Face image-classification data set: its labels, without decoding
+    an image.
 
     Args:
         root: A Hub id (``uoft-cs/cifar10``), a ``DatasetDict.save_to_disk`` directory or a folder of
             parquet files (splits named by their file names, ``train-*.parquet``, as ``datasets`` reads them).
         split: The split's name.
         image_key, label_key: Its columns; '' finds them among :data:`IMAGE_KEYS` / :data:`LABEL_KEYS`.
-        subset: Keep only this many images, balanced across classes (0 = all); only those are decoded.
-        seed: Seed of the subset choice.
-        size: ``(H, W)`` every image is resized to (bicubic, once) if it differs; any mode (greyscale,
-            RGBA, palette) becomes RGB.
+        classes: The training split's class names (None for the training split itself).
 
     Class names come from the label column's ``ClassLabel`` feature, else from the sorted label values.
+    An image column of ``{bytes, path}`` structs (parquet written by pandas or pyarrow, without the
+    Hugging Face metadata) is decoded as images. Any image mode becomes RGB
+    (:func:`~vitlab.data.decode.pil_to_tensor`).
+
+    Raises:
+        DataError: one line, for a missing split or column, a multi-label (list) label column, an
+            unlabelled sample (``ClassLabel`` -1), a label the training split does not have.
     """
     dataset_dict = _open(root)
+    import datasets  # _open has said it in one line if it is not installed
+
     if split not in dataset_dict:
         raise DataError(f"data.root={root!r} has no split {split!r}; its splits: {list(dataset_dict)} (set "
                         f"data.train_split / data.test_split)")
     ds = dataset_dict[split]
     image_key = _column(ds.column_names, image_key, IMAGE_KEYS, "image")
     label_key = _column(ds.column_names, label_key, LABEL_KEYS, "label")
+    where = f"split {split!r} of data.root={root!r}"
     feature = ds.features[label_key]
-    values = ds[label_key]  # without decoding any image
-    if hasattr(feature, "names"):  # a ClassLabel
-        classes, labels = list(feature.names), torch.tensor(values)
-    else:
-        distinct = sorted(set(values))  # numbers in numeric order, names in alphabetical order
-        position = {v: i for i, v in enumerate(distinct)}
-        classes, labels = [str(v) for v in distinct], torch.tensor([position[v] for v in values])
-    index = balanced_indices(labels, subset, seed)
-    images = [pil_to_tensor(example[image_key], size) for example in ds.select(index.tolist())]
-    if not images:
-        raise DataError(f"split {split!r} of data.root={root!r} holds no images")
-    return ImageData(torch.stack(images), labels[index], classes)
+    if isinstance(feature, (list, datasets.Sequence, getattr(datasets, "List", datasets.Sequence))):
+        raise DataError(f"{where}: the label column {label_key!r} holds lists (multi-label); vitlab trains "
+                        f"single-label classification, one class an image (name another column with data.label_key)")
+    image_feature = ds.features[image_key]
+    if isinstance(image_feature, dict) and {"bytes", "path"} <= set(image_feature):
+        ds = ds.cast_column(image_key, datasets.Image())  # encoded images without the metadata that says so
+    names = list(feature.names) if hasattr(feature, "names") else None  # a ClassLabel
+    labels, classes = label_indices(ds[label_key], classes, where, names)  # without decoding any image
+    images = ds.select_columns([image_key])
+    return SplitIndex(labels, classes, lambda i, size: pil_to_tensor(images[i][image_key], size), where)
+
+
+def load_hf_split(root: str, split: str, *, image_key: str = "", label_key: str = "", subset: int = 0,
+                  seed: int = 0, size: tuple[int, int] | None = None) -> ImageData:
+    """Decode one split (:func:`index_hf_split`) into memory: ``subset`` images of it, balanced
+    across classes and chosen by ``seed`` (0 = all; only those are decoded), resized to ``size``."""
+    return index_hf_split(root, split, image_key=image_key, label_key=label_key).load(size, subset, seed)

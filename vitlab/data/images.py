@@ -1,32 +1,30 @@
-"""CIFAR-10 and ImageFolder data, decoded once into memory, with torchvision v2 augmentation.
+"""Images in memory: a decoded split (:class:`ImageData`), the torchvision v2 transforms of training and
+evaluation, and the two in-memory loaders (a per-image ``Dataset`` for a DataLoader, and the
+device-resident :class:`DeviceImageLoader`).
 
-Images are decoded a single time into one ``uint8`` tensor ``(N, C, H, W)``; every epoch then
-only indexes and augments it, so decoding never dominates CPU training. This module knows no
-model.
+Images are decoded a single time into one ``uint8`` tensor ``(N, C, H, W)`` (:mod:`.sources`); every
+epoch then only indexes and augments it, so decoding never dominates CPU training. This module
+knows no model.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterator
 
-import numpy as np
 import torch
-from PIL import Image
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
-from ..errors import DataError
 from ..seeding import process_seed
+from .decode import pil_to_tensor, read_image
 
-__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "load_split", "balanced_indices",
+__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "balanced_indices",
            "train_transform", "eval_transform", "image_transform", "create_transform", "read_image", "DeviceImageLoader",
            "rand_augment", "resize_images", "decode_size", "pil_to_tensor"]
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
-_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".ppm", ".tif", ".tiff")
 
 
 @dataclass
@@ -89,107 +87,6 @@ def balanced_indices(labels: Tensor, n: int, seed: int = 0) -> Tensor:
         take = min(len(members), per_class + (1 if i < extra else 0))
         chosen.append(members[torch.randperm(len(members), generator=g)[:take]])
     return torch.cat(chosen).sort().values
-
-
-def read_image(path: str | Path, size: tuple[int, int] | None = None) -> Tensor:
-    """Decode one image file to uint8 RGB ``(3, H, W)``, resized (bicubic) to ``size`` if given.
-
-    Raises:
-        DataError: naming the file, if it cannot be read or decoded.
-    """
-    try:
-        with Image.open(path) as img:
-            return pil_to_tensor(img, size)
-    except (OSError, ValueError, Image.DecompressionBombError) as e:
-        raise DataError(f"cannot read image {str(path)!r}: {e}") from None
-
-
-def pil_to_tensor(img: Image.Image, size: tuple[int, int] | None = None) -> Tensor:
-    """A PIL image (any mode: greyscale, RGBA, palette are converted to RGB) as uint8 ``(3, H, W)``,
-    resized (bicubic) to ``size`` if given: how every decoded image enters memory."""
-    img = img.convert("RGB")
-    if size is not None and img.size != (size[1], size[0]):
-        img = img.resize((size[1], size[0]), Image.BICUBIC)
-    return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
-
-
-def _imagefolder_files(split_dir: Path) -> tuple[list[Path], list[int], list[str]]:
-    classes = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
-    if not classes:
-        raise DataError(f"no class folders in {str(split_dir)!r}; expected {split_dir}/<class>/<image>.png")
-    files, labels = [], []
-    for label, name in enumerate(classes):
-        for f in sorted((split_dir / name).iterdir()):
-            if f.suffix.lower() in _EXTENSIONS:
-                files.append(f)
-                labels.append(label)
-    if not files:
-        raise DataError(f"no images ({', '.join(_EXTENSIONS)}) under {str(split_dir)!r}")
-    return files, labels, classes
-
-
-def _load_imagefolder(root: Path, split: str, subset: int, seed: int, size: tuple[int, int]) -> ImageData:
-    split_dir = root / split
-    if not split_dir.is_dir():
-        raise DataError(f"data.root={str(root)!r} has no {split!r} folder; data.dataset=imagefolder expects "
-                        f"{root}/train/<class>/*.png and {root}/test/<class>/*.png")
-    files, labels, classes = _imagefolder_files(split_dir)
-    label_t = torch.tensor(labels)
-    index = balanced_indices(label_t, subset, seed)  # choose before decoding: decode only what is used
-    # One thread: a pool of 8 threads decoding CIFAR's 32 x 32 PNGs took 15.2 s for the 50,000 training
-    # images on 2 cores, one thread 6.2 s (PIL holds the GIL for most of such a small image).
-    images = [read_image(files[i], size) for i in index.tolist()]
-    return ImageData(torch.stack(images), label_t[index], classes)
-
-
-def _load_cifar10(root: Path, split: str, download: bool, subset: int, seed: int) -> ImageData:
-    from torchvision.datasets import CIFAR10
-
-    try:
-        ds = CIFAR10(str(root), train=split == "train", download=download)
-    except RuntimeError as e:
-        raise DataError(f"CIFAR-10 not found under data.root={str(root)!r} ({e}); set data.download=true to "
-                        f"download it, or use data.dataset=imagefolder for a copy in ImageFolder layout") from None
-    except OSError as e:  # urllib's URLError (no network, DNS, proxy) and socket errors are OSErrors
-        reason = getattr(e, "reason", None) or e
-        raise DataError(f"could not download CIFAR-10 into data.root={str(root)!r} ({reason}); without network, "
-                        f"point data.root at a copy: data.dataset=imagefolder data.root=<dir with train/ and test/ "
-                        f"class folders>, or data.download=false data.root=<dir with cifar-10-batches-py/>") from None
-    images = torch.from_numpy(ds.data).permute(0, 3, 1, 2).contiguous()  # (N, 32, 32, 3) -> (N, 3, 32, 32)
-    data = ImageData(images, torch.tensor(ds.targets), list(ds.classes))
-    return data.subset(balanced_indices(data.labels, subset, seed))
-
-
-def load_split(dataset: str, root: str | Path, split: str, *, download: bool = False, subset: int = 0,
-               seed: int = 0, size: tuple[int, int] = (32, 32), image_key: str = "", label_key: str = "") -> ImageData:
-    """Decode one split into memory.
-
-    Args:
-        dataset: ``'cifar10'`` (``torchvision.datasets.CIFAR10`` under ``root``), ``'imagefolder'``
-            (``root/<split>/<class>/*.png``; class folders sorted give the labels) or ``'hf'`` (a Hugging
-            Face dataset: :func:`vitlab.data.hf.load_hf_split`).
-        root: Data root (for ``'hf'``: a Hub id, a ``save_to_disk`` directory or a folder of parquet files).
-        split: The split's name (CIFAR-10: ``'train'`` or ``'test'``).
-        download: Download CIFAR-10 if absent.
-        subset: Keep only this many images, balanced across classes (0 = all); for ImageFolder and
-            Hugging Face data only the kept images are decoded.
-        seed: Seed of the subset choice.
-        size: ``(H, W)`` ImageFolder and Hugging Face images are resized to (once, at decode time) if
-            they differ.
-        image_key, label_key: The columns of a Hugging Face dataset ('' = found by name).
-    """
-    if dataset == "hf":
-        from .hf import load_hf_split
-
-        return load_hf_split(str(root), split, image_key=image_key, label_key=label_key, subset=subset, seed=seed,
-                             size=size)
-    root = Path(root).expanduser()
-    if dataset == "cifar10":
-        return _load_cifar10(root, split, download, subset, seed)
-    if not root.is_dir():
-        raise DataError(f"data.root={str(root)!r} does not exist; point it at a folder with train/ and test/ "
-                        f"class folders")
-    return _load_imagefolder(root, split, subset, seed, size)
 
 
 # The one rule by which images are brought to the model's input size, in every path (the DataLoader's

@@ -13,7 +13,9 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from ..data.images import CIFAR10_MEAN, CIFAR10_STD, DeviceImageLoader, ImageData, TensorImageDataset, \
-    balanced_indices, eval_transform, load_split, train_transform
+    balanced_indices, eval_transform, train_transform
+from ..data.sources import index_split
+from ..data.split import SplitIndex
 from ..errors import ConfigError
 from ..models.hub import read_json
 from ..models.pretrained import load_pretrained
@@ -22,7 +24,8 @@ from .base import TaskSetup, build_model
 if TYPE_CHECKING:
     from ..config import Config, DataConfig
 
-__all__ = ["image_classification_task", "resolve_loader", "load_train_val_data", "load_test_data", "eval_dataset",
+__all__ = ["image_classification_task", "resolve_loader", "index_splits", "load_train_val_data", "load_test_data",
+           "eval_dataset",
            "evaluate_classifier", "metrics_from_predictions", "gather_uneven"]
 
 
@@ -31,30 +34,38 @@ def _decode_size(d: DataConfig, size: tuple[int, int]) -> tuple[int, int]:
     return (d.decode_size, d.decode_size) if d.decode_size else tuple(size)
 
 
-def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int]) -> tuple[ImageData, ImageData | None]:
-    """Decode the training images (at :func:`_decode_size` for the model's input ``size``) and hold out
-    the validation set: ``data.val_size`` images, balanced, chosen by ``seed`` (None if 0). The same
-    config and seed give the same images, so ``vitlab eval --split val`` scores exactly the validation
-    images training used."""
+def index_splits(d: DataConfig, classes: list[str] | None = None) -> tuple[SplitIndex, SplitIndex]:
+    """List the training and test splits (nothing decoded), the test labels mapped through the training
+    split's classes (or through ``classes``, a trained model's): bad labels fail here, before decoding."""
+    keys = dict(download=d.download, image_key=d.image_key, label_key=d.label_key)
+    train = index_split(d.dataset, d.root, d.train_split, **keys, classes=classes)
+    return train, index_split(d.dataset, d.root, d.test_split, **keys, classes=train.classes)
+
+
+def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int],
+                        index: SplitIndex) -> tuple[ImageData, ImageData | None]:
+    """Decode the training images of ``index`` (at :func:`_decode_size` for the model's input ``size``)
+    and hold out the validation set: ``data.val_size`` images, balanced, chosen by ``seed`` (None if 0).
+    The same config and seed give the same images, so ``vitlab eval --split val`` scores exactly the
+    validation images training used."""
     # Only the images used are decoded: the training subset plus the validation images.
     wanted = d.train_subset + d.val_size if d.train_subset else 0
-    train = load_split(d.dataset, d.root, d.train_split, download=d.download, subset=wanted, seed=seed,
-                       size=_decode_size(d, size), image_key=d.image_key, label_key=d.label_key)
+    if d.val_size and d.val_size >= (wanted or len(index)):
+        raise ConfigError(f"data.val_size={d.val_size} leaves no training images (the training set has "
+                          f"{wanted or len(index)})")
+    train = index.load(_decode_size(d, size), wanted, seed)
     if d.val_size == 0:
         return train, None
-    if d.val_size >= len(train.labels):
-        raise ConfigError(f"data.val_size={d.val_size} leaves no training images (the training set has "
-                          f"{len(train.labels)})")
     val_index = balanced_indices(train.labels, d.val_size, seed=seed + 1)
     keep = torch.ones(len(train.labels), dtype=torch.bool)
     keep[val_index] = False
     return train.subset(keep.nonzero().flatten()), train.subset(val_index)
 
 
-def load_test_data(d: DataConfig, seed: int, size: tuple[int, int]) -> ImageData:
-    """Decode the test images (``data.test_subset`` of them, balanced, if set), as :func:`load_train_val_data`."""
-    return load_split(d.dataset, d.root, d.test_split, download=d.download, subset=d.test_subset, seed=seed,
-                      size=_decode_size(d, size), image_key=d.image_key, label_key=d.label_key)
+def load_test_data(d: DataConfig, seed: int, size: tuple[int, int], index: SplitIndex) -> ImageData:
+    """Decode the test images of ``index`` (``data.test_subset`` of them, balanced, if set), as
+    :func:`load_train_val_data`."""
+    return index.load(_decode_size(d, size), d.test_subset, seed)
 
 
 def eval_dataset(data: ImageData, size: tuple[int, int], mean: tuple[float, ...],
@@ -101,12 +112,10 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     model = build_model(cfg)
     mean, std = _normalization(cfg, model, resume_from)
     size = model.patch_embed.img_size
-    train_data, val_data = load_train_val_data(d, t.seed, size)
-    test = load_test_data(d, t.seed, size)
+    train_index, test_index = index_splits(d)  # labels checked before any image is decoded
+    train_data, val_data = load_train_val_data(d, t.seed, size, train_index)
+    test = load_test_data(d, t.seed, size, test_index)
     stored = tuple(train_data.images.shape[-2:])
-    if test.classes != train_data.classes:
-        raise ConfigError(f"data.root={d.root!r}: the test classes {test.classes} differ from the train classes "
-                          f"{train_data.classes}")
     num_classes = len(train_data.classes)
     if model.num_classes != num_classes:
         if "num_classes" in cfg.model.args:
@@ -156,7 +165,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         return {"top1": m["top1"], "top5": m["top5"], "loss": m["loss"]}
 
     meta = {"task": "classification", "classes": train_data.classes, "mean": list(mean), "std": list(std),
-            **({"decode_size": d.decode_size} if d.decode_size and d.dataset == "imagefolder" else {})}
+            **({"decode_size": d.decode_size} if d.decode_size and d.dataset != "cifar10" else {})}
     return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=not on_device,
                      eval_loaders=eval_loaders, prepare_eval_loaders=not on_device, loss=loss, count=count,
                      evaluate=score,

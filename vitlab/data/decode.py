@@ -1,0 +1,72 @@
+"""How one image enters vitlab: any PIL image or image file -> uint8 RGB ``(3, H, W)``.
+
+The one decode rule of every source (ImageFolder files, Hugging Face columns, ``vitlab predict``):
+any mode becomes RGB, and images of more than 8 bits a channel are *scaled* to 8 bits, not clipped
+(PIL's ``convert("RGB")`` clips a 16-bit ``I;16`` image at 255, so a 0..65535 ramp would come out
+with 99.6% of its pixels white). Knows no model and no other module of vitlab's data.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+
+from ..errors import DataError
+
+__all__ = ["pil_to_tensor", "read_image", "decode_all"]
+
+_WIDE_INTEGER_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def _to_8_bits(img: Image.Image) -> Image.Image:
+    """A greyscale image of more than 8 bits as mode ``L``: integer modes (16-bit ``I;16*``, and ``I``,
+    which is how 16-bit PNG and TIFF files often open) map 0..65535 to 0..255 (``round(v / 257)``,
+    as libvips and ImageMagick do; values outside are clipped), float ``F`` maps 0..1 to 0..255."""
+    a = np.asarray(img)
+    if img.mode == "F":
+        scaled = np.clip(a.astype(np.float64), 0.0, 1.0) * 255.0
+    else:
+        scaled = np.clip(a.astype(np.float64), 0, 65535) / 257.0
+    return Image.fromarray(np.rint(scaled).astype(np.uint8), mode="L")
+
+
+def pil_to_tensor(img: Image.Image, size: tuple[int, int] | None = None) -> Tensor:
+    """A PIL image of any mode (greyscale of 8, 16 or 32 bits, RGBA, palette, CMYK) as uint8 RGB
+    ``(3, H, W)``, resized (bicubic) to ``size`` ``(H, W)`` if given."""
+    if img.mode in _WIDE_INTEGER_MODES or img.mode == "F":
+        img = _to_8_bits(img)
+    img = img.convert("RGB")
+    if size is not None and img.size != (size[1], size[0]):
+        img = img.resize((size[1], size[0]), Image.BICUBIC)
+    return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
+
+
+def read_image(path: str | Path, size: tuple[int, int] | None = None) -> Tensor:
+    """Decode one image file to uint8 RGB ``(3, H, W)`` (:func:`pil_to_tensor`), resized to ``size`` if given.
+
+    Raises:
+        DataError: naming the file, if it cannot be read or decoded.
+    """
+    try:
+        with Image.open(path) as img:
+            return pil_to_tensor(img, size)
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise DataError(f"cannot read image {str(path)!r}: {e}") from None
+
+
+def decode_all(decode: Callable[[int], Tensor], indices: Sequence[int]) -> Tensor:
+    """``decode(i)`` for each index, stacked into one preallocated uint8 ``(N, 3, H, W)`` tensor (every
+    image of the same size): the data's size in memory once, not twice as ``torch.stack`` of a list."""
+    indices = list(indices)
+    if not indices:
+        return torch.empty(0, 3, 0, 0, dtype=torch.uint8)
+    first = decode(indices[0])
+    out = torch.empty((len(indices), *first.shape), dtype=torch.uint8)
+    out[0] = first
+    for row, i in enumerate(indices[1:], start=1):
+        out[row] = decode(i)
+    return out

@@ -1,0 +1,69 @@
+"""Image sources on disk: an ImageFolder (``root/<split>/<class>/<image>``) and torchvision's CIFAR-10,
+each listed as a :class:`~vitlab.data.split.SplitIndex`."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import DataError
+from .decode import read_image
+from .split import SplitIndex, label_indices
+
+__all__ = ["IMAGE_EXTENSIONS", "index_imagefolder", "index_cifar10"]
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".ppm", ".tif", ".tiff")
+
+
+def index_imagefolder(root: Path, split: str, classes: list[str] | None = None) -> SplitIndex:
+    """List ``root/<split>/<class>/*`` (class folders sorted give the labels; with ``classes``, the
+    training split's, a split may lack some of them). Nothing is decoded.
+
+    Raises:
+        DataError: one line, if the folder, its class folders or its images are missing, or it has a
+            class folder that ``classes`` does not.
+    """
+    if not root.is_dir():
+        raise DataError(f"data.root={str(root)!r} does not exist; point it at a folder with train/ and test/ "
+                        f"class folders")
+    split_dir = root / split
+    if not split_dir.is_dir():
+        raise DataError(f"data.root={str(root)!r} has no {split!r} folder; data.dataset=imagefolder expects "
+                        f"{root}/train/<class>/*.png and {root}/test/<class>/*.png")
+    folders = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
+    if not folders:
+        raise DataError(f"no class folders in {str(split_dir)!r}; expected {split_dir}/<class>/<image>.png")
+    files, names = [], []
+    for name in folders:
+        for f in sorted((split_dir / name).iterdir()):
+            if f.suffix.lower() in IMAGE_EXTENSIONS:
+                files.append(f)
+                names.append(name)
+    if not files:
+        raise DataError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {str(split_dir)!r}")
+    where = f"split {split!r} of data.root={str(root)!r}"
+    labels, classes = label_indices(names, classes if classes is not None else folders, where)
+    return SplitIndex(labels, classes, lambda i, size: read_image(files[i], size), where)
+
+
+def index_cifar10(root: Path, split: str, download: bool) -> SplitIndex:
+    """torchvision's CIFAR-10 under ``root`` (downloaded if ``download`` and absent), already in memory.
+
+    Raises:
+        DataError: one line naming the way out, if it is absent or cannot be downloaded.
+    """
+    from torchvision.datasets import CIFAR10
+
+    try:
+        ds = CIFAR10(str(root), train=split == "train", download=download)
+    except RuntimeError as e:
+        raise DataError(f"CIFAR-10 not found under data.root={str(root)!r} ({e}); set data.download=true to "
+                        f"download it, or use data.dataset=imagefolder for a copy in ImageFolder layout") from None
+    except OSError as e:  # urllib's URLError (no network, DNS, proxy) and socket errors are OSErrors
+        reason = getattr(e, "reason", None) or e
+        raise DataError(f"could not download CIFAR-10 into data.root={str(root)!r} ({reason}); without network, "
+                        f"point data.root at a copy: data.dataset=imagefolder data.root=<dir with train/ and test/ "
+                        f"class folders>, or data.download=false data.root=<dir with cifar-10-batches-py/>") from None
+    images = torch.from_numpy(ds.data).permute(0, 3, 1, 2)  # (N, 32, 32, 3) -> (N, 3, 32, 32), a view
+    return SplitIndex(torch.tensor(ds.targets), list(ds.classes), lambda i, size: images[i],
+                      f"CIFAR-10 {split!r} under data.root={str(root)!r}")

@@ -1,0 +1,48 @@
+"""Where a split's images come from, chosen by ``data.dataset``: ``cifar10`` (torchvision),
+``imagefolder`` (:mod:`.folder`) or ``hf`` (:mod:`.hf`, Hugging Face ``datasets``, imported only then).
+Each is listed as a :class:`~vitlab.data.split.SplitIndex`, then decoded into memory."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .folder import index_cifar10, index_imagefolder
+from .images import ImageData
+from .split import SplitIndex
+
+__all__ = ["index_split", "load_split"]
+
+
+def index_split(dataset: str, root: str | Path, split: str, *, download: bool = False, image_key: str = "",
+                label_key: str = "", classes: list[str] | None = None) -> SplitIndex:
+    """List one split without decoding it.
+
+    Args:
+        dataset: ``'cifar10'`` (``torchvision.datasets.CIFAR10`` under ``root``), ``'imagefolder'``
+            (``root/<split>/<class>/*.png``; class folders sorted give the labels) or ``'hf'`` (a Hugging
+            Face dataset: :func:`vitlab.data.hf.index_hf_split`).
+        root: Data root (for ``'hf'``: a Hub id, a ``save_to_disk`` directory or a folder of parquet files).
+        split: The split's name (CIFAR-10: ``'train'`` or ``'test'``).
+        download: Download CIFAR-10 if absent.
+        image_key, label_key: The columns of a Hugging Face dataset ('' = found by name).
+        classes: The training split's class names, which every other split's labels index (None for
+            the training split itself).
+    """
+    if dataset == "hf":
+        from .hf import index_hf_split
+
+        return index_hf_split(str(root), split, image_key=image_key, label_key=label_key, classes=classes)
+    root = Path(root).expanduser()
+    if dataset == "cifar10":
+        return index_cifar10(root, split, download)
+    return index_imagefolder(root, split, classes)
+
+
+def load_split(dataset: str, root: str | Path, split: str, *, download: bool = False, subset: int = 0,
+               seed: int = 0, size: tuple[int, int] = (32, 32), image_key: str = "", label_key: str = "",
+               classes: list[str] | None = None) -> ImageData:
+    """Decode one split (:func:`index_split`) into memory: ``subset`` images of it, balanced across
+    classes and chosen by ``seed`` (0 = all; only those are decoded), ImageFolder and Hugging Face
+    images resized (bicubic, once) to ``size`` ``(H, W)`` where they differ (CIFAR-10 stays 32 x 32)."""
+    index = index_split(dataset, root, split, download=download, image_key=image_key, label_key=label_key,
+                        classes=classes)
+    return index.load(size, subset, seed)

@@ -1,0 +1,85 @@
+"""A split listed before it is decoded: its labels and class names first, its pixels on demand.
+
+Every image source (:mod:`.folder`: ImageFolder and CIFAR-10; :mod:`.hf`: Hugging Face data) lists a
+split as a :class:`SplitIndex`. Listing is cheap (file names, a label column), so what can be wrong with
+the labels is found before any image is decoded, and every split is mapped through the *training*
+split's classes (:func:`label_indices`): a test split that lacks a class keeps the training split's
+numbering.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from ..errors import DataError
+from .decode import decode_all
+from .images import ImageData, balanced_indices
+
+__all__ = ["SplitIndex", "label_indices"]
+
+
+@dataclass
+class SplitIndex:
+    """One split of an image-classification data set, listed but not decoded.
+
+    Attributes:
+        labels: int64 ``(N,)``, indices into ``classes``.
+        classes: The class names, in label order (the training split's, for every split of a run).
+        decode: ``decode(i, size)`` -> uint8 RGB ``(3, H, W)`` of sample ``i``, resized to ``size`` ``(H, W)``
+            if given (a source already decoded, CIFAR-10, ignores ``size``).
+        where: The split in words, for messages (``"split 'test' of data.root='/data'"``).
+    """
+
+    labels: Tensor
+    classes: list[str]
+    decode: Callable[[int, tuple[int, int] | None], Tensor]
+    where: str
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def load(self, size: tuple[int, int] | None, subset: int = 0, seed: int = 0) -> ImageData:
+        """Decode the split (or ``subset`` images of it, balanced across classes, chosen by ``seed``:
+        only those are decoded) into memory at ``size``."""
+        index = balanced_indices(self.labels, subset, seed).tolist()
+        if not index:
+            raise DataError(f"{self.where} holds no images")
+        images = decode_all(lambda i: self.decode(i, size), index)
+        return ImageData(images, self.labels[index], self.classes)
+
+
+def label_indices(values: Sequence[Any], classes: list[str] | None, where: str,
+                  names: Sequence[str] | None = None) -> tuple[Tensor, list[str]]:
+    """A split's raw labels as indices into its classes.
+
+    Args:
+        values: One label per sample: a class name, or an integer (with ``names``: an index into
+            ``names``, as a ``ClassLabel`` column; -1 or None is an unlabelled sample).
+        classes: The training split's class names; None for the training split itself, whose classes
+            are ``names`` if given, else its distinct values sorted (numbers in numeric order, names in
+            alphabetical order) and written as strings.
+        where: The split in words, for messages.
+        names: The class names integer ``values`` index (a ``ClassLabel``'s ``names``).
+
+    Raises:
+        DataError: one line, if a sample has no label, or a label is not one of ``classes``.
+    """
+    unlabelled = sum(1 for v in values if v is None or (names is not None and v == -1))
+    if unlabelled:
+        raise DataError(f"{where}: {unlabelled} of its {len(values)} images have no label (-1 or null, as the test "
+                        f"split of ImageNet-1k on the Hub); train and evaluate on labelled splits (data.train_split, "
+                        f"data.test_split, e.g. data.test_split=validation)")
+    if names is not None:
+        values = [names[v] for v in values]
+    if classes is None:
+        classes = list(names) if names is not None else [str(v) for v in sorted(set(values))]
+    position = {name: i for i, name in enumerate(classes)}
+    unknown = sorted({str(v) for v in values} - position.keys())
+    if unknown:
+        raise DataError(f"{where} has class(es) {unknown[:10]}{' ...' if len(unknown) > 10 else ''} that the "
+                        f"training split does not have (its classes: {classes[:20]}{' ...' if len(classes) > 20 else ''}); "
+                        f"a model can only be scored on classes it was trained on")
+    return torch.tensor([position[str(v)] for v in values], dtype=torch.long), classes
