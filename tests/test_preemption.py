@@ -207,6 +207,37 @@ def test_an_images_augmentation_is_a_function_of_seed_epoch_and_index_only():
     assert not any(torch.equal(ds[i][0], first[i]) for i in range(4))  # a new epoch, new draws
 
 
+@pytest.mark.parametrize("loader", ["torch", "gpu"])
+def test_every_process_augments_each_image_anew_every_epoch(loader):
+    # Process `rank` of 2, built as Accelerate builds it: its DataLoaderShard.set_epoch leaves the
+    # dataset's epoch alone when the sampler is sharded (any run of several processes), and the epoch
+    # seeds each image's augmentation. Labels are the images' numbers here.
+    from accelerate.data_loader import prepare_data_loader
+    from torch.utils.data import DataLoader
+
+    from vitlab.data.images import DeviceImageLoader
+    from vitlab.training import set_epoch
+
+    data = ImageData(torch.randint(0, 256, (64, 3, 8, 8), dtype=torch.uint8), torch.arange(64), list("ab"))
+    for rank in (0, 1):
+        if loader == "torch":
+            dataset = TensorImageDataset(data, train_transform((8, 8), crop_padding=2), seed=0)
+            batches = prepare_data_loader(DataLoader(dataset, batch_size=8, shuffle=True, drop_last=True),
+                                          num_processes=2, process_index=rank, split_batches=True,
+                                          put_on_device=False, use_seedable_sampler=True, data_seed=0)
+        else:
+            batches = DeviceImageLoader(data, 8, "cpu", crop_padding=2, num_processes=2, process_index=rank)
+        seen: dict[int, list[torch.Tensor]] = {}
+        for epoch in (1, 2):
+            set_epoch(batches, epoch)
+            for images, labels in batches:
+                for image, label in zip(images, labels.tolist()):
+                    seen.setdefault(label, []).append(image)
+        twice = [views for views in seen.values() if len(views) == 2]
+        assert len(twice) >= 10  # images this process drew in both epochs
+        assert not any(torch.equal(*views) for views in twice), f"process {rank}"
+
+
 # Two processes (gloo), launched as a user would. The signal and the kill come from outside, at a time
 # the test does not choose exactly: what is checked holds wherever they land.
 TWO = (*RANDOM, "train.epochs=3", "train.save_every_steps=2")  # 18 steps

@@ -34,22 +34,26 @@ STREAMS = ("global", "augment", "windows", "samples")
 
 
 def process_seed(seed: int, process_index: int, epoch: int, stream: str = "global", index: int | None = None) -> int:
-    """A seed, a pure function of its arguments, well mixed so that neighbouring seeds, processes,
-    epochs and indices give unrelated streams: NumPy's ``SeedSequence`` of ``(seed, process, epoch)``
-    (32 bits), each of :data:`STREAMS` its own child (``spawn_key``), independent of the others.
-    ``index`` numbers the batches or images of an epoch for the streams seeded per batch or per image:
-    it is mixed into that seed with SplitMix64's finalizer, 64 bits (so that a million images of an
-    epoch do not share seeds; a ``SeedSequence`` per image cost 15 us, this 1 us)."""
+    """A 32-bit seed, a pure function of its arguments, well mixed so that neighbouring seeds,
+    processes, epochs and indices give unrelated streams: NumPy's ``SeedSequence`` of ``(seed, process,
+    epoch)``, each of :data:`STREAMS` its own child (``spawn_key``), independent of the others.
+
+    ``index`` numbers the batches or images of an epoch for the streams seeded per batch or per image.
+    It is added to the stream's seed modulo 2**32 and mixed by MurmurHash3's 32-bit finalizer, a
+    bijection: the first 2**32 indices of an epoch get distinct seeds, so no two images of an epoch
+    draw the same augmentation. (torch's CPU generator keeps only the low 32 bits of ``manual_seed``:
+    64-bit seeds gave 7 colliding pairs among 200,000 images. A ``SeedSequence`` per image cost 15 us,
+    this 1 us.)"""
     base = _stream_seed(seed, process_index, epoch, stream)
     if index is None:
         return base
-    z = (base << 32 | index) & _MASK64  # SplitMix64's output function of a distinct 64-bit input
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
+    z = (base + index) & _MASK32
+    z = ((z ^ (z >> 16)) * 0x85EBCA6B) & _MASK32
+    z = ((z ^ (z >> 13)) * 0xC2B2AE35) & _MASK32
+    return z ^ (z >> 16)
 
 
-_MASK64 = (1 << 64) - 1
+_MASK32 = (1 << 32) - 1
 
 
 @functools.lru_cache(maxsize=1024)

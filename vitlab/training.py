@@ -358,7 +358,7 @@ class _Loop:
     def _batches(self, epoch: int, skip: int) -> Iterable[Any]:
         """The epoch's training micro-batches (in the order of (seed, epoch)) from the ``skip``-th on."""
         loader = self.train_loader
-        (loader if hasattr(loader, "set_epoch") else loader.batch_sampler).set_epoch(epoch)
+        set_epoch(loader, epoch)
         if skip == 0:
             return loader
         if hasattr(loader, "batches_from"):  # vitlab's device-resident loaders
@@ -504,6 +504,17 @@ class _Loop:
         acc.wait_for_everyone()
         if name == "last":
             self.saved_step = state["global_step"]
+
+
+def set_epoch(loader: Any, epoch: int) -> None:
+    """Start ``epoch`` in a training loader: its order (the sampler's) and its dataset's per-image
+    augmentation seeds. Accelerate's ``DataLoaderShard.set_epoch`` sets the dataset's epoch only when
+    the sampler is not sharded (an ``elif``): with several processes it never did, and every image got
+    the same augmentation in every epoch. So the dataset's epoch is set here, where vitlab owns it."""
+    (loader if hasattr(loader, "set_epoch") else loader.batch_sampler).set_epoch(epoch)
+    dataset = getattr(loader, "dataset", None)
+    if hasattr(dataset, "set_epoch"):
+        dataset.set_epoch(epoch)
 
 
 def _epoch_expert_counts(model: nn.Module, meter: _Meter, reset: bool = False) -> list[torch.Tensor]:
