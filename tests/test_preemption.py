@@ -158,6 +158,129 @@ def test_resume_auto_starts_where_there_is_no_checkpoint_and_refuses_another_con
         train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=1", "train.resume=no")))
 
 
+def _die_at_step(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
+    """The process dies (kill -9, a node failure) as optimizer step ``step`` begins: nothing more is written."""
+    from vitlab import training
+
+    original = training._Loop.step
+
+    def step_or_die(self, group):
+        if self.state["global_step"] + 1 == step:
+            raise KeyboardInterrupt  # not an Exception: nothing in the loop handles it
+        original(self, group)
+
+    monkeypatch.setattr(training._Loop, "step", step_or_die)
+
+
+def test_a_step_checkpoint_due_on_an_epochs_last_step_is_written_whatever_save_every_is(
+        tiny_imagefolder, tmp_path, monkeypatch):
+    # 6 steps an epoch: save_every_steps=6 falls on epoch ends, which save_every=3 alone would skip.
+    run_dir = tmp_path / "run"
+    cfg = load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=3", "train.save_every_steps=6",
+                                           "train.save_every=3"))
+    with monkeypatch.context() as m:
+        _die_at_step(m, 9)
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg)
+    assert _state(run_dir)["global_step"] == 6
+
+
+def test_resume_auto_continues_from_best_when_last_was_never_written_and_refuses_another_config(
+        tiny_imagefolder, tmp_path, monkeypatch, capsys):
+    # save_every=3 with a validation split: the run dies in epoch 2 with best/ (epoch 1) and no last/.
+    extra = ("train.epochs=3", "train.save_every=3", "data.val_size=12", *RANDOM[1:])
+    run_dir, whole = tmp_path / "run", tmp_path / "whole"
+    cfg = load_config(None, tiny_overrides(tiny_imagefolder, run_dir, *extra))
+    with monkeypatch.context() as m:
+        _die_at_step(m, 8)
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg)
+    reset_accelerate()
+    assert not (run_dir / "checkpoints/last").exists() and _state(run_dir, "best")["epoch"] == 1
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and "tensorboard" not in p.parts}
+    other = load_config(None, tiny_overrides(tiny_imagefolder, run_dir, *extra, "optim.lr=1e-3"))
+    with pytest.raises(ConfigError, match=r"holds a run with another config \(optim.lr: 0.003 there, 0.001 now\)"):
+        train(other)
+    reset_accelerate()
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and "tensorboard" not in p.parts} == before
+    assert train(cfg)["epochs_done"] == 3  # the same command: from best/, the newest checkpoint
+    assert "resumed at epoch 2, step 0" in capsys.readouterr().out
+    reset_accelerate()
+    train(load_config(None, tiny_overrides(tiny_imagefolder, whole, *extra)))
+    for name in ("model.safetensors", "ema.safetensors"):
+        assert _equal(_weights(whole, name), _weights(run_dir, name)), name
+    assert same_run_records(whole, run_dir)
+
+
+def test_a_run_that_died_before_its_first_checkpoint_is_not_reused_by_another_config(tiny_imagefolder, tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    from vitlab.config import save_config
+
+    # What a run that died in its first epoch leaves: its config.yaml (written first) and a log.
+    save_config(load_config(None, tiny_overrides(tiny_imagefolder, run_dir)), run_dir / "config.yaml")
+    (run_dir / "metrics.jsonl").write_text('{"split": "train", "epoch": 1, "step": 2, "loss": 9.0, "lr": 0.1}\n')
+    with pytest.raises(ConfigError, match=r"holds a run with another config \(optim.lr: 0.003 there, 0.001 now\)"):
+        train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "optim.lr=1e-3")))
+    assert '"loss": 9.0' in (run_dir / "metrics.jsonl").read_text()
+
+
+def test_resume_auto_continues_across_keys_that_do_not_change_the_result_and_says_which(
+        tiny_imagefolder, tmp_path, monkeypatch, capsys, on_cpu):
+    run_dir, whole = tmp_path / "run", tmp_path / "whole"
+    with monkeypatch.context() as m:
+        signal_at_step(m, 4)
+        with pytest.raises(Preempted):
+            train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, *RANDOM)))
+    reset_accelerate()
+    changed = ("train.log_with=none", "train.stop_signals=SIGTERM,SIGUSR1", "data.num_workers=1",
+               "train.log_every=3", "train.keep_last=1")
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, *RANDOM, *changed)))
+    out = capsys.readouterr().out
+    assert "resumed at epoch 1, step 4" in out
+    assert ("continuing with keys that do not change the result changed: data.num_workers 0 -> 1, train.keep_last "
+            "0 -> 1, train.log_every 2 -> 3, train.log_with tensorboard -> none, train.stop_signals SIGTERM -> "
+            "SIGTERM,SIGUSR1") in out
+    reset_accelerate()
+    train(load_config(None, tiny_overrides(tiny_imagefolder, whole, *RANDOM)))
+    assert _equal(_weights(whole), _weights(run_dir))
+
+
+def test_resume_from_a_step_checkpoint_continues_its_run_in_the_run_directory(tiny_imagefolder, tmp_path):
+    from vitlab.cli import train_main
+
+    run_dir, whole = tmp_path / "run", tmp_path / "whole"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.save_every_steps=4", "train.keep_last=3")))
+    reset_accelerate()
+    step_8 = run_dir / "checkpoints" / "step_8"
+    assert _state(run_dir, "step_8")["global_step"] == 8
+    (run_dir / "checkpoints" / "last").rename(run_dir / "checkpoints" / "last_of_the_first_run")
+    train_main(["--resume", str(step_8)])  # from step 8, to the end of its run
+    reset_accelerate()
+    assert not (step_8 / "metrics.jsonl").exists() and not (step_8 / "checkpoints").exists()
+    assert _state(run_dir)["global_step"] == 12
+    assert _equal(_weights(run_dir), _weights(run_dir, which="last_of_the_first_run"))
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "last", "last_of_the_first_run", "step_12", "step_6", "step_8"]  # keep_last=3 of 4, 6 (epoch), 8, 12
+
+
+def test_a_resumed_run_continues_its_mlflow_run(tiny_imagefolder, tmp_path, monkeypatch, on_cpu):
+    mlflow = pytest.importorskip("mlflow", reason="mlflow not installed")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    run_dir = tmp_path / "my_run"
+    cfg = load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.log_with=mlflow", "train.log_every=1"))
+    with monkeypatch.context() as m:
+        signal_at_step(m, 5)
+        with pytest.raises(Preempted):
+            train(cfg)
+    reset_accelerate()
+    train(cfg)
+    client = mlflow.tracking.MlflowClient(tracking_uri=(run_dir / "mlruns").resolve().as_uri())
+    (run,) = client.search_runs([client.get_experiment_by_name("my_run").experiment_id])
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "loss")] == list(range(1, 13))
+    assert _state(run_dir)["trackers"] == {"mlflow": run.info.run_id}
+
+
 def test_a_finished_run_run_again_trains_nothing_and_resume_run_dir_extends_it(tiny_imagefolder, tmp_path, capsys):
     run_dir = tmp_path / "run"
     cfg = load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=1"))
@@ -192,6 +315,22 @@ def test_stop_signals_restore_the_previous_handlers_and_a_bad_name_is_one_line(t
         load_config(None, tiny_overrides(tiny_imagefolder, tmp_path, "train.stop_signals=SIGTERM,SIGKIL"))
 
 
+def test_a_worker_torchrun_may_restart_through_the_shared_store_names_the_launch_that_restarts(
+        tiny_imagefolder, tmp_path, monkeypatch, capsys):
+    # What torchrun --max-restarts 2 --master_port ... (static rendezvous) sets in each worker.
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "2")
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "run", "train.epochs=1")))
+    out = capsys.readouterr().out
+    assert ("torchrun --max-restarts 2 shares its agent's rendezvous store with the workers, and restarted workers "
+            "may then fail to reconnect; launch as TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone") in out
+    # What --standalone with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 sets: nothing to say.
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    from vitlab.preemption import elastic_restart_advice
+
+    assert elastic_restart_advice() == ""
+
+
 def test_an_images_augmentation_is_a_function_of_seed_epoch_and_index_only():
     # Whatever the global generator's state, the worker or the order images are asked for in.
     data = ImageData(torch.randint(0, 256, (4, 3, 16, 16), dtype=torch.uint8), torch.arange(4), ["a", "b", "c", "d"])
@@ -218,15 +357,16 @@ def test_every_process_augments_each_image_anew_every_epoch(loader):
     from vitlab.data.images import DeviceImageLoader
     from vitlab.training import set_epoch
 
-    data = ImageData(torch.randint(0, 256, (64, 3, 8, 8), dtype=torch.uint8), torch.arange(64), list("ab"))
+    # Crops, flips and RandAugment: two independent draws of an image coincide with odds of about 1 in 10^4.
+    data = ImageData(torch.randint(0, 256, (64, 3, 16, 16), dtype=torch.uint8), torch.arange(64), list("ab"))
     for rank in (0, 1):
         if loader == "torch":
-            dataset = TensorImageDataset(data, train_transform((8, 8), crop_padding=2), seed=0)
+            dataset = TensorImageDataset(data, train_transform((16, 16), augment="randaugment"), seed=0)
             batches = prepare_data_loader(DataLoader(dataset, batch_size=8, shuffle=True, drop_last=True),
                                           num_processes=2, process_index=rank, split_batches=True,
                                           put_on_device=False, use_seedable_sampler=True, data_seed=0)
         else:
-            batches = DeviceImageLoader(data, 8, "cpu", crop_padding=2, num_processes=2, process_index=rank)
+            batches = DeviceImageLoader(data, 8, "cpu", augment="randaugment", num_processes=2, process_index=rank)
         seen: dict[int, list[torch.Tensor]] = {}
         for epoch in (1, 2):
             set_epoch(batches, epoch)

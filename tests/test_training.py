@@ -182,6 +182,26 @@ def test_replace_dir_survives_a_crash_between_the_renames(tmp_path):
     assert ckpt.resolve_checkpoint(tmp_path / "last") == tmp_path / "last.old"
 
 
+def test_a_checkpoint_reaches_the_disk_before_it_is_renamed_into_place(tmp_path, monkeypatch):
+    # Every file and the directory are fsynced before the rename, the parent after it: a power failure
+    # then leaves either the old checkpoint or the whole new one, never truncated files.
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))),
+                                                 real_fsync(fd)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(a), str(b))), real_replace(a, b)))
+    final, tmp = tmp_path / "last", tmp_path / ".last.tmp"
+    final.mkdir()
+    tmp.mkdir()
+    for name in ("model.safetensors", "config.json"):
+        (tmp / name).write_text(name)
+    ckpt.replace_dir(tmp, final)
+    synced = [e[1] for e in events[:events.index(("replace", str(final), str(final) + ".old"))] if e[0] == "fsync"]
+    assert sorted(synced) == sorted([str(tmp), str(tmp / "config.json"), str(tmp / "model.safetensors")])
+    assert events[-1] == ("fsync", str(tmp_path)) and events[-2] == ("replace", str(tmp), str(final))
+    assert (final / "config.json").read_text() == "config.json" and not (tmp_path / "last.old").exists()
+
+
 def test_more_processes_than_gpus_is_one_line_before_any_process_group(monkeypatch):
     # Two processes on a one-GPU machine would both take cuda:0, and NCCL stops with "invalid usage".
     from vitlab.training import create_accelerator

@@ -14,8 +14,9 @@ At an epoch's end no random-generator state is stored: every random draw of an e
 A checkpoint written inside an epoch (``train.save_every_steps``, a stop signal) adds, for each process,
 ``process_<rank>.json``: its global generators' state and its running loss sums.
 
-Directories are written under a temporary name and swapped in by rename, so a crash mid-write
-never leaves a half-written checkpoint in place of a good one (see :func:`replace_dir`).
+Directories are written under a temporary name, flushed to the disk and swapped in by rename, so a
+crash mid-write, or a power failure after it, never leaves a half-written checkpoint in place of a
+good one (see :func:`replace_dir`).
 """
 from __future__ import annotations
 
@@ -37,18 +38,34 @@ __all__ = ["resolve_checkpoint", "replace_dir", "save_model", "load_model", "sav
            "read_json", "write_json", "load_tensors", "load_weights"]
 
 
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def replace_dir(tmp: Path, final: Path) -> None:
     """Swap a fully written directory ``tmp`` in as ``final``.
 
-    ``final`` is first renamed to ``final.old`` and removed only after ``tmp`` took its place; if a
-    crash falls between the two renames, :func:`resolve_checkpoint` finds ``final.old``.
+    ``tmp``'s files and ``tmp`` itself are first flushed to the disk (``fsync``): a rename can reach
+    the disk before the data it names, and after a power or node failure ``final`` would hold
+    truncated files. ``final`` is then renamed to ``final.old`` and removed only after ``tmp`` took its
+    place (the parent directory flushed in between); if a crash falls between the two renames,
+    :func:`resolve_checkpoint` finds ``final.old``.
     """
+    for f in tmp.iterdir():
+        if f.is_file():
+            _fsync(f)
+    _fsync(tmp)
     old = final.with_name(final.name + OLD_SUFFIX)
     if old.exists() and final.exists():
         shutil.rmtree(old)
     if final.exists():
         os.replace(final, old)
     os.replace(tmp, final)
+    _fsync(final.parent)
     if old.exists():
         shutil.rmtree(old)
 

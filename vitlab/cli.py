@@ -221,7 +221,7 @@ def train_main(argv: list[str] | None = None) -> None:
         from accelerate import PartialState
 
         from .config import load_config
-        from .training import train
+        from .training import resolve_resume, train
 
         if args.resume == "auto":
             args.resume, args.overrides = None, [*args.overrides, "train.resume=auto"]
@@ -230,15 +230,11 @@ def train_main(argv: list[str] | None = None) -> None:
         if args.config is None and args.resume is None:
             raise ConfigError("pass --config configs/<name>.yaml (or --resume <run dir>)")
         if args.resume is not None and not Path(args.resume).is_dir():
-            raise ConfigError(f"--resume {args.resume}: no such run directory")
+            raise ConfigError(f"--resume {args.resume}: no such run or checkpoint directory")
         if args.resume is not None and args.config is None:
-            base_file = Path(args.resume) / "config.yaml"
-            if not base_file.is_file():
-                raise ConfigError(f"--resume {args.resume}: no config.yaml there; pass --config as well")
-            args.config = str(base_file)
+            _, checkpoint = resolve_resume(args.resume)  # the config the checkpoint was trained with
+            args.config = str(checkpoint / "run_config.yaml")
         cfg = load_config(args.config, args.overrides)
-        if args.resume is not None:
-            cfg.train.output_dir = str(args.resume)
         summary = train(cfg, resume=args.resume)
         if PartialState().is_main_process:
             print(json.dumps({k: summary[k] for k in summary if k.startswith(("val_", "test_", "ema_")) or k in (

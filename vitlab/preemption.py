@@ -10,6 +10,7 @@ for and every process stops after the same step even when only one of them got t
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import threading
 from types import FrameType
@@ -18,7 +19,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-__all__ = ["StopSignals", "ignore_in_workers"]
+__all__ = ["StopSignals", "ignore_in_workers", "elastic_restart_advice"]
 
 
 def _parse(names: str) -> list[signal.Signals]:
@@ -78,3 +79,17 @@ class StopSignals:
         flag = torch.tensor([self.received is not None], dtype=torch.int32)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
         return bool(flag.item())
+
+
+def elastic_restart_advice() -> str:
+    """One line for a worker that torchrun may restart (``--max-restarts`` > 0) through the agent's
+    shared rendezvous store, '' otherwise. With that store, workers restarted after a ``kill -9`` failed
+    to reconnect (they read a peer's address from the attempt before: 2 of 7 restarts with torch 2.14
+    here, 2 of 2 with the static ``--master_port`` rendezvous and torch 2.15); a fresh store per round
+    (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` with a c10d rendezvous) restarted every time."""
+    restarts = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0)
+    if restarts <= 0 or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return ""
+    return (f"torchrun --max-restarts {restarts} shares its agent's rendezvous store with the workers, and restarted "
+            f"workers may then fail to reconnect; launch as TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --standalone "
+            f"(one machine) or --rdzv-backend c10d --rdzv-endpoint HOST:PORT (several) --max-restarts {restarts} ...")

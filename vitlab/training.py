@@ -10,6 +10,7 @@ import contextlib
 import json
 import math
 import os
+import secrets
 import shlex
 import shutil
 import sys
@@ -29,11 +30,11 @@ from . import checkpoint as ckpt
 from .config import Config, config_to_dict, load_config, save_config
 from .errors import PREEMPTED_EXIT_CODE, CheckpointError, ConfigError, Preempted, TrainingError
 from .layers import expert_utilization, moe_aux_loss
-from .preemption import StopSignals, ignore_in_workers
+from .preemption import StopSignals, elastic_restart_advice, ignore_in_workers
 from .seeding import rng_state, seed_process, set_rng_state
 from .tasks import TaskSetup
 
-__all__ = ["train", "create_accelerator", "param_groups", "lr_multiplier", "plot_curves"]
+__all__ = ["train", "resolve_resume", "set_epoch", "create_accelerator", "param_groups", "lr_multiplier", "plot_curves"]
 
 
 def param_groups(model: nn.Module, weight_decay: float, lr: float = 1.0,
@@ -115,37 +116,82 @@ def create_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Accelerato
     return Accelerator(cpu=launched and not gpus, mixed_precision=mixed_precision, **kwargs)
 
 
-def _find_resume_point(cfg: Config, resume: str | Path | None) -> tuple[Path, Path | None]:
-    """The run directory and the checkpoint to continue from (None: a new run), decided before any
-    data is read.
+# Keys that change how a run is watched, stored or stopped, never its numbers: train.resume=auto
+# continues a run across a change of them and says which changed.
+RESULT_NEUTRAL_KEYS = frozenset({"train.resume", "train.log_with", "train.stop_signals", "train.log_every",
+                                 "train.save_every", "train.save_every_steps", "train.keep_last", "data.num_workers"})
 
-    ``resume`` (a run directory) continues that run with ``cfg`` as it is now (more epochs, say).
-    Otherwise ``train.output_dir`` decides: with ``train.resume: auto`` a run there with a ``last/``
-    checkpoint is continued if its config is ``cfg`` (else one line names the keys that differ), and a
-    directory without a checkpoint starts anew; with ``train.resume: no`` any run there is refused.
+
+def _newest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run directory, ``last/`` or ``best/`` (``best/`` is the newer
+    when the run died after a better epoch and before ``last/`` was due, with ``train.save_every`` > 1)."""
+    found = []
+    for which in ("last", "best"):
+        directory = run_dir / "checkpoints" / which
+        try:
+            directory = ckpt.resolve_checkpoint(directory) if directory.parent.is_dir() else None
+        except CheckpointError:
+            directory = None
+        if directory is not None and (directory / "trainer_state.json").is_file():
+            found.append((ckpt.read_json(directory / "trainer_state.json")["global_step"], which == "last", directory))
+    return max(found)[2] if found else None
+
+
+def resolve_resume(path: str | Path) -> tuple[Path, Path]:
+    """The run directory and the checkpoint ``--resume PATH`` continues: PATH is a run directory (its
+    newest checkpoint) or a checkpoint inside one (``RUN/checkpoints/step_800``), whose run it continues.
+
+    Raises:
+        ConfigError: one line, if PATH is neither.
+    """
+    path = Path(path)
+    if (path / "trainer_state.json").is_file():
+        if path.parent.name != "checkpoints":
+            raise ConfigError(f"--resume {path}: a checkpoint continues the run it belongs to, and this one is not in "
+                              f"a run's checkpoints/ folder; give the run directory or RUN/checkpoints/<name>")
+        return path.parent.parent, path
+    checkpoint = _newest_checkpoint(path)
+    if checkpoint is None:
+        raise ConfigError(f"--resume {path}: no checkpoint there (expected a run directory with checkpoints/last/ or "
+                          f"a checkpoint directory RUN/checkpoints/<name>)")
+    return path, checkpoint
+
+
+def _find_resume_point(cfg: Config, resume: str | Path | None) -> tuple[Path, Path | None, str]:
+    """The run directory, the checkpoint to continue from (None: a new run) and a line to print about
+    it (or ''), decided before any data is read.
+
+    ``resume`` (a run directory, or a checkpoint in one) continues that run with ``cfg`` as it is now
+    (more epochs, say). Otherwise ``train.output_dir`` decides. With ``train.resume: auto`` a directory
+    holding a run (a checkpoint, or the ``config.yaml`` a run writes first) must hold ``cfg``'s run: the
+    keys that differ are one line, except :data:`RESULT_NEUTRAL_KEYS`, which are continued across and
+    named; the run continues from its newest checkpoint, or starts anew if it died before its first.
+    With ``train.resume: no`` any run there is refused.
     """
     if resume is not None:
-        return Path(resume), ckpt.resolve_checkpoint(resume, "last")
+        run_dir, checkpoint = resolve_resume(resume)
+        cfg.train.output_dir = str(run_dir)
+        return run_dir, checkpoint, ""
     run_dir = Path(cfg.train.output_dir)
-    try:
-        last: Path | None = ckpt.resolve_checkpoint(run_dir, "last")
-    except CheckpointError:
-        last = None
+    checkpoint = _newest_checkpoint(run_dir)
+    saved_file = checkpoint / "run_config.yaml" if checkpoint is not None else run_dir / "config.yaml"
     if cfg.train.resume == "no":
-        if last is not None or (run_dir / "metrics.jsonl").exists():
+        if checkpoint is not None or saved_file.is_file() or (run_dir / "metrics.jsonl").exists():
             raise ConfigError(f"train.output_dir={str(run_dir)!r} already holds a run and train.resume=no; continue "
                               f"it with train.resume=auto (or --resume {run_dir}), or choose another train.output_dir")
-        return run_dir, None
-    if last is None:
-        return run_dir, None
-    saved, wanted = _flat_hparams(load_config(last / "run_config.yaml")), _flat_hparams(cfg)
-    differ = [f"{k}: {saved.get(k)!r} there, {wanted.get(k)!r} now" for k in sorted(saved.keys() | wanted.keys())
-              if k != "train.resume" and saved.get(k) != wanted.get(k)]
+        return run_dir, None, ""
+    if not saved_file.is_file():
+        return run_dir, None, ""
+    saved, wanted = _flat_hparams(load_config(saved_file)), _flat_hparams(cfg)
+    changed = [k for k in sorted(saved.keys() | wanted.keys()) if saved.get(k) != wanted.get(k)]
+    differ = [f"{k}: {saved.get(k)!r} there, {wanted.get(k)!r} now" for k in changed if k not in RESULT_NEUTRAL_KEYS]
     if differ:
         raise ConfigError(f"train.output_dir={str(run_dir)!r} holds a run with another config ({'; '.join(differ)}); "
                           f"run its own config to continue it, change it on purpose with --resume {run_dir} "
                           f"key=value, or choose another train.output_dir")
-    return run_dir, last
+    neutral = [f"{k} {saved.get(k)} -> {wanted.get(k)}" for k in changed if k != "train.resume"]
+    note = f"continuing with keys that do not change the result changed: {', '.join(neutral)}" if neutral else ""
+    return run_dir, checkpoint, note if checkpoint is not None else ""
 
 
 TRACKERS = ("tensorboard", "wandb", "mlflow", "aim")  # each the name of its pip package too
@@ -275,7 +321,7 @@ class _Loop:
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
             mlflow.set_tracking_uri((run_dir / "mlruns").resolve().as_uri())
         if trackers:
-            acc.init_trackers(run_dir.resolve().name, config=_flat_hparams(cfg))
+            self._start_trackers(trackers, resumed=resume_from is not None)
         n_params = sum(p.numel() for p in self.model.parameters())
         selection = (f"best/ chosen on {'ema_' if self.ema is not None else ''}val_{task.select}"
                      if "val" in self.eval_loaders else "no validation split: no best/, the final epoch's test metric "
@@ -285,6 +331,30 @@ class _Loop:
                   f"{acc.device} | mixed precision {t.mixed_precision} | {selection} | run dir {run_dir}"
                   + (f" | resumed at epoch {self.state['epoch'] + 1}, step {self.state['epoch_step']}"
                      if resume_from is not None else ""))
+
+    def _start_trackers(self, trackers: list[str], resumed: bool) -> None:
+        """Start the experiment trackers: a new run gets new tracker runs and its config as
+        hyperparameters; a resumed run continues the tracker runs its checkpoint names (``trackers`` in
+        ``trainer_state.json``: MLflow's run id, the W&B id, Aim's run hash), so a job requeued 20 times
+        is one run in each. (TensorBoard appends to its directory by itself.)"""
+        acc, ids = self.accelerator, dict(self.state.get("trackers") or {})
+        kwargs: dict[str, dict[str, Any]] = {}
+        if "mlflow" in trackers and ids.get("mlflow"):
+            kwargs["mlflow"] = {"run_id": ids["mlflow"]}
+        if "wandb" in trackers:
+            ids.setdefault("wandb", secrets.token_hex(4))  # W&B run ids: [a-z0-9]
+            kwargs["wandb"] = {"id": ids["wandb"], "resume": "allow"}
+        if "aim" in trackers and ids.get("aim"):
+            kwargs["aim"] = {"run_hash": ids["aim"]}
+        # A continued run keeps the hyperparameters it started with (MLflow refuses a changed one).
+        acc.init_trackers(self.run_dir.resolve().name, config=None if resumed else _flat_hparams(self.cfg),
+                          init_kwargs=kwargs)
+        if acc.is_main_process:
+            if "mlflow" in trackers:
+                ids["mlflow"] = acc.get_tracker("mlflow", unwrap=True).info.run_id
+            if "aim" in trackers:
+                ids["aim"] = acc.get_tracker("aim", unwrap=True).hash
+            self.state["trackers"] = {k: v for k, v in ids.items() if k in trackers}
 
     @property
     def plain_model(self) -> nn.Module:
@@ -455,7 +525,8 @@ class _Loop:
         state.update(epoch=epoch, epoch_step=0)
         if is_best:
             self.save("best")
-        if epoch % t.save_every == 0 or epoch == t.epochs or epoch == stop_after_epoch:
+        step_due = t.save_every_steps and state["global_step"] % t.save_every_steps == 0
+        if epoch % t.save_every == 0 or epoch == t.epochs or epoch == stop_after_epoch or step_due:
             self.save("last")
         return record
 
@@ -569,9 +640,12 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     evaluation, the best validation metric (if any), epochs, wall time.
     """
     start_time = time.time()
-    run_dir, resume_from = _find_resume_point(cfg, resume)  # bad input fails here, before data is read
+    run_dir, resume_from, note = _find_resume_point(cfg, resume)  # bad input fails here, before data is read
     loop = _Loop(cfg, run_dir, resume_from)
     t, acc, state = cfg.train, loop.accelerator, loop.state
+    for line in (note, elastic_restart_advice()):
+        if line:
+            acc.print(line)
     summary: dict[str, Any] = {}
     loop.model.train()
     with StopSignals(t.stop_signals, acc.num_processes) as stop:
