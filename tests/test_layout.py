@@ -89,3 +89,33 @@ def test_the_public_import_paths_keep_working() -> None:
     from vitlab.text import Seq2SeqTransformer as TextSeq2Seq
 
     assert TextSeq2Seq is Seq2SeqTransformer  # one definition, two public names
+
+
+def _module_imports(path: Path) -> set[str]:
+    """The vitlab modules (dotted, e.g. 'vitlab.layers.moe') ``path`` imports anywhere in it, function
+    bodies included, ``if TYPE_CHECKING:`` blocks and package ``__init__`` re-exports left out."""
+    tree = ast.parse(path.read_text())
+    package = list(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+            and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
+    modules = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts) for p in MODULES}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skip or not isinstance(node, ast.ImportFrom):
+            continue
+        base = (package[:len(package) - node.level + 1] if node.level else []) + (node.module or "").split(".")
+        base = [b for b in base if b]
+        for alias in node.names:
+            for candidate in (".".join(base + [alias.name]), ".".join(base)):
+                if candidate in modules and not candidate.endswith("__init__"):
+                    found.add(candidate)
+                    break
+    return found
+
+
+def test_no_two_modules_import_each_other() -> None:
+    # A circle (even through a function-level import) means two modules hold one idea between them.
+    graph = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts): _module_imports(p) for p in MODULES}
+    for a, imported in graph.items():
+        for b in imported:
+            assert a not in graph.get(b, set()), f"{a} and {b} import each other"

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from ..attention import KVCache, MultiHeadAttention, attention_dropout
 from .drop import DropPath
-from .mlp import create_mlp
+from .ffn import create_mlp
 from .norm import create_norm
 
 __all__ = ["Block", "DecoderBlock", "DecoderCache"]

@@ -1,18 +1,16 @@
-"""Position-wise feed-forward networks, chosen by name: ``mlp`` (two linears) or ``swiglu`` (gated).
+"""Dense position-wise feed-forward networks, chosen by name: ``mlp`` (two linears) or ``swiglu`` (gated).
 
 Parameter names follow timm: ``Mlp`` has ``fc1``, ``fc2``; ``SwiGLU`` has ``fc1_g`` (gate), ``fc1_x``
 (value) and ``fc2``, as ``timm.layers.SwiGLU``.
 """
 from __future__ import annotations
 
-from typing import Callable, Literal
+from typing import Callable
 
 from torch import Tensor, nn
 
-__all__ = ["Mlp", "SwiGLU", "get_activation", "create_mlp", "MlpName", "MLPS", "ACTIVATIONS"]
+__all__ = ["Mlp", "SwiGLU", "get_activation", "create_dense_mlp", "ACTIVATIONS"]
 
-MlpName = Literal["mlp", "swiglu", "moe"]
-MLPS: tuple[str, ...] = ("mlp", "swiglu", "moe")
 ACTIVATIONS: dict[str, Callable[[], nn.Module]] = {"gelu": nn.GELU, "relu": nn.ReLU, "silu": nn.SiLU}
 
 
@@ -63,19 +61,12 @@ class SwiGLU(nn.Module):
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1_g(x)) * self.fc1_x(x))))
 
 
-def create_mlp(kind: str, dim: int, hidden_dim: int, act: str | None = None, drop: float = 0.0,
-               num_experts: int = 4, moe_top_k: int = 2, moe_expert_layer: str = "mlp",
-               moe_aux_loss_weight: float = 0.01) -> nn.Module:
-    """The feed-forward network of a block by name: ``'mlp'``, ``'swiglu'`` or ``'moe'`` (a mixture of
-    ``num_experts`` networks of kind ``moe_expert_layer``). ``act`` None: GELU for ``mlp``, SiLU for
-    ``swiglu``."""
-    if kind == "moe":
-        from .moe import MoE
-
-        return MoE(dim, hidden_dim, num_experts, moe_top_k, expert_layer=moe_expert_layer, act=act, drop=drop,
-                   aux_loss_weight=moe_aux_loss_weight)
+def create_dense_mlp(kind: str, dim: int, hidden_dim: int, act: str | None = None, drop: float = 0.0) -> nn.Module:
+    """A dense feed-forward network by name: ``'mlp'`` (:class:`Mlp`) or ``'swiglu'`` (:class:`SwiGLU`);
+    ``act`` None: GELU for ``mlp``, SiLU for ``swiglu``. (A block's network, mixtures of experts
+    included, comes from :func:`vitlab.layers.ffn.create_mlp`.)"""
     if kind == "mlp":
         return Mlp(dim, hidden_dim, act or "gelu", drop)
     if kind == "swiglu":
         return SwiGLU(dim, hidden_dim, act or "silu", drop)
-    raise ValueError(f"unknown mlp_layer {kind!r}; expected one of {', '.join(MLPS)}")
+    raise ValueError(f"unknown dense mlp {kind!r}; expected 'mlp' or 'swiglu'")

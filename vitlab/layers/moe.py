@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from .mlp import create_mlp
+from .mlp import create_dense_mlp
 
 __all__ = ["MoE", "moe_aux_loss", "expert_utilization"]
 
@@ -47,11 +47,11 @@ class MoE(nn.Module):
         if num_experts < 1 or not 1 <= top_k <= num_experts:
             raise ValueError(f"a mixture of experts needs num_experts >= 1 and 1 <= moe_top_k <= num_experts; got "
                              f"num_experts={num_experts}, moe_top_k={top_k}")
-        if expert_layer not in ("mlp", "swiglu"):
+        if expert_layer not in ("mlp", "swiglu"):  # a mixture of mixtures is not one of the seeds' systems
             raise ValueError(f"moe_expert_layer={expert_layer!r}; expected 'mlp' or 'swiglu'")
         self.num_experts, self.top_k, self.aux_loss_weight = num_experts, top_k, aux_loss_weight
         self.router = nn.Linear(dim, num_experts, bias=False)
-        self.experts = nn.ModuleList([create_mlp(expert_layer, dim, hidden_dim, act, drop) for _ in range(num_experts)])
+        self.experts = nn.ModuleList([create_dense_mlp(expert_layer, dim, hidden_dim, act, drop) for _ in range(num_experts)])
         # A plain attribute, not a buffer: DDP would overwrite every process's counts with process 0's.
         self.expert_counts: Tensor | None = None
         self.aux_loss: Tensor | None = None
