@@ -6,15 +6,20 @@ BIN    := $(VENV)/bin
 CONFIG ?= configs/vit_cifar10.yaml
 ARGS   ?=
 
-.PHONY: train test test-lowest install clean
+.PHONY: train test docs test-lowest install clean
 
-# Train on CIFAR-10 with the default config (downloads CIFAR-10 unless ARGS point elsewhere).
+# Train on CIFAR-10 with the default config (downloads CIFAR-10 unless ARGS point elsewhere). Installs
+# vitlab alone (what training needs); the test, docs and export extras come with `make test`.
 train: $(VENV)/.installed
 	$(BIN)/python train.py --config $(CONFIG) $(ARGS)
 
-# The whole test suite (what CI runs through .ci/run).
-test: $(VENV)/.installed
+# The whole test suite (what CI runs through .ci/run), the documentation's snippets and site included.
+test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest $(ARGS)
+
+# The documentation site (MkDocs), built with warnings as errors into site/.
+docs: $(VENV)/.installed-dev
+	$(BIN)/python -m mkdocs build --strict
 
 # The suite against the lowest version of every direct dependency pyproject.toml admits (uv's
 # lowest-direct resolution: direct dependencies at their lower bounds, the others at their newest),
@@ -33,10 +38,16 @@ $(LOWEST)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
+	@echo "== installing vitlab and what training needs into $(VENV) (a few minutes the first time) =="
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --upgrade --progress-bar on pip
+	$(BIN)/python -m pip install --progress-bar on -e .
+	@echo "== installed: the vitlab command is $(BIN)/vitlab (or 'source $(BIN)/activate', then vitlab) =="
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(BIN)/python -m pip install --progress-bar on -e '.[dev]'
 	touch $@
 
 clean:
-	rm -rf $(VENV) $(LOWEST) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(LOWEST) *.egg-info .pytest_cache site

@@ -126,7 +126,7 @@ def test_attention_command_writes_pngs_and_refuses_bad_input_in_one_line(image_r
     ok = _cli("attention", "--checkpoint", str(image_run), *files, "--output", str(out), "--discard-ratio", "0.9")
     assert ok.returncode == 0, ok.stderr[-2000:]
     with Image.open(out) as img:
-        assert img.format == "PNG" and img.size == (500, 500)  # 2 rows of 5 x 2.5 inches at 100 dpi
+        assert img.format == "PNG" and img.size == (560, 500)  # 2 rows of 5.6 x 2.5 inches at 100 dpi
     grid = tmp_path / "grid.png"
     ok = _cli("attention", "--checkpoint", str(image_run), files[0], "--grid", "--output", str(grid))
     assert ok.returncode == 0, ok.stderr[-2000:]
@@ -146,6 +146,30 @@ def test_attention_command_writes_pngs_and_refuses_bad_input_in_one_line(image_r
         err = capsys.readouterr().err
         assert exit_info.value.code == code and err.count("\n") == 1 and message in err, err
         assert not target.exists()
+
+
+def test_the_attention_picture_names_the_true_class_from_the_folder_and_has_a_colour_scale(
+        image_run, tiny_imagefolder, tmp_path, monkeypatch):
+    from vitlab.visualize import plots
+
+    drawn = {}
+    original = plots.plot_attention
+
+    def spy(*args, **kwargs):
+        drawn["figure"] = original(*args, **kwargs)
+        return drawn["figure"]
+
+    monkeypatch.setattr(plots, "plot_attention", spy)
+    monkeypatch.setattr("vitlab.visualize.plot_attention", spy)
+    elsewhere = tmp_path / "elsewhere.png"
+    first = sorted((tiny_imagefolder / "test" / "class_2").glob("*.png"))[0]
+    elsewhere.write_bytes(first.read_bytes())
+    main(["attention", "--checkpoint", str(image_run), str(first), str(elsewhere), "--output", str(tmp_path / "a.png")])
+    axes = drawn["figure"].axes
+    assert axes[0].get_title() == f"{first.name}\ntrue: class_2"  # its folder is one of the model's classes
+    assert axes[2].get_title() == "elsewhere.png"  # no class folder: no true label
+    colour_scales = [ax for ax in axes if ax.get_label() == "<colorbar>"]
+    assert len(colour_scales) == 2 and colour_scales[0].get_ylim() == (0.0, 1.0)
 
 
 def test_transformer_cross_attention_weights_are_torch_multihead_attentions():

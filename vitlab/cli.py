@@ -162,9 +162,12 @@ def _attention(args: argparse.Namespace) -> None:
     if args.grid:
         fig = plot_attention_grid(model, images[0])
     else:
+        # The true class, where a file lies in a folder named after one of the model's classes (ImageFolder).
+        classes = set(model.pretrained_cfg.get("label_names") or [])
+        truth = [Path(p).parent.name if Path(p).parent.name in classes else None for p in args.images]
         fig = plot_attention(model, images, titles=[Path(p).name for p in args.images], method=args.method,
                              block=args.block, head=head, head_fusion=args.head_fusion,
-                             discard_ratio=args.discard_ratio)
+                             discard_ratio=args.discard_ratio, true_labels=truth)
     print(f"wrote {save_figure(fig, args.output)}")
 
 
@@ -214,6 +217,8 @@ def train_main(argv: list[str] | None = None) -> None:
                         help="continue the run in RUN_DIR from its last checkpoint (its config, changed by any "
                              "key=value); auto: continue train.output_dir's run if it has the same config, else start "
                              "(train.resume=auto, the default)")
+    parser.add_argument("--json", action="store_true", help="print the run's summary (also in RUN_DIR/summary.json) "
+                                                            "as one JSON line at the end")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. train.epochs=5 optim.lr=1e-3")
     args = parser.parse_args(argv)
 
@@ -221,7 +226,7 @@ def train_main(argv: list[str] | None = None) -> None:
         from accelerate import PartialState
 
         from .config import load_config
-        from .training import resolve_resume, train
+        from .training import interrupted_message, resolve_resume, summary_of, train
 
         if args.resume == "auto":
             args.resume, args.overrides = None, [*args.overrides, "train.resume=auto"]
@@ -235,10 +240,14 @@ def train_main(argv: list[str] | None = None) -> None:
             _, checkpoint = resolve_resume(args.resume)  # the config the checkpoint was trained with
             args.config = str(checkpoint / "run_config.yaml")
         cfg = load_config(args.config, args.overrides)
-        summary = train(cfg, resume=args.resume)
-        if PartialState().is_main_process:
-            print(json.dumps({k: summary[k] for k in summary if k.startswith(("val_", "test_", "ema_")) or k in (
-                "best_metric", "best_epoch", "epochs_done", "wall_time", "run_dir")}))
+        try:
+            summary = train(cfg, resume=args.resume)
+        except KeyboardInterrupt:
+            if PartialState().is_main_process:
+                print(interrupted_message(cfg.train.output_dir), file=sys.stderr)
+            sys.exit(130)
+        if args.json and PartialState().is_main_process:
+            print(json.dumps(summary_of(summary)))
 
     run_command(run)
 

@@ -376,7 +376,10 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise ConfigError(f"config file {str(path)!r} does not exist")
+            folder = path.parent if path.parent.is_dir() else Path("configs")
+            shipped = sorted(str(p) for p in folder.glob("*.yaml")) if folder.is_dir() else []
+            raise ConfigError(f"config file {str(path)!r} does not exist"
+                              + (f"; the configs in {folder}: {', '.join(shipped)}" if shipped else ""))
         try:
             raw = yaml.safe_load(path.read_text()) or {}
         except yaml.YAMLError as e:

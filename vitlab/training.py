@@ -24,17 +24,17 @@ from accelerate import Accelerator, DataLoaderConfiguration
 from accelerate.utils import set_seed
 from timm.utils import ModelEmaV3
 from torch import nn
-from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
 from .config import Config, config_to_dict, load_config, save_config
 from .errors import PREEMPTED_EXIT_CODE, CheckpointError, ConfigError, Preempted, TrainingError
 from .layers import expert_utilization, moe_aux_loss
+from .progress import Progress
 from .preemption import StopSignals, elastic_restart_advice, ignore_in_workers
 from .seeding import rng_state, seed_process, set_rng_state
 from .tasks import TaskSetup
 
-__all__ = ["train", "resolve_resume", "set_epoch", "create_accelerator", "param_groups", "lr_multiplier", "plot_curves"]
+__all__ = ["train", "summary_of", "interrupted_message", "resolve_resume", "set_epoch", "create_accelerator", "param_groups", "lr_multiplier", "plot_curves"]
 
 
 def param_groups(model: nn.Module, weight_decay: float, lr: float = 1.0,
@@ -326,9 +326,12 @@ class _Loop:
         selection = (f"best/ chosen on {'ema_' if self.ema is not None else ''}val_{task.select}"
                      if "val" in self.eval_loaders else "no validation split: no best/, the final epoch's test metric "
                                                         "is the result")
+        workers = getattr(task.train_loader, "num_workers", 0)
         acc.print(f"model {cfg.model.name}: {n_params / 1e6:.2f}M params | train {task.train_size} examples, "
                   f"{self.steps_per_epoch} steps/epoch x {t.epochs} epochs | {acc.num_processes} process(es) on "
-                  f"{acc.device} | mixed precision {t.mixed_precision} | {selection} | run dir {run_dir}"
+                  f"{acc.device}, {torch.get_num_threads()} torch thread(s) each"
+                  f"{f', {workers} DataLoader workers' if workers else ''} | mixed precision {t.mixed_precision} | "
+                  f"{selection} | run dir {run_dir}"
                   + (f" | resumed at epoch {self.state['epoch'] + 1}, step {self.state['epoch_step']}"
                      if resume_from is not None else ""))
 
@@ -442,11 +445,14 @@ class _Loop:
         t, acc, state = self.cfg.train, self.accelerator, self.state
         seed_process(t.seed, acc.process_index, epoch)
         resumed, self.process_state = self.process_state, None
-        self.meter = meter = _Meter.start(acc.device, resumed["meter"] if resumed else None)
+        self.meter = _Meter.start(acc.device, resumed["meter"] if resumed else None)
         skip = state["epoch_step"] * self.accum
-        bar = tqdm(self._batches(epoch, skip), desc=f"epoch {epoch}/{t.epochs}", total=len(self.train_loader),
-                   initial=skip, leave=False, dynamic_ncols=True,
-                   disable=None if acc.is_main_process else True)  # None: off when not a TTY
+        with Progress(self._batches(epoch, skip), desc=f"epoch {epoch}/{t.epochs}", total=len(self.train_loader),
+                      initial=skip, enabled=acc.is_main_process, unit="batches") as bar:
+            return self._train_batches(epoch, stop, bar, resumed)
+
+    def _train_batches(self, epoch: int, stop: StopSignals, bar: Progress, resumed: dict[str, Any] | None) -> bool:
+        t, acc, state, meter = self.cfg.train, self.accelerator, self.state, self.meter
         started, waiting_since = time.time() - meter.seconds, time.perf_counter()
         group: list[Any] = []
         for batch in bar:
@@ -472,7 +478,7 @@ class _Loop:
         meter.seconds = time.time() - started
         return True
 
-    def _log_window(self, epoch: int, bar: tqdm) -> None:
+    def _log_window(self, epoch: int, bar: Progress) -> None:
         """A training log line: the mean loss since the last one (checked finite), the learning rate."""
         acc, meter = self.accelerator, self.meter
         mean_loss = _checked_mean(acc, meter.window / meter.window_steps, epoch, self.state["global_step"])
@@ -661,8 +667,8 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
                 preempted = Preempted(
                     f"stopped by {stop.received or 'a signal to another process'} after step {state['global_step']} "
                     f"(epoch {state['epoch'] + 1}, step {state['epoch_step']} of {loop.steps_per_epoch}); "
-                    f"{run_dir / 'checkpoints' / 'last'} holds it: run the same command to continue (exit status "
-                    f"{PREEMPTED_EXIT_CODE})")
+                    f"{run_dir / 'checkpoints' / 'last'} holds it, nothing was lost: run the same command to continue "
+                    f"(exit status {PREEMPTED_EXIT_CODE})")
                 acc.print(preempted.message)
                 raise preempted
             if epoch == stop_after_epoch:
@@ -673,8 +679,56 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     if not summary and state["epoch"] == t.epochs:
         acc.print(f"{run_dir} holds a finished run ({t.epochs} epochs): nothing to train")
         summary = _last_eval(loop.metrics_file)
-    return {**summary, "best_metric": state["best_metric"], "best_epoch": state["best_epoch"],
-            "epochs_done": state["epoch"], "wall_time": time.time() - start_time, "run_dir": str(run_dir)}
+    result = {**summary, "best_metric": state["best_metric"], "best_epoch": state["best_epoch"],
+              "epochs_done": state["epoch"], "wall_time": time.time() - start_time, "run_dir": str(run_dir)}
+    if state["epoch"] == t.epochs:
+        if acc.is_main_process:
+            ckpt.write_json(run_dir / "summary.json", summary_of(result))
+        acc.print(_result_line(result, loop.task.select, "val" in loop.eval_loaders, run_dir))
+    return result
+
+
+def interrupted_message(run_dir: str | Path) -> str:
+    """What an interrupted run (Ctrl-C, a crash) kept and lost, and how to continue it."""
+    checkpoint = _newest_checkpoint(Path(run_dir))
+    if checkpoint is None:
+        return (f"interrupted: {run_dir} holds no checkpoint yet, so this run is lost; the same command starts it "
+                f"again")
+    state = ckpt.read_json(checkpoint / "trainer_state.json")
+    where = f"epoch {state['epoch'] + 1}, step {state['epoch_step']}" if state["epoch_step"] else \
+        f"the end of epoch {state['epoch']}"
+    return (f"interrupted: kept {checkpoint} (step {state['global_step']}, {where}); the steps after it are lost "
+            f"(a stop signal, SIGTERM, would have kept them); the same command continues from it")
+
+
+def summary_of(result: dict[str, Any]) -> dict[str, Any]:
+    """What a finished run reports (``<run>/summary.json``, ``train.py --json``): the last evaluation's
+    validation and test metrics, the best validation metric, epochs, wall time, the run directory."""
+    return {k: result[k] for k in result if k.startswith(("val_", "test_", "ema_")) or k in (
+        "best_metric", "best_epoch", "epochs_done", "wall_time", "run_dir")}
+
+
+_FRACTIONS = ("top1", "top5", "exact_match")  # metrics in [0, 1], said in percent
+
+
+def _result_line(result: dict[str, Any], select: str, has_val: bool, run_dir: Path) -> str:
+    """The last line of a finished run: its result in words, where the model is and what to do next."""
+    def said(prefix: str) -> str:
+        value = result.get(f"{prefix}{select}")
+        if value is None:
+            return "not evaluated"
+        name = {"top1": "top-1", "exact_match": "exact match"}.get(select, select)
+        return f"{name} {100 * value:.2f}%" if select in _FRACTIONS else f"{name} {value:.4f}"
+
+    prefix = "ema_" if "ema_test_" + select in result else ""
+    done = f"finished {result['epochs_done']} epochs in {result['wall_time']:.0f} s: test {said(prefix + 'test_')} " \
+           f"at the final epoch{' (EMA weights)' if prefix else ''}"
+    if has_val and result.get("best_epoch") is not None:
+        model = run_dir / "checkpoints" / "best"
+        done += f", best validation {said(prefix + 'val_').split(' ', 1)[1]} at epoch {result['best_epoch']} ({model})"
+    else:
+        model = run_dir / "checkpoints" / "last"
+    return f"{done} | model: {model} | next: vitlab eval --checkpoint {run_dir}"
 
 
 def _read_records(metrics_file: Path) -> list[dict[str, Any]]:

@@ -58,9 +58,11 @@ def read_image(path: str | Path, size: tuple[int, int] | None = None) -> Tensor:
         raise DataError(f"cannot read image {str(path)!r}: {e}") from None
 
 
-def decode_all(decode: Callable[[int], Tensor], indices: Sequence[int]) -> Tensor:
+def decode_all(decode: Callable[[int], Tensor], indices: Sequence[int],
+               done: Callable[[], None] | None = None) -> Tensor:
     """``decode(i)`` for each index, stacked into one preallocated uint8 ``(N, 3, H, W)`` tensor (every
-    image of the same size): the data's size in memory once, not twice as ``torch.stack`` of a list."""
+    image of the same size): the data's size in memory once, not twice as ``torch.stack`` of a list.
+    ``done()`` is called after each image (progress)."""
     indices = list(indices)
     if not indices:
         return torch.empty(0, 3, 0, 0, dtype=torch.uint8)
@@ -68,5 +70,9 @@ def decode_all(decode: Callable[[int], Tensor], indices: Sequence[int]) -> Tenso
     out = torch.empty((len(indices), *first.shape), dtype=torch.uint8)
     out[0] = first
     for row, i in enumerate(indices[1:], start=1):
+        if done is not None:
+            done()
         out[row] = decode(i)
+    if done is not None:
+        done()
     return out

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor
 
 from ..errors import DataError
+from ..progress import Progress
 from .decode import decode_all
 from .images import ImageData, balanced_indices
 
@@ -47,7 +48,11 @@ class SplitIndex:
         index = balanced_indices(self.labels, subset, seed).tolist()
         if not index:
             raise DataError(f"{self.where} holds no images")
-        images = decode_all(lambda i: self.decode(i, size), index)
+        with Progress(total=len(index), desc=f"decoding {len(index):,} images ({self.where})", unit="images",
+                      interval=10.0) as progress:
+            if not progress.terminal and progress.enabled:
+                print(f"decoding {len(index):,} images ({self.where}) ...", flush=True)
+            images = decode_all(lambda i: self.decode(i, size), index, progress.update)
         return ImageData(images, self.labels[index], self.classes)
 
 

@@ -140,8 +140,12 @@ def resolve_checkpoint(path: str | Path, which: str = "best") -> Path:
                 return d
     if not path.exists():
         raise CheckpointError(f"checkpoint {str(path)!r} does not exist")
-    raise CheckpointError(f"no checkpoint in {str(path)!r}: expected a run directory with checkpoints/{which}/ "
-                          f"or a checkpoint or save_pretrained directory with config.json and model.safetensors")
+    below = sorted(str(p.parent.relative_to(path)) for p in path.glob("**/checkpoints") if p.is_dir()
+                   and len(p.relative_to(path).parts) <= 3)
+    found = f"; runs below it: {', '.join(below[:10])}{' ...' if len(below) > 10 else ''}" if below else ""
+    raise CheckpointError(f"no checkpoint in {str(path)!r}: expected a run directory (checkpoints/{which}/ or "
+                          f"checkpoints/last/), or a checkpoint or save_pretrained directory with config.json and "
+                          f"model.safetensors{found}")
 
 
 def _model_args(model: nn.Module) -> dict[str, Any]:

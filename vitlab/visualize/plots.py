@@ -77,14 +77,16 @@ def attention_heatmaps(model: nn.Module, images: Sequence[Tensor], method: Metho
     return heat, model(x).float().softmax(-1)
 
 
-def _overlay(ax: Any, image: Tensor, heat: Tensor) -> None:
-    """``image`` uint8 ``(3, H, W)``; ``heat`` ``(gh, gw)`` scaled to [0, 1], upsampled to the image, on top."""
+def _overlay(ax: Any, image: Tensor, heat: Tensor) -> Any:
+    """``image`` uint8 ``(3, H, W)``; ``heat`` ``(gh, gw)`` scaled to [0, 1], upsampled to the image, on top.
+    Returns the heat map's ``AxesImage`` (for a colour scale)."""
     h, w = image.shape[-2:]
     up = F.interpolate(heat[None, None].float(), size=(h, w), mode="bilinear", align_corners=False)[0, 0]
     up = (up - up.min()) / (up.max() - up.min()).clamp(min=1e-12)
     ax.imshow(image.permute(1, 2, 0).numpy())
-    ax.imshow(up.numpy(), cmap="jet", alpha=0.5)
+    shown = ax.imshow(up.numpy(), cmap="jet", alpha=0.5, vmin=0.0, vmax=1.0)
     ax.axis("off")
+    return shown
 
 
 def _label(model: nn.Module, index: int) -> str:
@@ -94,22 +96,27 @@ def _label(model: nn.Module, index: int) -> str:
 
 def plot_attention(model: nn.Module, images: Sequence[Tensor], titles: Sequence[str] | None = None,
                    method: Method = "rollout", block: int = -1, head: int | Literal["mean"] = "mean",
-                   head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0) -> "Figure":
-    """One row per image: the image, and its heat map upsampled and overlaid, titled with the predicted
-    class and its probability. ``images``: uint8 RGB ``(3, H, W)`` tensors (``vitlab.data.read_image``)."""
+                   head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0,
+                   true_labels: Sequence[str | None] | None = None) -> "Figure":
+    """One row per image: the image (titled with ``titles`` and its true class, where ``true_labels``
+    knows it), and its heat map upsampled and overlaid with a colour scale (each map scaled to [0, 1]:
+    its least attended patch 0, its most attended 1), titled with the predicted class and its
+    probability. ``images``: uint8 RGB ``(3, H, W)`` tensors (``vitlab.data.read_image``)."""
     heat, probs = attention_heatmaps(model, images, method, block, head, head_fusion, discard_ratio)
     plt = _pyplot()
     what = (f"rollout ({head_fusion} over heads" + (f", discard {discard_ratio:g})" if discard_ratio else ")")
             if method == "rollout" else f"block {block}, head {head}")
-    fig, axes = plt.subplots(len(images), 2, figsize=(5.0, 2.5 * len(images)), squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(len(images), 2, figsize=(5.6, 2.5 * len(images)), squeeze=False, layout="constrained")
     for i, image in enumerate(images):
         p, c = probs[i].max(0)
         axes[i, 0].imshow(image.permute(1, 2, 0).numpy())
         axes[i, 0].axis("off")
-        axes[i, 0].set_title(titles[i] if titles else f"image {i}", fontsize=8)
-        _overlay(axes[i, 1], image, heat[i])
-        axes[i, 1].set_title(f"{_label(model, int(c))} {p:.2f}", fontsize=9)
-    fig.suptitle(f"attention: {what}", fontsize=9)
+        true = true_labels[i] if true_labels else None
+        axes[i, 0].set_title((titles[i] if titles else f"image {i}") + (f"\ntrue: {true}" if true else ""), fontsize=8)
+        shown = _overlay(axes[i, 1], image, heat[i])
+        axes[i, 1].set_title(f"predicted: {_label(model, int(c))} {p:.2f}", fontsize=9)
+        fig.colorbar(shown, ax=axes[i, 1], fraction=0.046, pad=0.04).ax.tick_params(labelsize=7)
+    fig.suptitle(f"attention: {what}; colour: each map's least (0) to most (1) attended", fontsize=8)
     return fig
 
 

@@ -1,0 +1,73 @@
+"""What a run says: progress wherever its output goes, a last line with the result, where the model is and
+the next command, what an interruption kept and lost, and bad paths answered with what is there."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import reset_accelerate, tiny_overrides
+from vitlab.cli import main, train_main
+from vitlab.config import load_config
+from vitlab.errors import CheckpointError, ConfigError
+from vitlab.progress import Progress
+
+
+def test_a_finished_run_ends_with_its_result_in_percent_where_the_model_is_and_the_next_command(
+        tiny_imagefolder, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    train_main(["--config", "configs/cifar10_cpu_quick.yaml", "--json", *tiny_overrides(tiny_imagefolder, run_dir)])
+    out = capsys.readouterr().out.splitlines()
+    header = next(line for line in out if line.startswith("model "))
+    assert " process(es) on cpu, " in header and " torch thread(s) each" in header
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert json.loads(out[-1]) == summary  # --json: the same summary, as the last line
+    assert out[-2] == (f"finished 2 epochs in {summary['wall_time']:.0f} s: test top-1 "
+                       f"{100 * summary['test_top1']:.2f}% at the final epoch | model: {run_dir}/checkpoints/last | "
+                       f"next: vitlab eval --checkpoint {run_dir}")
+
+
+def test_progress_reaches_a_log_file_at_least_every_interval(monkeypatch, capsys):
+    clock = iter(range(0, 1000, 7))  # each call to time.time() moves 7 s on
+    monkeypatch.setattr("vitlab.progress.time.time", lambda: next(clock))
+    with Progress(range(10), total=10, desc="epoch 1/2", unit="batches", enabled=True, interval=30) as progress:
+        for i in progress:
+            progress.set_postfix(loss=f"{1 / (i + 1):.2f}")
+    lines = capsys.readouterr().out.splitlines()
+    assert not progress.terminal and len(lines) == 2  # captured output is not a terminal: plain lines, no bar
+    assert lines == ["epoch 1/2: 5/10 batches (50%) | 35 s | loss 0.20", "epoch 1/2: 10/10 batches (100%) | 70 s | loss 0.10"]
+
+
+def test_an_interrupted_run_says_what_it_kept_and_what_it_lost(tiny_imagefolder, tmp_path, monkeypatch, capsys):
+    from vitlab import training
+
+    original = training._Loop.step
+
+    def ctrl_c_in_step_7(self, group):
+        if self.state["global_step"] + 1 == 7:
+            raise KeyboardInterrupt
+        original(self, group)
+
+    monkeypatch.setattr(training._Loop, "step", ctrl_c_in_step_7)
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as stopped:
+        main(["train", "--config", "configs/cifar10_cpu_quick.yaml",
+              *tiny_overrides(tiny_imagefolder, run_dir, "train.save_every_steps=4")])
+    assert stopped.value.code == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"interrupted: kept {run_dir}/checkpoints/last (step 6, the end of epoch 1); the steps after it "
+                   f"are lost (a stop signal, SIGTERM, would have kept them); the same command continues from it"]
+
+
+def test_a_missing_config_lists_the_configs_there_and_an_empty_run_directory_lists_the_runs_below(tmp_path):
+    with pytest.raises(ConfigError, match=r"config file 'configs/vit_cifar.yaml' does not exist; the configs in "
+                                          r"configs: configs/cifar10_cpu_quick.yaml, .*configs/vit_cifar10.yaml"):
+        load_config("configs/vit_cifar.yaml")
+    (tmp_path / "runs" / "a" / "checkpoints" / "last").mkdir(parents=True)
+    (tmp_path / "runs" / "b" / "checkpoints").mkdir(parents=True)
+    from vitlab.checkpoint import resolve_checkpoint
+
+    with pytest.raises(CheckpointError, match=r"expected a run directory \(checkpoints/best/ or checkpoints/last/\).*"
+                                              r"; runs below it: runs/a, runs/b"):
+        resolve_checkpoint(tmp_path)
+    reset_accelerate()
