@@ -71,3 +71,29 @@ def test_a_missing_config_lists_the_configs_there_and_an_empty_run_directory_lis
                                               r"; runs below it: runs/a, runs/b"):
         resolve_checkpoint(tmp_path)
     reset_accelerate()
+
+
+def test_a_run_on_a_busy_machine_says_how_many_threads_to_give_torch(monkeypatch):
+    import os
+    import subprocess
+    import sys
+
+    import torch
+
+    from vitlab.training import _busy_machine_advice
+
+    if torch.get_num_threads() < 2:
+        pytest.skip("torch runs one thread here: nothing to advise")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # another job on one core
+    try:
+        import time
+
+        time.sleep(0.5)
+        advice = _busy_machine_advice()
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert "the machine is busy (" in advice and f"OMP_NUM_THREADS={max(1, os.cpu_count() - 1)}" in advice
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user has chosen: nothing to say
+    assert _busy_machine_advice() == ""

@@ -649,7 +649,7 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     run_dir, resume_from, note = _find_resume_point(cfg, resume)  # bad input fails here, before data is read
     loop = _Loop(cfg, run_dir, resume_from)
     t, acc, state = cfg.train, loop.accelerator, loop.state
-    for line in (note, elastic_restart_advice()):
+    for line in (note, elastic_restart_advice(), _busy_machine_advice()):
         if line:
             acc.print(line)
     summary: dict[str, Any] = {}
@@ -686,6 +686,26 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
             ckpt.write_json(run_dir / "summary.json", summary_of(result))
         acc.print(_result_line(result, loop.task.select, "val" in loop.eval_loaders, run_dir))
     return result
+
+
+def _busy_machine_advice() -> str:
+    """One line when torch will spin several threads while other threads run on the machine, '' otherwise.
+    On 2 cores with one kept busy by another process the quick CPU config trained at 296 images/s with
+    torch's 2 threads and at 996 with one (``benchmarks/bench_threads.py``). The running threads are
+    read from ``/proc/loadavg`` (the 1-minute load average lags: it counts what just ended), the lowest
+    of up to five samples 50 ms apart, so that a process passing by does not count."""
+    threads, cores = torch.get_num_threads(), os.cpu_count() or 1
+    if threads < 2 or "OMP_NUM_THREADS" in os.environ or not Path("/proc/loadavg").is_file():
+        return ""
+    busy = cores
+    for sample in range(5):
+        busy = min(busy, int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1)  # others running
+        if busy < 1:
+            return ""
+        time.sleep(0.05)
+    return (f"the machine is busy ({busy} other thread(s) running on {cores} cores) and torch runs {threads} threads, "
+            f"which wait for each other when cores are taken: if training is slow, run it with "
+            f"OMP_NUM_THREADS={max(1, cores - busy)} (one core busy on 2: 3.4x faster with one thread)")
 
 
 def interrupted_message(run_dir: str | Path) -> str:
