@@ -113,8 +113,8 @@ def test_plot_attention_from_python_draws_each_image_and_its_overlay(image_run, 
     model = load_model(image_run)
     images = [read_image(p) for p in sorted((tiny_imagefolder / "test" / "class_1").glob("*.png"))[:3]]
     fig = plot_attention(model, images, discard_ratio=0.5)
-    assert len(fig.axes) == 6  # 3 rows x (image, overlay)
-    assert fig.axes[1].get_title().startswith(("class_0 ", "class_1 ", "class_2 "))
+    assert len(fig.axes) == 9  # 3 rows x (image, overlay, its colour scale)
+    assert fig.axes[1].get_title().startswith(("predicted: class_0 ", "predicted: class_1 ", "predicted: class_2 "))
     heat, probs = attention_heatmaps(model, images, method="block", block=1, head=0)
     assert heat.shape == (3, 8, 8) and torch.allclose(probs.sum(-1), torch.ones(3))
 

@@ -125,9 +125,10 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
     if not accelerator.is_main_process:
         return metrics
     print(f"checkpoint {directory} | {split} split: {metrics['num_images']} images")
-    print(f"top1 {metrics['top1']:.4f}  top5 {metrics['top5']:.4f}  loss {metrics['loss']:.4f}")
+    print(f"top-1 {100 * metrics['top1']:.2f}%  top-5 {100 * metrics['top5']:.2f}%  loss {metrics['loss']:.4f}")
+    print("accuracy per class:")
     for name, acc in zip(data.classes, metrics["per_class"]):
-        print(f"  {name:>12s} {acc:.4f}")
+        print(f"  {name:>12s} {100 * acc:6.2f}%")
     out_dir = output.parent if output else directory
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "confusion_matrix.json", {"classes": data.classes, "matrix": metrics["confusion"]})

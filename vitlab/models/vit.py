@@ -95,8 +95,10 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         mlp_layer: ``'mlp'``, ``'swiglu'`` or ``'moe'``.
         act_layer: MLP activation (``'gelu'``, ``'silu'``, ``'relu'``); None: GELU for ``mlp``,
             SiLU for ``swiglu``.
-        num_experts, moe_top_k, moe_expert_layer, moe_aux_loss_weight: The mixture of experts of
-            ``mlp_layer='moe'`` (:class:`~vitlab.layers.MoE`).
+        num_experts: Experts of ``mlp_layer='moe'`` (:class:`~vitlab.layers.MoE`).
+        moe_top_k: Experts each token is routed to.
+        moe_expert_layer: Each expert's kind, ``'mlp'`` or ``'swiglu'``.
+        moe_aux_loss_weight: Weight of the load-balancing loss.
         score: Attention score, ``'dot'``, ``'general'`` or ``'additive'``.
         kernel: Attention kernel, ``'softmax'``, ``'streaming'``, ``'argmax'`` or ``'linear'``.
     """
