@@ -67,6 +67,19 @@ def test_a_saved_datasetdict_trains_to_the_numbers_of_the_same_images_as_an_imag
     assert meta["classes"][:3] == ["airplane", "automobile", "bird"]
 
 
+def test_a_saved_datasetdict_streamed_from_its_arrow_files_trains_to_the_numbers_held_in_memory(cifar_copies,
+                                                                                                  tmp_path):
+    # Streamed: each image decoded from the memory-mapped Arrow table by a DataLoader worker when read.
+    data = ["data.dataset=hf", f"data.root={cifar_copies['saved']}", "data.loader=torch"]
+    memory = _run([*data, "data.in_memory=true"], tmp_path / "memory")
+    streamed = _run([*data, "data.in_memory=false", "data.num_workers=2"], tmp_path / "streamed")
+    assert streamed["test_top1"] == memory["test_top1"]
+    assert same_run_records(tmp_path / "memory", tmp_path / "streamed")
+    a = load_file(str(tmp_path / "memory/checkpoints/last/model.safetensors"))
+    b = load_file(str(tmp_path / "streamed/checkpoints/last/model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_parquet_files_read_like_the_saved_dataset(cifar_copies):
     saved = load_hf_split(str(cifar_copies["saved"]), "test", size=(32, 32))
     parquet = load_hf_split(str(cifar_copies["parquet"]), "test", size=(32, 32))

@@ -441,9 +441,9 @@ def test_epoch_lines_reach_a_pipe_while_training_runs(tiny_imagefolder, tmp_path
         tiny_imagefolder, tmp_path / "run", "train.epochs=500")], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         text=True, env=env)
     try:
-        lines = [process.stdout.readline() for _ in range(4)]
-        assert lines[0].startswith("decoding 96 images (split 'train' of") and lines[1].startswith("decoding 36")
-        assert lines[2].startswith("model ") and lines[3].startswith("epoch 1: ")
+        lines = [process.stdout.readline() for _ in range(5)]
+        assert lines[0].startswith("data: 132 images at 32 x 32") and lines[1].startswith("decoding 96 images")
+        assert lines[2].startswith("decoding 36") and lines[3].startswith("model ") and lines[4].startswith("epoch 1: ")
         # The line came as it was printed: a few epochs later at most, not once ~50 had filled a buffer.
         assert len(_evals(tmp_path / "run")) <= 5
     finally:

@@ -73,6 +73,12 @@ class DataConfig:
     # input size); the loaders resize each batch to the model's input size (CIFAR-10 stays 32 x 32 in
     # memory while a fine-tuned ViT sees 224 x 224).
     decode_size: int = 0
+    # Where the decoded training and test images live: true, in memory (decoded once, before training);
+    # false, streamed (each image decoded when a DataLoader worker reads it: data larger than memory);
+    # auto, in memory when the decoded training split fits a quarter of the machine's memory shared by
+    # its processes, streamed otherwise (the run says which and why). The same images give the same
+    # weights either way.
+    in_memory: bool | Literal["auto"] = "auto"
 
 
 @dataclass
@@ -248,6 +254,9 @@ def _check_values(cfg: Config) -> None:
             need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "a number >= 0 (0 = off)")
         need(d.loader != "gpu" or d.augment != "autoaugment", "data.augment", d.augment,
              "'none' or 'randaugment' with data.loader=gpu (use data.loader=torch for AutoAugment)")
+        need(d.loader != "gpu" or d.in_memory is not False, "data.in_memory", d.in_memory,
+             "true or auto with data.loader=gpu (the device loader holds the whole data set; stream with "
+             "data.loader=torch)")
     elif isinstance(d, LMDataConfig):
         need(bool(d.root), "data.root", d.root, "a UTF-8 text file or a folder of .txt files" if d.dataset == "text"
              else "the folder that holds (or is to hold) tinyshakespeare/input.txt, e.g. ./data")

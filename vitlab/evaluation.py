@@ -101,7 +101,7 @@ def _evaluate_seq2seq(directory: Path, cfg: Config, model: nn.Module, split: str
 
 def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
                          output: Path | None) -> dict[str, Any]:
-    from .tasks.classification import eval_dataset, evaluate_classifier, index_splits, load_test_data, \
+    from .tasks.classification import eval_dataset, evaluate_classifier, in_memory, index_splits, load_test_data, \
         load_train_val_data
 
     info = model.pretrained_cfg
@@ -114,8 +114,9 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
     # at the size training stored them and resized as its evaluation loaders did.
     # Labels are mapped through the model's classes: a split with a class it was not trained on is one line.
     train_index, test_index = index_splits(d, classes=list(info["label_names"]))
-    data = (load_test_data(d, cfg.train.seed, size, test_index) if split == "test"
-            else dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, size, train_index)))[split])
+    keep, _ = in_memory(d, train_index, test_index, size)
+    data = (load_test_data(d, cfg.train.seed, size, test_index, keep) if split == "test" else
+            dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, size, train_index, keep)))[split])
     accelerator = create_accelerator(cfg.train.mixed_precision)
     loader = DataLoader(eval_dataset(data, size, info["mean"], info["std"]), batch_size=batch_size,
                         num_workers=d.num_workers)

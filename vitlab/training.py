@@ -119,7 +119,8 @@ def create_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Accelerato
 # Keys that change how a run is watched, stored or stopped, never its numbers: train.resume=auto
 # continues a run across a change of them and says which changed.
 RESULT_NEUTRAL_KEYS = frozenset({"train.resume", "train.log_with", "train.stop_signals", "train.log_every",
-                                 "train.save_every", "train.save_every_steps", "train.keep_last", "data.num_workers"})
+                                 "train.save_every", "train.save_every_steps", "train.keep_last", "data.num_workers",
+                                 "data.in_memory"})
 
 
 def _newest_checkpoint(run_dir: Path) -> Path | None:
@@ -233,11 +234,13 @@ def _resume_state(resume_from: Path, run_dir: Path) -> dict[str, Any]:
 class _Meter:
     """One process's sums over the epoch's optimizer steps: its task loss since the last log line
     (``window``) and over the epoch (``total``), the MoE balancing loss since the last log line, the
+    examples all processes trained on (``samples``: what the task counts, images or target tokens), the
     seconds spent and waiting for data. Kept in a checkpoint written inside an epoch."""
 
     window: torch.Tensor
     total: torch.Tensor
     moe_aux: torch.Tensor
+    samples: torch.Tensor
     window_steps: int = 0
     steps: int = 0
     seconds: float = 0.0
@@ -248,7 +251,8 @@ class _Meter:
     def start(cls, device: torch.device, saved: dict[str, Any] | None = None) -> "_Meter":
         saved = dict(saved or {})
         tensors = {k: torch.tensor(saved.pop(k, 0.0), device=device) for k in ("window", "total", "moe_aux")}
-        return cls(**tensors, **saved)
+        samples = torch.tensor(int(saved.pop("samples", 0)), dtype=torch.long, device=device)
+        return cls(**tensors, samples=samples, **saved)
 
     def state_dict(self) -> dict[str, Any]:
         return {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
@@ -407,6 +411,7 @@ class _Loop:
         # processes, hence the factor num_processes. Even batches give weights of exactly 1 / k.
         counts = [self.task.count(b) for b in group]
         total = acc.reduce(torch.tensor(float(sum(counts)), device=acc.device), reduction="sum")
+        meter.samples += total.long()  # on the device: no host sync per step
         for i, batch in enumerate(group):
             with contextlib.nullcontext() if i == len(group) - 1 else acc.no_sync(model):
                 loss = self.task.loss(model, batch) * (counts[i] * acc.num_processes / total)
@@ -499,6 +504,7 @@ class _Loop:
         t, acc, state, meter = self.cfg.train, self.accelerator, self.state, self.meter
         record: dict[str, Any] = {"split": "eval", "epoch": epoch, "step": state["global_step"],
                                   "train_loss": acc.reduce(meter.total / max(meter.steps, 1), reduction="mean").item(),
+                                  "train_samples": int(meter.samples.item()),
                                   "epoch_time": meter.seconds, "data_time": meter.data_seconds,
                                   "examples_per_s": self.task.train_size / meter.seconds,
                                   "lr": max(self.scheduler.get_last_lr())}

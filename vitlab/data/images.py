@@ -29,7 +29,9 @@ CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 @dataclass
 class ImageData:
-    """A decoded split: ``images`` uint8 ``(N, C, H, W)``, ``labels`` int64 ``(N,)``, class names."""
+    """A split: ``images`` uint8 ``(N, C, H, W)`` (a tensor in memory, or a
+    :class:`~vitlab.data.split.StreamedImages` decoded when read, indexed alike), ``labels`` int64
+    ``(N,)``, class names."""
 
     images: Tensor
     labels: Tensor

@@ -19,7 +19,7 @@ from ..progress import Progress
 from .decode import decode_all
 from .images import ImageData, balanced_indices
 
-__all__ = ["SplitIndex", "label_indices"]
+__all__ = ["SplitIndex", "StreamedImages", "label_indices"]
 
 
 @dataclass
@@ -42,12 +42,17 @@ class SplitIndex:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def load(self, size: tuple[int, int] | None, subset: int = 0, seed: int = 0) -> ImageData:
-        """Decode the split (or ``subset`` images of it, balanced across classes, chosen by ``seed``:
-        only those are decoded) into memory at ``size``."""
+    def load(self, size: tuple[int, int] | None, subset: int = 0, seed: int = 0, in_memory: bool = True) -> ImageData:
+        """The split (or ``subset`` images of it, balanced across classes, chosen by ``seed``: only
+        those are used) at ``size``: decoded into memory now, or with ``in_memory=False`` decoded
+        each time an image is read (:class:`StreamedImages`, for data larger than memory)."""
         index = balanced_indices(self.labels, subset, seed).tolist()
         if not index:
             raise DataError(f"{self.where} holds no images")
+        if not in_memory:
+            if size is None:
+                raise ValueError("streamed images need a size: every image of a batch has the same")
+            return ImageData(StreamedImages(self, torch.tensor(index), size), self.labels[index], self.classes)
         with Progress(total=len(index), desc=f"decoding {len(index):,} images ({self.where})", unit="images",
                       interval=10.0) as progress:
             if not progress.terminal and progress.enabled:
@@ -88,3 +93,29 @@ def label_indices(values: Sequence[Any], classes: list[str] | None, where: str,
                         f"training split does not have (its classes: {classes[:20]}{' ...' if len(classes) > 20 else ''}); "
                         f"a model can only be scored on classes it was trained on")
     return torch.tensor([position[str(v)] for v in values], dtype=torch.long), classes
+
+
+class StreamedImages:
+    """A split's images decoded when they are read, at one ``size``: what a uint8 ``(N, 3, H, W)`` tensor
+    is to a split decoded into memory, for data that does not fit there. Indexing with an integer
+    decodes that image (``(3, H, W)``, in a DataLoader worker); indexing with a tensor or a list of
+    indices selects a subset, decoding nothing. Pickles cheaply (DataLoader workers get the listing,
+    not pixels).
+    """
+
+    def __init__(self, index: SplitIndex, rows: Tensor, size: tuple[int, int]) -> None:
+        self.index, self.rows, self.size = index, rows, (int(size[0]), int(size[1]))
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return (len(self.rows), 3, *self.size)
+
+    def __getitem__(self, i: Any) -> "Tensor | StreamedImages":
+        if isinstance(i, Tensor) and i.ndim == 0:
+            i = int(i)
+        if isinstance(i, int):
+            return self.index.decode(int(self.rows[i]), self.size)
+        return StreamedImages(self.index, self.rows[torch.as_tensor(i)], self.size)

@@ -1,6 +1,7 @@
 """Image classification as a training task: ViT + CIFAR-10/ImageFolder data + (mixup) cross-entropy."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,7 @@ from .base import TaskSetup, build_model
 if TYPE_CHECKING:
     from ..config import Config, DataConfig
 
-__all__ = ["image_classification_task", "resolve_loader", "index_splits", "load_train_val_data", "load_test_data",
+__all__ = ["image_classification_task", "resolve_loader", "in_memory", "index_splits", "load_train_val_data", "load_test_data",
            "eval_dataset",
            "evaluate_classifier", "metrics_from_predictions", "gather_uneven"]
 
@@ -42,18 +43,39 @@ def index_splits(d: DataConfig, classes: list[str] | None = None) -> tuple[Split
     return train, index_split(d.dataset, d.root, d.test_split, **keys, classes=train.classes)
 
 
-def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int],
-                        index: SplitIndex) -> tuple[ImageData, ImageData | None]:
-    """Decode the training images of ``index`` (at :func:`_decode_size` for the model's input ``size``)
-    and hold out the validation set: ``data.val_size`` images, balanced, chosen by ``seed`` (None if 0).
-    The same config and seed give the same images, so ``vitlab eval --split val`` scores exactly the
-    validation images training used."""
+def in_memory(d: DataConfig, train: SplitIndex, test: SplitIndex, size: tuple[int, int]) -> tuple[bool, str]:
+    """Whether the images are decoded into memory (``data.in_memory``; ``auto``: when the decoded
+    training and test splits fit a quarter of this machine's memory, shared by the processes started on
+    it), and a line that says which and why."""
+    h, w = _decode_size(d, size)
+    count = (min(d.train_subset + d.val_size, len(train)) if d.train_subset else len(train)) + \
+        (min(d.test_subset, len(test)) if d.test_subset else len(test))
+    need = count * 3 * h * w
+    if d.in_memory != "auto":
+        where = "in memory" if d.in_memory else f"streamed (decoded by {d.num_workers} DataLoader worker(s))"
+        return bool(d.in_memory), f"data: {count:,} images at {h} x {w}, {where} (data.in_memory={d.in_memory})"
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 4 / processes
+    fits = need <= budget
+    return fits, (f"data: {count:,} images at {h} x {w} take {need / 2 ** 30:.2f} GiB decoded, "
+                  f"{'within' if fits else 'over'} the budget of {budget / 2 ** 30:.1f} GiB a process (a quarter of "
+                  f"this machine's memory over {processes} process(es)): "
+                  + ("in memory" if fits else f"streamed, decoded by {d.num_workers} DataLoader worker(s)")
+                  + " (data.in_memory=auto; true or false to choose)")
+
+
+def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int], index: SplitIndex,
+                        keep_in_memory: bool = True) -> tuple[ImageData, ImageData | None]:
+    """Decode the training images of ``index`` (at :func:`_decode_size` for the model's input ``size``;
+    into memory, or when read with ``keep_in_memory=False``) and hold out the validation set:
+    ``data.val_size`` images, balanced, chosen by ``seed`` (None if 0). The same config and seed give
+    the same images, so ``vitlab eval --split val`` scores exactly the validation images training used."""
     # Only the images used are decoded: the training subset plus the validation images.
     wanted = d.train_subset + d.val_size if d.train_subset else 0
     if d.val_size and d.val_size >= (wanted or len(index)):
         raise ConfigError(f"data.val_size={d.val_size} leaves no training images (the training set has "
                           f"{wanted or len(index)})")
-    train = index.load(_decode_size(d, size), wanted, seed)
+    train = index.load(_decode_size(d, size), wanted, seed, keep_in_memory)
     if d.val_size == 0:
         return train, None
     val_index = balanced_indices(train.labels, d.val_size, seed=seed + 1)
@@ -62,10 +84,11 @@ def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int],
     return train.subset(keep.nonzero().flatten()), train.subset(val_index)
 
 
-def load_test_data(d: DataConfig, seed: int, size: tuple[int, int], index: SplitIndex) -> ImageData:
+def load_test_data(d: DataConfig, seed: int, size: tuple[int, int], index: SplitIndex,
+                   keep_in_memory: bool = True) -> ImageData:
     """Decode the test images of ``index`` (``data.test_subset`` of them, balanced, if set), as
     :func:`load_train_val_data`."""
-    return index.load(_decode_size(d, size), d.test_subset, seed)
+    return index.load(_decode_size(d, size), d.test_subset, seed, keep_in_memory)
 
 
 def eval_dataset(data: ImageData, size: tuple[int, int], mean: tuple[float, ...],
@@ -90,13 +113,22 @@ def _normalization(cfg: Config, model: nn.Module, resume_from: Path | None) -> t
     return tuple(pretrained["mean"]), tuple(pretrained["std"])
 
 
-def resolve_loader(loader: str, augment: str, device: torch.device) -> str:
+def resolve_loader(loader: str, augment: str, device: torch.device, streamed: bool = False) -> str:
     """``data.loader`` made concrete: ``'auto'`` is the device-resident loader on a CUDA device unless
-    the augmentation needs the DataLoader (AutoAugment), else ``'torch'``. (On an H100 a DataLoader with
-    2 workers delivered 9,400 CIFAR-10 images/s; the fast config's model trains on ~20,000.)"""
+    the augmentation needs the DataLoader (AutoAugment) or the images are streamed, else ``'torch'``.
+    (On an H100 a DataLoader with 2 workers delivered 9,400 CIFAR-10 images/s; the fast config's model
+    trains on ~20,000.)
+
+    Raises:
+        ConfigError: if ``'gpu'`` is asked for images that ``data.in_memory=auto`` chose to stream.
+    """
+    if loader == "gpu" and streamed:
+        raise ConfigError("data.loader=gpu holds the whole data set on the device, and data.in_memory=auto chose to "
+                          "stream it (it is larger than the memory budget): use data.loader=torch, or "
+                          "data.in_memory=true to keep it in memory anyway")
     if loader != "auto":
         return loader
-    return "gpu" if device.type == "cuda" and augment != "autoaugment" else "torch"
+    return "gpu" if device.type == "cuda" and augment != "autoaugment" and not streamed else "torch"
 
 
 def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch: int,
@@ -113,8 +145,10 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     mean, std = _normalization(cfg, model, resume_from)
     size = model.patch_embed.img_size
     train_index, test_index = index_splits(d)  # labels checked before any image is decoded
-    train_data, val_data = load_train_val_data(d, t.seed, size, train_index)
-    test = load_test_data(d, t.seed, size, test_index)
+    keep, where = in_memory(d, train_index, test_index, size)
+    accelerator.print(where)
+    train_data, val_data = load_train_val_data(d, t.seed, size, train_index, keep)
+    test = load_test_data(d, t.seed, size, test_index, keep)
     stored = tuple(train_data.images.shape[-2:])
     num_classes = len(train_data.classes)
     if model.num_classes != num_classes:
@@ -124,7 +158,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                               f"the data's")
         model.reset_classifier(num_classes)  # the data decides: a new head, initialised as the model's own
     eval_sets = {"test": test} if val_data is None else {"val": val_data, "test": test}
-    on_device = resolve_loader(d.loader, d.augment, accelerator.device) == "gpu"
+    on_device = resolve_loader(d.loader, d.augment, accelerator.device, streamed=not keep) == "gpu"
     if on_device:
         shard = dict(device=accelerator.device, seed=t.seed, num_processes=accelerator.num_processes,
                      process_index=accelerator.process_index, mean=mean, std=std, size=size)

@@ -1,0 +1,86 @@
+"""Data larger than memory: images streamed from where they live (decoded by DataLoader workers when
+read), with the numbers of the same images held in memory, every sample once an epoch, and the choice
+said in one line."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import reset_accelerate, same_run_records, tiny_overrides
+from vitlab.config import load_config
+from vitlab.errors import ConfigError
+from vitlab.training import train
+
+RANDOM = ("data.loader=torch", "data.augment=randaugment", "data.mixup_alpha=0.2", "model.drop_path_rate=0.1",
+          "train.ema_decay=0.9")
+
+
+def test_streamed_and_in_memory_runs_of_the_same_images_end_with_the_same_weights(cifar10_dir, tmp_path, on_cpu):
+    # 200 real CIFAR-10 training images (20 held out for validation) and 40 test images, 2 epochs with
+    # RandAugment, mixup, drop path and EMA: decoded once into memory, or by 2 workers when read.
+    extra = (*RANDOM, "model.num_classes=10", "data.train_subset=180", "data.val_size=20", "data.test_subset=40",
+             "train.batch_size=20")
+    runs = {}
+    for name, where in (("memory", ("data.in_memory=true",)), ("streamed", ("data.in_memory=false",
+                                                                               "data.num_workers=2"))):
+        runs[name] = tmp_path / name
+        train(load_config(None, tiny_overrides(cifar10_dir, runs[name], *extra, *where)))
+        reset_accelerate()
+    for weights in ("model.safetensors", "ema.safetensors"):
+        a, b = (load_file(str(runs[n] / "checkpoints/last" / weights)) for n in ("memory", "streamed"))
+        assert all(torch.equal(a[k], b[k]) for k in a), weights
+    assert same_run_records(runs["memory"], runs["streamed"])
+    records = [json.loads(line) for line in (runs["streamed"] / "metrics.jsonl").read_text().splitlines()]
+    assert [r["train_samples"] for r in records if r["split"] == "eval"] == [180, 180]  # 9 steps of 20 an epoch
+
+
+def test_auto_streams_a_data_set_over_the_memory_budget_and_says_why(tiny_imagefolder, tmp_path, monkeypatch,
+                                                                      capsys):
+    real = os.sysconf
+    monkeypatch.setattr(os, "sysconf", lambda name: 100 if name == "SC_PHYS_PAGES" else real(name))  # ~400 KB
+    train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "run", "train.epochs=1")))
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("data: "))
+    assert line.startswith("data: 132 images at 32 x 32 take 0.00 GiB decoded, over the budget of 0.0 GiB a process")
+    assert "streamed, decoded by 0 DataLoader worker(s) (data.in_memory=auto; true or false to choose)" in line
+    reset_accelerate()
+    with pytest.raises(ConfigError, match=r"data.loader=gpu holds the whole data set on the device, and "
+                                          r"data.in_memory=auto chose to stream it"):
+        train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "gpu", "data.loader=gpu")))
+    with pytest.raises(ConfigError, match=r"data.in_memory=False is invalid; expected true or auto with "
+                                          r"data.loader=gpu"):
+        load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "x", "data.loader=gpu", "data.in_memory=false"))
+
+
+def test_every_streamed_sample_once_an_epoch_across_two_processes_and_two_workers(tiny_imagefolder):
+    # Each process as Accelerate builds it for 2 processes, each loader with 2 workers; the labels
+    # are the images' numbers. 96 images, global batches of 16: 6 batches, nothing dropped.
+    from accelerate.data_loader import prepare_data_loader
+    from torch.utils.data import DataLoader
+
+    from vitlab.data import index_split
+    from vitlab.data.images import TensorImageDataset
+    from vitlab.training import set_epoch
+
+    index = index_split("imagefolder", tiny_imagefolder, "train")
+    streamed, memory = index.load((32, 32), in_memory=False), index.load((32, 32))
+    streamed.labels = torch.arange(len(index))
+    dataset = TensorImageDataset(streamed)
+    orders = []
+    for epoch in (1, 2):
+        seen = []
+        for rank in (0, 1):
+            loader = prepare_data_loader(DataLoader(dataset, batch_size=16, shuffle=True, drop_last=True,
+                                                    num_workers=2), num_processes=2, process_index=rank,
+                                         split_batches=True, put_on_device=False, use_seedable_sampler=True,
+                                         data_seed=0)
+            set_epoch(loader, epoch)
+            for images, ids in loader:
+                assert torch.equal(images, memory.images[ids])  # decoded in a worker as in memory
+                seen += ids.tolist()
+        assert sorted(seen) == list(range(96))  # every image once, over both processes
+        orders.append(seen)
+    assert orders[0] != orders[1]  # a new order each epoch
