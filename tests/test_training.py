@@ -115,19 +115,21 @@ def test_inverse_sqrt_schedule_is_the_papers():
         assert peak * lr_multiplier(step - 1, warmup, 10 ** 6, 0.0, "inverse_sqrt") == pytest.approx(paper(step))
 
 
-@pytest.mark.parametrize("loader", ["torch", "gpu", "moe"])
+@pytest.mark.parametrize("loader", ["torch", "gpu", "moe", "torch-streamed"])
 def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder, tmp_path, loader, on_cpu):
     # No randomness beyond the (shared, seeded) shuffling: same global batches, same updates. The
     # device loader shards evaluation itself (36 test images over 2 processes, gathered unevenly).
     # "moe": a mixture of experts under DDP (balancing loss off: it is computed per process).
+    # "torch-streamed": each process's images decoded when read, by 2 DataLoader workers (2 x 2 readers).
     moe = ("model.mlp_layer=moe", "model.num_experts=3", "model.moe_aux_loss_weight=0") if loader == "moe" else ()
-    loader = "torch" if loader == "moe" else loader
+    streamed = ("data.in_memory=false", "data.num_workers=2") if loader == "torch-streamed" else ()
+    loader = "torch" if loader in ("moe", "torch-streamed") else loader
     extra = ("data.crop_padding=0", "data.hflip=false", "train.epochs=1", "train.label_smoothing=0.0",
-             f"data.loader={loader}", "train.batch_size=24", "data.test_subset=35", *moe)  # last eval batch: 6 + 5
+             f"data.loader={loader}", "train.batch_size=24", "data.test_subset=35", *moe, *streamed)  # eval: 6 + 5
     env = {**launch_env(2, exact=True), "OMP_NUM_THREADS": "1"}  # both runs where the comparison holds
     train(load_config(ROOT / "configs/cifar10_cpu_quick.yaml", tiny_overrides(tiny_imagefolder, tmp_path / "one", *extra)))
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          str(29533 + (loader == "gpu") + 2 * bool(moe)), str(ROOT / "train.py"), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
+                          str(29533 + (loader == "gpu") + 2 * bool(moe) + 3 * bool(streamed)), str(ROOT / "train.py"), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
                           *tiny_overrides(tiny_imagefolder, tmp_path / "two", *extra)],
                          capture_output=True, text=True, env=env)
     assert two.returncode == 0, two.stderr[-3000:]
@@ -137,6 +139,7 @@ def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder,
     last = lambda run: [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()][-1]
     assert last(tmp_path / "one")["test_top1"] == last(tmp_path / "two")["test_top1"]
     assert last(tmp_path / "one")["test_loss"] == pytest.approx(last(tmp_path / "two")["test_loss"], abs=1e-5)
+    assert last(tmp_path / "one")["train_samples"] == last(tmp_path / "two")["train_samples"] == 96  # 4 steps of 24
     if moe:  # expert use is counted over every process's tokens
         assert last(tmp_path / "one")["expert_utilization"] == last(tmp_path / "two")["expert_utilization"]
 
@@ -253,7 +256,7 @@ def test_eval_command_writes_metrics_and_confusion_matrix(trained_run, tmp_path)
     assert list(metrics["per_class"].values()) == pytest.approx([matrix[i][i] / sum(matrix[i]) for i in range(3)])
     assert (out.parent / "confusion_matrix.png").stat().st_size > 1000
     assert (out.parent / "mistakes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "top1" in result.stdout and "class_2" in result.stdout
+    assert "top-1 " in result.stdout and "%" in result.stdout and "class_2" in result.stdout
 
 
 @pytest.mark.parametrize("split, size", [("val", 15), ("train", 81)])
