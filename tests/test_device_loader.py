@@ -1,6 +1,7 @@
 """The device-resident loader (data.loader=gpu): same augmentation as the CPU path, exact shards."""
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -136,11 +137,11 @@ def test_loader_auto_is_the_device_loader_on_cuda_only():
     assert resolve_loader("auto", "randaugment", cuda) == "gpu"
     assert resolve_loader("auto", "none", cpu) == "torch"
     assert resolve_loader("auto", "autoaugment", cuda) == "torch"  # only the DataLoader has AutoAugment
+    assert resolve_loader("auto", "trivialaugment", cuda) == "torch"  # and TrivialAugment
+    assert resolve_loader("auto", "none", cuda, train_crop="rrc") == "torch"  # and random resized crops
+    assert resolve_loader("auto", "none", cuda, streamed=True) == "torch"  # and streamed images
     assert resolve_loader("gpu", "none", cpu) == "gpu" and resolve_loader("torch", "none", cuda) == "torch"
     load_config(None, ["data.loader=gpu", "data.augment=randaugment"])
-    try:
-        load_config(None, ["data.loader=gpu", "data.augment=autoaugment"])
-    except ConfigError as e:
-        assert "data.loader=torch for AutoAugment" in str(e)
-    else:
-        raise AssertionError("AutoAugment on the device loader was accepted")
+    for key in ("data.augment=autoaugment", "data.augment=trivialaugment", "data.train_crop=rrc"):
+        with pytest.raises(ConfigError, match="data.loader=torch"):
+            load_config(None, ["data.loader=gpu", key])

@@ -119,13 +119,14 @@ def _predict(args: argparse.Namespace) -> None:
     import torch
 
     from .checkpoint import load_model
-    from .data.images import create_transform, decode_size, read_image
+    from .data.decode import open_image
+    from .data.transforms import create_transform, decode_size
 
     model = load_model(args.checkpoint)
     transform = create_transform(model)
     names = model.pretrained_cfg["label_names"]
     # All read before any output, decoded as training decoded its files.
-    images = torch.stack([transform(read_image(path, decode_size(model))) for path in args.images])
+    images = torch.stack([transform(open_image(path, decode_size(model))) for path in args.images])
     with torch.no_grad():
         probs = model(images).softmax(-1)
     k = min(args.topk, len(names))
@@ -136,7 +137,8 @@ def _predict(args: argparse.Namespace) -> None:
 
 def _attention(args: argparse.Namespace) -> None:
     from .checkpoint import load_model
-    from .data.images import decode_size, read_image
+    from .data.decode import open_image
+    from .data.transforms import decode_size
     from .errors import CheckpointError
     from .models import VisionTransformer
     from .visualize import plot_attention, plot_attention_grid, save_figure
@@ -158,7 +160,7 @@ def _attention(args: argparse.Namespace) -> None:
                           f"to zero")
     if args.grid and len(args.images) != 1:
         raise ConfigError(f"--grid draws every block x head of one image; got {len(args.images)} images")
-    images = [read_image(path, decode_size(model)) for path in args.images]  # all read before anything is written
+    images = [open_image(path, decode_size(model)) for path in args.images]  # all read before anything is written
     if args.grid:
         fig = plot_attention_grid(model, images[0])
     else:

@@ -55,9 +55,19 @@ class DataConfig:
     train_subset: int = 0     # use only N training images, balanced across classes; 0 = all
     test_subset: int = 0      # likewise for the test set
     val_size: int = 0         # hold out N training images (balanced) for validation/best-checkpoint choice
-    crop_padding: int = 4     # random crop with this zero padding; 0 = no crop
+    # Training crops: pad (CIFAR-style: a random crop of the stored images with crop_padding of zeros) or
+    # rrc (ImageNet-style, as timm: a random resized crop of each image at its own size, of an area in
+    # `scale` and an aspect ratio in `ratio`; evaluation then resizes the shorter side to
+    # img_size / crop_pct and crops the center).
+    train_crop: Literal["pad", "rrc"] = "pad"
+    crop_padding: int = 4     # pad: random crop with this zero padding; 0 = no crop
+    scale: tuple[float, float] = (0.08, 1.0)       # rrc
+    ratio: tuple[float, float] = (0.75, 1.3333333333333333)  # rrc
+    crop_pct: float = 0.875   # rrc: evaluation's center crop (timm's default)
+    reprob: float = 0.0       # rrc: random erasing probability (per-pixel noise, as timm's mode='pixel')
     hflip: bool = True
-    augment: Literal["none", "randaugment", "autoaugment"] = "none"
+    augment: Literal["none", "randaugment", "trivialaugment", "autoaugment"] = "none"
+    autoaugment_policy: Literal["cifar10", "imagenet", "svhn"] = "cifar10"
     randaugment_ops: int = 2
     randaugment_magnitude: int = 9
     mixup_alpha: float = 0.0
@@ -252,8 +262,16 @@ def _check_values(cfg: Config) -> None:
         need(d.randaugment_ops >= 1, "data.randaugment_ops", d.randaugment_ops, "an integer >= 1")
         for key in ("mixup_alpha", "cutmix_alpha"):
             need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "a number >= 0 (0 = off)")
-        need(d.loader != "gpu" or d.augment != "autoaugment", "data.augment", d.augment,
-             "'none' or 'randaugment' with data.loader=gpu (use data.loader=torch for AutoAugment)")
+        need(d.loader != "gpu" or d.augment in ("none", "randaugment"), "data.augment", d.augment,
+             "'none' or 'randaugment' with data.loader=gpu (use data.loader=torch for the others)")
+        need(d.loader != "gpu" or d.train_crop == "pad", "data.train_crop", d.train_crop,
+             "'pad' with data.loader=gpu (random resized crops need data.loader=torch)")
+        need(0 < d.scale[0] <= d.scale[1] <= 1, "data.scale", list(d.scale), "[min, max] with 0 < min <= max <= 1")
+        need(0 < d.ratio[0] <= d.ratio[1], "data.ratio", list(d.ratio), "[min, max] with 0 < min <= max")
+        need(0 < d.crop_pct <= 1, "data.crop_pct", d.crop_pct, "a number in (0, 1]")
+        need(0 <= d.reprob <= 1, "data.reprob", d.reprob, "a probability in [0, 1]")
+        need(d.reprob == 0 or d.train_crop == "rrc", "data.reprob", d.reprob,
+             "0 with data.train_crop=pad (random erasing comes with the ImageNet-style transforms, train_crop=rrc)")
         need(d.loader != "gpu" or d.in_memory is not False, "data.in_memory", d.in_memory,
              "true or auto with data.loader=gpu (the device loader holds the whole data set; stream with "
              "data.loader=torch)")

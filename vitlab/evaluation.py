@@ -118,8 +118,8 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
     data = (load_test_data(d, cfg.train.seed, size, test_index, keep) if split == "test" else
             dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, size, train_index, keep)))[split])
     accelerator = create_accelerator(cfg.train.mixed_precision)
-    loader = DataLoader(eval_dataset(data, size, info["mean"], info["std"]), batch_size=batch_size,
-                        num_workers=d.num_workers)
+    loader = DataLoader(eval_dataset(data, size, info["mean"], info["std"], info.get("crop_pct")),
+                        batch_size=batch_size, num_workers=d.num_workers)
     metrics = evaluate_classifier(accelerator.prepare(model), accelerator.prepare(loader), accelerator,
                                   len(data.classes), keep_probs=True)
     probs = metrics.pop("probs")

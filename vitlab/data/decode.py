@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..errors import DataError
 
-__all__ = ["pil_to_tensor", "read_image", "decode_all"]
+__all__ = ["to_rgb", "pil_to_tensor", "open_image", "read_image", "decode_all"]
 
 _WIDE_INTEGER_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 
@@ -34,28 +34,42 @@ def _to_8_bits(img: Image.Image) -> Image.Image:
     return Image.fromarray(np.rint(scaled).astype(np.uint8), mode="L")
 
 
-def pil_to_tensor(img: Image.Image, size: tuple[int, int] | None = None) -> Tensor:
-    """A PIL image of any mode (greyscale of 8, 16 or 32 bits, RGBA, palette, CMYK) as uint8 RGB
-    ``(3, H, W)``, resized (bicubic) to ``size`` ``(H, W)`` if given."""
+def to_rgb(img: Image.Image, size: tuple[int, int] | None = None) -> Image.Image:
+    """A PIL image of any mode (greyscale of 8, 16 or 32 bits, RGBA, palette, CMYK) as 8-bit RGB,
+    resized (PIL's bicubic) to ``size`` ``(H, W)`` if given."""
     if img.mode in _WIDE_INTEGER_MODES or img.mode == "F":
         img = _to_8_bits(img)
     img = img.convert("RGB")
     if size is not None and img.size != (size[1], size[0]):
         img = img.resize((size[1], size[0]), Image.BICUBIC)
-    return torch.from_numpy(np.asarray(img, dtype=np.uint8).copy()).permute(2, 0, 1)
+    return img
 
 
-def read_image(path: str | Path, size: tuple[int, int] | None = None) -> Tensor:
-    """Decode one image file to uint8 RGB ``(3, H, W)`` (:func:`pil_to_tensor`), resized to ``size`` if given.
+def pil_to_tensor(img: Image.Image, size: tuple[int, int] | None = None) -> Tensor:
+    """A PIL image of any mode as uint8 RGB ``(3, H, W)`` (:func:`to_rgb`), resized to ``size`` if given."""
+    return torch.from_numpy(np.asarray(to_rgb(img, size), dtype=np.uint8).copy()).permute(2, 0, 1)
+
+
+def open_image(path: str | Path, size: tuple[int, int] | None = None) -> Image.Image:
+    """Decode one image file to an 8-bit RGB PIL image (:func:`to_rgb`), resized to ``size`` if given.
 
     Raises:
         DataError: naming the file, if it cannot be read or decoded.
     """
     try:
         with Image.open(path) as img:
-            return pil_to_tensor(img, size)
+            return to_rgb(img, size)
     except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise DataError(f"cannot read image {str(path)!r}: {e}") from None
+
+
+def read_image(path: str | Path, size: tuple[int, int] | None = None) -> Tensor:
+    """Decode one image file to uint8 RGB ``(3, H, W)`` (:func:`open_image`), resized to ``size`` if given.
+
+    Raises:
+        DataError: naming the file, if it cannot be read or decoded.
+    """
+    return pil_to_tensor(open_image(path, size))
 
 
 def decode_all(decode: Callable[[int], Tensor], indices: Sequence[int],

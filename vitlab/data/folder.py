@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from PIL import Image
 
 from ..errors import DataError
-from .decode import read_image
+from .decode import open_image
 from .split import SplitIndex, label_indices
 
 __all__ = ["IMAGE_EXTENSIONS", "index_imagefolder", "index_cifar10"]
@@ -43,7 +44,7 @@ def index_imagefolder(root: Path, split: str, classes: list[str] | None = None) 
         raise DataError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {str(split_dir)!r}")
     where = f"split {split!r} of data.root={str(root)!r}"
     labels, classes = label_indices(names, classes if classes is not None else folders, where)
-    return SplitIndex(labels, classes, lambda i, size: read_image(files[i], size), where)
+    return SplitIndex(labels, classes, lambda i: open_image(files[i]), where)
 
 
 def index_cifar10(root: Path, split: str, download: bool) -> SplitIndex:
@@ -65,5 +66,5 @@ def index_cifar10(root: Path, split: str, download: bool) -> SplitIndex:
                         f"point data.root at a copy: data.dataset=imagefolder data.root=<dir with train/ and test/ "
                         f"class folders>, or data.download=false data.root=<dir with cifar-10-batches-py/>") from None
     images = torch.from_numpy(ds.data).permute(0, 3, 1, 2)  # (N, 32, 32, 3) -> (N, 3, 32, 32), a view
-    return SplitIndex(torch.tensor(ds.targets), list(ds.classes), lambda i, size: images[i],
-                      f"CIFAR-10 {split!r} under data.root={str(root)!r}")
+    return SplitIndex(torch.tensor(ds.targets), list(ds.classes), lambda i: Image.fromarray(ds.data[i]),
+                      f"CIFAR-10 {split!r} under data.root={str(root)!r}", pixels=images)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
-from .decode import pil_to_tensor
+from .decode import to_rgb
 from .images import ImageData
 from .split import SplitIndex, label_indices
 
@@ -99,7 +99,7 @@ def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str
     names = list(feature.names) if hasattr(feature, "names") else None  # a ClassLabel
     labels, classes = label_indices(ds[label_key], classes, where, names)  # without decoding any image
     images = ds.select_columns([image_key])
-    return SplitIndex(labels, classes, lambda i, size: pil_to_tensor(images[i][image_key], size), where)
+    return SplitIndex(labels, classes, lambda i: to_rgb(images[i][image_key]), where)
 
 
 def load_hf_split(root: str, split: str, *, image_key: str = "", label_key: str = "", subset: int = 0,

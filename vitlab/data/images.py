@@ -18,13 +18,13 @@ from torchvision.transforms import v2
 
 from ..seeding import process_seed
 from .decode import pil_to_tensor, read_image
+from .transforms import CIFAR10_MEAN, CIFAR10_STD, create_transform, decode_size, eval_transform, image_transform, \
+    resize_images, train_transform
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "balanced_indices",
            "train_transform", "eval_transform", "image_transform", "create_transform", "read_image", "DeviceImageLoader",
            "rand_augment", "resize_images", "decode_size", "pil_to_tensor"]
 
-CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
-CIFAR10_STD = (0.2470, 0.2435, 0.2616)
 
 
 @dataclass
@@ -89,72 +89,6 @@ def balanced_indices(labels: Tensor, n: int, seed: int = 0) -> Tensor:
         take = min(len(members), per_class + (1 if i < extra else 0))
         chosen.append(members[torch.randperm(len(members), generator=g)[:take]])
     return torch.cat(chosen).sort().values
-
-
-# The one rule by which images are brought to the model's input size, in every path (the DataLoader's
-# transforms, the device loader's batches, vitlab eval / predict / attention): torchvision's bicubic
-# resize with antialiasing, on uint8, rounded back to uint8.
-_RESIZE = dict(interpolation=v2.InterpolationMode.BICUBIC, antialias=True)
-
-
-def resize_images(x: Tensor, size: tuple[int, int]) -> Tensor:
-    """uint8 images ``(..., C, H, W)`` -> ``(..., C, *size)`` by the package's one resize rule (above)."""
-    return v2.functional.resize(x, list(size), **_RESIZE)
-
-
-def _resize_and_normalize(out_size: tuple[int, int] | None, mean: tuple[float, ...],
-                          std: tuple[float, ...]) -> list[v2.Transform]:
-    resize = [v2.Resize(out_size, **_RESIZE)] if out_size else []
-    return resize + [v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
-
-
-def train_transform(size: tuple[int, int], crop_padding: int = 4, hflip: bool = True, augment: str = "none",
-                    randaugment_ops: int = 2, randaugment_magnitude: int = 9, out_size: tuple[int, int] | None = None,
-                    mean: tuple[float, ...] = CIFAR10_MEAN, std: tuple[float, ...] = CIFAR10_STD) -> v2.Compose:
-    """Random crop of ``size`` with zero padding, horizontal flip, ``augment`` (``'none'``, ``'randaugment'``,
-    ``'autoaugment'`` with the CIFAR-10 policy), a bicubic resize to ``out_size`` (the model's input, if
-    it differs from the stored images), then normalization; uint8 ``(C, H, W)`` in."""
-    ops: list[v2.Transform] = []
-    if crop_padding > 0:
-        ops.append(v2.RandomCrop(size, padding=crop_padding))
-    if hflip:
-        ops.append(v2.RandomHorizontalFlip())
-    if augment == "randaugment":
-        ops.append(v2.RandAugment(num_ops=randaugment_ops, magnitude=randaugment_magnitude))
-    elif augment == "autoaugment":
-        ops.append(v2.AutoAugment(v2.AutoAugmentPolicy.CIFAR10))
-    elif augment != "none":
-        raise ValueError(f"augment={augment!r}; expected 'none', 'randaugment' or 'autoaugment'")
-    return v2.Compose(ops + _resize_and_normalize(out_size, mean, std))
-
-
-def eval_transform(out_size: tuple[int, int] | None = None, mean: tuple[float, ...] = CIFAR10_MEAN,
-                   std: tuple[float, ...] = CIFAR10_STD) -> v2.Compose:
-    """uint8 ``(C, H, W)`` -> (resized to ``out_size``, if given) normalized float32."""
-    return v2.Compose(_resize_and_normalize(out_size, mean, std))
-
-
-def image_transform(size: tuple[int, int], mean: tuple[float, ...] = CIFAR10_MEAN,
-                    std: tuple[float, ...] = CIFAR10_STD) -> v2.Compose:
-    """Any image (PIL, uint8 tensor or array; any size; gray or RGB) -> normalized float32 ``(3, *size)``."""
-    return v2.Compose([v2.ToImage(), v2.RGB(), *_resize_and_normalize(size, mean, std)])
-
-
-def decode_size(model: object) -> tuple[int, int] | None:
-    """The size a model's training decoded its image files at (``data.decode_size``, kept in its
-    ``pretrained_cfg``), or None: :func:`read_image` at this size, then :func:`create_transform`, gives
-    a file the pixels training and ``vitlab eval`` gave it."""
-    size = (getattr(model, "pretrained_cfg", None) or {}).get("decode_size")
-    return (size, size) if size else None
-
-
-def create_transform(model: object) -> v2.Compose:
-    """The preprocessing of a model from :func:`vitlab.load_model` (its ``pretrained_cfg``)."""
-    cfg = getattr(model, "pretrained_cfg", None)
-    if not cfg:
-        raise ValueError("the model has no pretrained_cfg; load it with vitlab.load_model(path), or use "
-                         "vitlab.data.image_transform(size, mean, std)")
-    return image_transform(tuple(cfg["input_size"][1:]), tuple(cfg["mean"]), tuple(cfg["std"]))
 
 
 def rand_augment(x: Tensor, num_ops: int = 2, magnitude: int = 9, generator: torch.Generator | None = None) -> Tensor:

@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
+from PIL import Image
 from torch import Tensor
 
 from ..errors import DataError
 from ..progress import Progress
-from .decode import decode_all
+from .decode import decode_all, pil_to_tensor
 from .images import ImageData, balanced_indices
 
 __all__ = ["SplitIndex", "StreamedImages", "label_indices"]
@@ -29,18 +30,27 @@ class SplitIndex:
     Attributes:
         labels: int64 ``(N,)``, indices into ``classes``.
         classes: The class names, in label order (the training split's, for every split of a run).
-        decode: ``decode(i, size)`` -> uint8 RGB ``(3, H, W)`` of sample ``i``, resized to ``size`` ``(H, W)``
-            if given (a source already decoded, CIFAR-10, ignores ``size``).
+        open: ``open(i)`` -> sample ``i`` as an 8-bit RGB PIL image at its own size
+            (:func:`~vitlab.data.decode.to_rgb`).
         where: The split in words, for messages (``"split 'test' of data.root='/data'"``).
+        pixels: A source already decoded (CIFAR-10): uint8 ``(N, 3, H, W)``, which :meth:`decode` indexes.
     """
 
     labels: Tensor
     classes: list[str]
-    decode: Callable[[int, tuple[int, int] | None], Tensor]
+    open: Callable[[int], Image.Image]
     where: str
+    pixels: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def decode(self, i: int, size: tuple[int, int] | None) -> Tensor:
+        """Sample ``i`` as uint8 RGB ``(3, H, W)``, resized (PIL's bicubic) to ``size`` if given (a source
+        already decoded keeps its size)."""
+        if self.pixels is not None:
+            return self.pixels[i]
+        return pil_to_tensor(self.open(i), size)
 
     def load(self, size: tuple[int, int] | None, subset: int = 0, seed: int = 0, in_memory: bool = True) -> ImageData:
         """The split (or ``subset`` images of it, balanced across classes, chosen by ``seed``: only
@@ -50,8 +60,6 @@ class SplitIndex:
         if not index:
             raise DataError(f"{self.where} holds no images")
         if not in_memory:
-            if size is None:
-                raise ValueError("streamed images need a size: every image of a batch has the same")
             return ImageData(StreamedImages(self, torch.tensor(index), size), self.labels[index], self.classes)
         with Progress(total=len(index), desc=f"decoding {len(index):,} images ({self.where})", unit="images",
                       interval=10.0) as progress:
@@ -96,26 +104,32 @@ def label_indices(values: Sequence[Any], classes: list[str] | None, where: str,
 
 
 class StreamedImages:
-    """A split's images decoded when they are read, at one ``size``: what a uint8 ``(N, 3, H, W)`` tensor
-    is to a split decoded into memory, for data that does not fit there. Indexing with an integer
-    decodes that image (``(3, H, W)``, in a DataLoader worker); indexing with a tensor or a list of
-    indices selects a subset, decoding nothing. Pickles cheaply (DataLoader workers get the listing,
-    not pixels).
+    """A split's images decoded when they are read: what a uint8 ``(N, 3, H, W)`` tensor is to a split
+    decoded into memory, for data that does not fit there. Indexing with an integer decodes that image
+    (in a DataLoader worker): uint8 ``(3, H, W)`` at ``size``, or with ``size`` None an RGB PIL image at
+    its own size (for transforms that crop each image by its own size, as ImageNet recipes do).
+    Indexing with a tensor or a list of indices selects a subset, decoding nothing. Pickles cheaply
+    (DataLoader workers get the listing, not pixels).
     """
 
-    def __init__(self, index: SplitIndex, rows: Tensor, size: tuple[int, int]) -> None:
-        self.index, self.rows, self.size = index, rows, (int(size[0]), int(size[1]))
+    def __init__(self, index: SplitIndex, rows: Tensor, size: tuple[int, int] | None) -> None:
+        self.index, self.rows = index, rows
+        self.size = (int(size[0]), int(size[1])) if size is not None else None
 
     def __len__(self) -> int:
         return len(self.rows)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
+        """``(N, 3, H, W)``; images streamed at their own sizes (``size`` None) have none."""
+        if self.size is None:
+            raise ValueError("images streamed at their own sizes have no common shape")
         return (len(self.rows), 3, *self.size)
 
-    def __getitem__(self, i: Any) -> "Tensor | StreamedImages":
+    def __getitem__(self, i: Any) -> "Tensor | Image.Image | StreamedImages":
         if isinstance(i, Tensor) and i.ndim == 0:
             i = int(i)
         if isinstance(i, int):
-            return self.index.decode(int(self.rows[i]), self.size)
+            row = int(self.rows[i])
+            return self.index.decode(row, self.size) if self.size is not None else self.index.open(row)
         return StreamedImages(self.index, self.rows[torch.as_tensor(i)], self.size)

@@ -13,8 +13,9 @@ from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from ..data.images import CIFAR10_MEAN, CIFAR10_STD, DeviceImageLoader, ImageData, TensorImageDataset, \
-    balanced_indices, eval_transform, train_transform
+from ..data.images import DeviceImageLoader, ImageData, TensorImageDataset, balanced_indices
+from ..data.transforms import CIFAR10_MEAN, CIFAR10_STD, center_crop_transform, eval_transform, \
+    rrc_train_transform, train_transform
 from ..data.sources import index_split
 from ..data.split import SplitIndex
 from ..errors import ConfigError
@@ -30,8 +31,12 @@ __all__ = ["image_classification_task", "resolve_loader", "in_memory", "index_sp
            "evaluate_classifier", "metrics_from_predictions", "gather_uneven"]
 
 
-def _decode_size(d: DataConfig, size: tuple[int, int]) -> tuple[int, int]:
-    """The size ImageFolder files are decoded at: ``data.decode_size``, else the model's input ``size``."""
+def _decode_size(d: DataConfig, size: tuple[int, int], keep_in_memory: bool = True) -> tuple[int, int] | None:
+    """The size image files are decoded at: ``data.decode_size``, else the model's input ``size``; None
+    (each its own size) for images streamed to ImageNet-style transforms (``data.train_crop=rrc``),
+    which crop each image by its own size."""
+    if d.train_crop == "rrc" and not keep_in_memory and not d.decode_size:
+        return None
     return (d.decode_size, d.decode_size) if d.decode_size else tuple(size)
 
 
@@ -53,7 +58,8 @@ def in_memory(d: DataConfig, train: SplitIndex, test: SplitIndex, size: tuple[in
     need = count * 3 * h * w
     if d.in_memory != "auto":
         where = "in memory" if d.in_memory else f"streamed (decoded by {d.num_workers} DataLoader worker(s))"
-        return bool(d.in_memory), f"data: {count:,} images at {h} x {w}, {where} (data.in_memory={d.in_memory})"
+        at = "their own sizes" if _decode_size(d, size, bool(d.in_memory)) is None else f"{h} x {w}"
+        return bool(d.in_memory), f"data: {count:,} images at {at}, {where} (data.in_memory={d.in_memory})"
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 4 / processes
     fits = need <= budget
@@ -75,7 +81,7 @@ def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int], index: 
     if d.val_size and d.val_size >= (wanted or len(index)):
         raise ConfigError(f"data.val_size={d.val_size} leaves no training images (the training set has "
                           f"{wanted or len(index)})")
-    train = index.load(_decode_size(d, size), wanted, seed, keep_in_memory)
+    train = index.load(_decode_size(d, size, keep_in_memory), wanted, seed, keep_in_memory)
     if d.val_size == 0:
         return train, None
     val_index = balanced_indices(train.labels, d.val_size, seed=seed + 1)
@@ -88,14 +94,17 @@ def load_test_data(d: DataConfig, seed: int, size: tuple[int, int], index: Split
                    keep_in_memory: bool = True) -> ImageData:
     """Decode the test images of ``index`` (``data.test_subset`` of them, balanced, if set), as
     :func:`load_train_val_data`."""
-    return index.load(_decode_size(d, size), d.test_subset, seed, keep_in_memory)
+    return index.load(_decode_size(d, size, keep_in_memory), d.test_subset, seed, keep_in_memory)
 
 
-def eval_dataset(data: ImageData, size: tuple[int, int], mean: tuple[float, ...],
-                 std: tuple[float, ...]) -> TensorImageDataset:
-    """Decoded images as the model sees them in evaluation: resized to its input ``size`` (only if
-    stored at another size) and normalized; the DataLoader's evaluation data, in training and in
-    ``vitlab eval`` alike."""
+def eval_dataset(data: ImageData, size: tuple[int, int], mean: tuple[float, ...], std: tuple[float, ...],
+                 crop_pct: float | None = None) -> TensorImageDataset:
+    """Images as the model sees them in evaluation: with ``crop_pct`` (``data.train_crop=rrc``) the
+    center crop of :func:`~vitlab.data.transforms.center_crop_transform`, else resized to its input
+    ``size`` (only if stored at another size); normalized. The DataLoader's evaluation data, in
+    training and in ``vitlab eval`` alike."""
+    if crop_pct is not None:
+        return TensorImageDataset(data, center_crop_transform(tuple(size), crop_pct, mean, std))
     stored = tuple(data.images.shape[-2:])
     return TensorImageDataset(data, eval_transform(tuple(size) if stored != tuple(size) else None, mean, std))
 
@@ -113,9 +122,11 @@ def _normalization(cfg: Config, model: nn.Module, resume_from: Path | None) -> t
     return tuple(pretrained["mean"]), tuple(pretrained["std"])
 
 
-def resolve_loader(loader: str, augment: str, device: torch.device, streamed: bool = False) -> str:
+def resolve_loader(loader: str, augment: str, device: torch.device, streamed: bool = False,
+                   train_crop: str = "pad") -> str:
     """``data.loader`` made concrete: ``'auto'`` is the device-resident loader on a CUDA device unless
-    the augmentation needs the DataLoader (AutoAugment) or the images are streamed, else ``'torch'``.
+    the transforms need the DataLoader (AutoAugment, TrivialAugment, random resized crops) or the images
+    are streamed, else ``'torch'``.
     (On an H100 a DataLoader with 2 workers delivered 9,400 CIFAR-10 images/s; the fast config's model
     trains on ~20,000.)
 
@@ -128,7 +139,8 @@ def resolve_loader(loader: str, augment: str, device: torch.device, streamed: bo
                           "data.in_memory=true to keep it in memory anyway")
     if loader != "auto":
         return loader
-    return "gpu" if device.type == "cuda" and augment != "autoaugment" and not streamed else "torch"
+    on_device = augment in ("none", "randaugment") and train_crop == "pad" and not streamed
+    return "gpu" if device.type == "cuda" and on_device else "torch"
 
 
 def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch: int,
@@ -149,7 +161,6 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     accelerator.print(where)
     train_data, val_data = load_train_val_data(d, t.seed, size, train_index, keep)
     test = load_test_data(d, t.seed, size, test_index, keep)
-    stored = tuple(train_data.images.shape[-2:])
     num_classes = len(train_data.classes)
     if model.num_classes != num_classes:
         if "num_classes" in cfg.model.args:
@@ -158,7 +169,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                               f"the data's")
         model.reset_classifier(num_classes)  # the data decides: a new head, initialised as the model's own
     eval_sets = {"test": test} if val_data is None else {"val": val_data, "test": test}
-    on_device = resolve_loader(d.loader, d.augment, accelerator.device, streamed=not keep) == "gpu"
+    on_device = resolve_loader(d.loader, d.augment, accelerator.device, not keep, d.train_crop) == "gpu"
     if on_device:
         shard = dict(device=accelerator.device, seed=t.seed, num_processes=accelerator.num_processes,
                      process_index=accelerator.process_index, mean=mean, std=std, size=size)
@@ -168,16 +179,23 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         eval_loaders = {name: DeviceImageLoader(data, micro_batch, train=False, **shard)
                         for name, data in eval_sets.items()}
     else:
-        out_size = size if stored != tuple(size) else None
-        train_set = TensorImageDataset(train_data, train_transform(stored, d.crop_padding, d.hflip, d.augment,
-                                                                   d.randaugment_ops, d.randaugment_magnitude,
-                                                                   out_size, mean, std), seed=t.seed)
+        augment = dict(hflip=d.hflip, augment=d.augment, randaugment_ops=d.randaugment_ops,
+                       randaugment_magnitude=d.randaugment_magnitude, autoaugment_policy=d.autoaugment_policy,
+                       mean=mean, std=std)
+        if d.train_crop == "rrc":
+            transform = rrc_train_transform(tuple(size), d.scale, d.ratio, reprob=d.reprob, **augment)
+        else:
+            stored = tuple(train_data.images.shape[-2:])
+            transform = train_transform(stored, d.crop_padding, out_size=size if stored != tuple(size) else None,
+                                        **augment)
+        train_set = TensorImageDataset(train_data, transform, seed=t.seed)
         # Workers are not persistent: fresh ones each epoch get the dataset with its epoch set (each
         # image's augmentation is seeded by (seed, epoch, image)).
         loader_args: dict[str, Any] = dict(num_workers=d.num_workers, pin_memory=accelerator.device.type == "cuda")
         train_loader = DataLoader(train_set, batch_size=micro_batch, shuffle=True, drop_last=True, **loader_args)
-        eval_loaders = {name: DataLoader(eval_dataset(data, size, mean, std), batch_size=micro_batch, shuffle=False,
-                                         **loader_args) for name, data in eval_sets.items()}
+        crop_pct = d.crop_pct if d.train_crop == "rrc" else None
+        eval_loaders = {name: DataLoader(eval_dataset(data, size, mean, std, crop_pct), batch_size=micro_batch,
+                                         shuffle=False, **loader_args) for name, data in eval_sets.items()}
     if len(train_loader) == 0:
         raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(train_data.labels)} training images")
 
@@ -199,7 +217,8 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         return {"top1": m["top1"], "top5": m["top5"], "loss": m["loss"]}
 
     meta = {"task": "classification", "classes": train_data.classes, "mean": list(mean), "std": list(std),
-            **({"decode_size": d.decode_size} if d.decode_size and d.dataset != "cifar10" else {})}
+            **({"decode_size": d.decode_size} if d.decode_size and d.dataset != "cifar10" else {}),
+            **({"crop_pct": d.crop_pct} if d.train_crop == "rrc" else {})}
     return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=not on_device,
                      eval_loaders=eval_loaders, prepare_eval_loaders=not on_device, loss=loss, count=count,
                      evaluate=score,

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..data.images import create_transform
+from ..data.transforms import create_transform, model_view
 from .rollout import HeadFusion, attention_rollout, block_attention_map, cls_attention_map
 
 if TYPE_CHECKING:
@@ -107,7 +107,7 @@ def plot_attention(model: nn.Module, images: Sequence[Tensor], titles: Sequence[
     what = (f"rollout ({head_fusion} over heads" + (f", discard {discard_ratio:g})" if discard_ratio else ")")
             if method == "rollout" else f"block {block}, head {head}")
     fig, axes = plt.subplots(len(images), 2, figsize=(5.6, 2.5 * len(images)), squeeze=False, layout="constrained")
-    for i, image in enumerate(images):
+    for i, image in enumerate(_views(model, images)):  # drawn as the model saw it (resized, cropped)
         p, c = probs[i].max(0)
         axes[i, 0].imshow(image.permute(1, 2, 0).numpy())
         axes[i, 0].axis("off")
@@ -120,11 +120,17 @@ def plot_attention(model: nn.Module, images: Sequence[Tensor], titles: Sequence[
     return fig
 
 
+def _views(model: nn.Module, images: Sequence[Any]) -> list[Tensor]:
+    """The images as the model sees them before normalization, uint8 ``(3, *input_size)``."""
+    return [model_view(model)(image).as_subclass(Tensor) for image in images]
+
+
 def plot_attention_grid(model: nn.Module, image: Tensor) -> "Figure":
     """Every block (rows) x head (columns) of one image: each head's raw CLS-to-patch weights, overlaid."""
     model.eval()
     with torch.no_grad():
         x = create_transform(model)(image)[None]
+        (image,) = _views(model, [image])
         maps = model.get_attention_maps(x)
         p, c = model(x).float().softmax(-1)[0].max(0)
     blocks, heads = len(maps), maps[0].shape[1]

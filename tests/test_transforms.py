@@ -1,0 +1,138 @@
+"""The ImageNet-style transforms (``data.train_crop=rrc``) against their references: timm's evaluation
+transform, pixel for pixel on real JPEG photographs, and torchvision's random resized crop boxes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torchvision import transforms as v1
+
+from conftest import reset_accelerate, tiny_overrides
+from vitlab.config import load_config
+from vitlab.data.decode import open_image
+from vitlab.data.transforms import center_crop_transform, rrc_train_transform
+from vitlab.errors import ConfigError
+
+PHOTO = Path(__import__("matplotlib").get_data_path()) / "sample_data" / "grace_hopper.jpg"  # 512 x 600, a photograph
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> list[Path]:
+    """JPEGs (quality 90) of several sizes and shapes cut from a real photograph, and the photograph."""
+    folder = tmp_path_factory.mktemp("photos")
+    photo = Image.open(PHOTO).convert("RGB")
+    files = [PHOTO]
+    for i, (box, size) in enumerate([((0, 0, 512, 400), (500, 391)), ((50, 30, 450, 590), (300, 420)),
+                                     ((100, 100, 400, 300), (333, 222)), ((0, 0, 512, 600), (97, 113))]):
+        files.append(folder / f"photo_{i}.jpg")
+        photo.crop(box).resize(size, Image.BICUBIC).save(files[-1], quality=90)
+    return files
+
+
+@pytest.mark.parametrize("size,crop_pct", [(224, 0.875), (224, 1.0), (96, 0.9)])
+def test_evaluation_pixels_equal_timms_create_transform_on_real_jpegs(photos, size, crop_pct):
+    from timm.data import create_transform
+
+    # Pixels (no normalization: mean 0, std 1) exactly; normalized to 1e-6 (torchvision's v1 and v2
+    # Normalize round the float arithmetic differently, 7e-7 at most here).
+    for mean, std, exact in (((0.0,) * 3, (1.0,) * 3, True), (MEAN, STD, False)):
+        timm_eval = create_transform(input_size=size, is_training=False, crop_pct=crop_pct, interpolation="bicubic",
+                                     mean=mean, std=std)
+        ours = center_crop_transform((size, size), crop_pct, mean, std)
+        for path in photos:
+            expected = timm_eval(Image.open(path).convert("RGB"))
+            got = ours(open_image(path)).as_subclass(torch.Tensor)  # how vitlab reads a streamed file
+            assert got.shape == (3, size, size), path.name
+            if exact:  # the same uint8 levels (ToTensor divides by 255, ToDtype multiplies by 1/255)
+                assert torch.equal((got * 255).round(), (expected * 255).round()), path.name
+            else:
+                assert torch.allclose(got, expected, atol=1e-6, rtol=0), path.name
+
+
+def test_random_resized_crop_boxes_are_distributed_as_torchvisions(monkeypatch):
+    # The boxes our training transform cuts (recorded where it crops), against torchvision's own
+    # RandomResizedCrop.get_params with timm's defaults: the same distribution of area and aspect ratio.
+    from torchvision.transforms import v2
+
+    boxes = []
+    name = "make_params" if hasattr(v2.RandomResizedCrop, "make_params") else "_get_params"  # torchvision >= 0.21
+    original = getattr(v2.RandomResizedCrop, name)
+
+    def recording(self, *args, **kwargs):
+        params = original(self, *args, **kwargs)
+        boxes.append((params["height"], params["width"]))
+        return params
+
+    monkeypatch.setattr(v2.RandomResizedCrop, name, recording)
+    image = torch.zeros(3, 300, 400, dtype=torch.uint8)
+    transform = rrc_train_transform((32, 32), hflip=False, mean=MEAN, std=STD)  # scale (0.08, 1), ratio (3/4, 4/3)
+    torch.manual_seed(0)
+    for _ in range(4000):
+        transform(image)
+    torch.manual_seed(1)
+    reference = [v1.RandomResizedCrop.get_params(Image.new("RGB", (400, 300)), (0.08, 1.0), (3 / 4, 4 / 3))[2:]
+                 for _ in range(4000)]
+
+    def stats(hw):
+        a = torch.tensor(hw, dtype=torch.float64)
+        area, log_ratio = a[:, 0] * a[:, 1] / (300 * 400), (a[:, 1] / a[:, 0]).log()
+        return torch.stack([area.quantile(torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64)),
+                            log_ratio.quantile(torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64))])
+
+    assert len(boxes) == 4000
+    assert (stats(boxes) - stats(reference)).abs().max() < 0.03  # sampling noise of 4,000 draws is ~0.01
+
+
+def test_imagenet_style_keys_are_checked_in_one_line():
+    for bad, message in [("data.scale=[0.5,0.1]", "data.scale=[0.5, 0.1] is invalid"),
+                         ("data.crop_pct=1.5", "data.crop_pct=1.5 is invalid"),
+                         ("data.reprob=0.25", "0 with data.train_crop=pad")]:
+        with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            load_config(None, [bad])
+
+
+def test_an_imagenet_style_run_streams_random_crops_and_predict_sees_what_evaluation_saw(photos, tmp_path, capsys):
+    # JPEGs of their own sizes, streamed and cropped at random in training; evaluation (in training and
+    # in vitlab eval) and vitlab predict center-crop them alike.
+    import vitlab
+    from vitlab.cli import main
+    from vitlab.data.transforms import create_transform
+    from vitlab.training import train
+
+    rng = np.random.default_rng(0)
+    photo = Image.open(PHOTO).convert("RGB")
+    for split, n in (("train", 8), ("test", 4)):
+        for c in range(3):
+            (tmp_path / "data" / split / f"class_{c}").mkdir(parents=True)
+            for i in range(n):
+                w, h = (int(v) for v in rng.integers(40, 90, 2))
+                tinted = np.asarray(photo.resize((w, h)), dtype=np.float64) * 0.5
+                tinted[..., c] += 120
+                Image.fromarray(tinted.clip(0, 255).astype(np.uint8)).save(
+                    tmp_path / "data" / split / f"class_{c}" / f"{i}.jpg", quality=90)
+    run = tmp_path / "run"
+    summary = train(load_config(None, tiny_overrides(
+        tmp_path / "data", run, "data.train_crop=rrc", "data.scale=[0.35,1]", "data.reprob=0.25",
+        "data.augment=trivialaugment", "data.in_memory=false", "data.loader=torch", "data.crop_pct=0.9",
+        "train.batch_size=8")))
+    reset_accelerate()
+    assert "data: 36 images at their own sizes, streamed" in capsys.readouterr().out
+    model = vitlab.load_model(run)
+    assert model.pretrained_cfg["crop_pct"] == 0.9
+    main(["eval", "--checkpoint", str(run), "--output", str(tmp_path / "m.json")])
+    reset_accelerate()
+    assert json.loads((tmp_path / "m.json").read_text())["top1"] == summary["test_top1"]
+    files = sorted((tmp_path / "data" / "test" / "class_1").glob("*.jpg"))[:2]
+    capsys.readouterr()
+    main(["predict", "--checkpoint", str(run), "--topk", "1", *map(str, files)])
+    printed = capsys.readouterr().out.splitlines()
+    with torch.no_grad():
+        probs = model(torch.stack([create_transform(model)(open_image(f)) for f in files])).softmax(-1)
+    for line, p in zip(printed, probs):
+        name = model.pretrained_cfg["label_names"][int(p.argmax())]
+        assert line.endswith(f": {name} {p.max():.3f}")

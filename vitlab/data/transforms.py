@@ -1,0 +1,154 @@
+"""The transform rules, in one home: how an image becomes the model's input in training (the DataLoader's
+per-image transforms), in evaluation (training's loaders and ``vitlab eval``), and in ``vitlab predict``,
+``vitlab attention`` and :func:`create_transform`.
+
+Two families, chosen by ``data.train_crop``:
+
+- ``'pad'`` (CIFAR-style, the default): images stored at one size; training crops at random with zero
+  padding; evaluation resizes to the model's input only if the images are stored at another size.
+- ``'rrc'`` (ImageNet-style, named as timm's ``train.py`` names them): training takes a random resized
+  crop (``scale``, ``ratio``) of each image at its own size; evaluation resizes the shorter side to
+  ``floor(img_size / crop_pct)`` and crops the center, as ``timm.data.create_transform(is_training=False,
+  crop_pct=..., interpolation='bicubic')``. On a PIL image (a streamed file) every step is PIL's, as
+  in timm; on a uint8 tensor (images in memory) torchvision's antialiased bicubic resize.
+
+Both flip, augment (``'randaugment'``, ``'trivialaugment'``, ``'autoaugment'`` with the CIFAR-10 or
+ImageNet policy), normalize, and in ``'rrc'`` erase a random rectangle with probability ``reprob``
+(per-pixel normal noise, timm's ``mode='pixel'``), all with torchvision's v2 transforms.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torchvision.transforms import v2
+
+__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "AUGMENTS", "resize_images", "train_transform", "eval_transform",
+           "rrc_train_transform", "center_crop_transform", "image_transform", "model_view", "create_transform",
+           "decode_size"]
+
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+AUGMENTS = ("none", "randaugment", "trivialaugment", "autoaugment")
+
+# The one rule by which images are brought to the model's input size, in every path (the DataLoader's
+# transforms, the device loader's batches, vitlab eval / predict / attention): bicubic with
+# antialiasing (PIL's on a PIL image, torchvision's on uint8 tensors, rounded back to uint8).
+_RESIZE = dict(interpolation=v2.InterpolationMode.BICUBIC, antialias=True)
+
+
+def resize_images(x: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    """uint8 images ``(..., C, H, W)`` -> ``(..., C, *size)`` by the package's one resize rule (above)."""
+    return v2.functional.resize(x, list(size), **_RESIZE)
+
+
+def _to_normalized(mean: tuple[float, ...], std: tuple[float, ...]) -> list[v2.Transform]:
+    return [v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(mean, std)]
+
+
+def _resize_and_normalize(out_size: tuple[int, int] | None, mean: tuple[float, ...],
+                          std: tuple[float, ...]) -> list[v2.Transform]:
+    resize = [v2.Resize(out_size, **_RESIZE)] if out_size else []
+    return resize + _to_normalized(mean, std)
+
+
+def _augment(augment: str, randaugment_ops: int, randaugment_magnitude: int,
+             autoaugment_policy: str) -> list[v2.Transform]:
+    if augment == "randaugment":
+        return [v2.RandAugment(num_ops=randaugment_ops, magnitude=randaugment_magnitude)]
+    if augment == "trivialaugment":
+        return [v2.TrivialAugmentWide()]
+    if augment == "autoaugment":
+        return [v2.AutoAugment(v2.AutoAugmentPolicy(autoaugment_policy))]
+    if augment != "none":
+        raise ValueError(f"augment={augment!r}; expected one of {', '.join(AUGMENTS)}")
+    return []
+
+
+def train_transform(size: tuple[int, int], crop_padding: int = 4, hflip: bool = True, augment: str = "none",
+                    randaugment_ops: int = 2, randaugment_magnitude: int = 9, out_size: tuple[int, int] | None = None,
+                    mean: tuple[float, ...] = CIFAR10_MEAN, std: tuple[float, ...] = CIFAR10_STD,
+                    autoaugment_policy: str = "cifar10") -> v2.Compose:
+    """``'pad'``: random crop of ``size`` with zero padding, horizontal flip, ``augment``, a bicubic
+    resize to ``out_size`` (the model's input, if it differs from the stored images), then
+    normalization; uint8 ``(C, H, W)`` in."""
+    ops: list[v2.Transform] = []
+    if crop_padding > 0:
+        ops.append(v2.RandomCrop(size, padding=crop_padding))
+    if hflip:
+        ops.append(v2.RandomHorizontalFlip())
+    ops += _augment(augment, randaugment_ops, randaugment_magnitude, autoaugment_policy)
+    return v2.Compose(ops + _resize_and_normalize(out_size, mean, std))
+
+
+def rrc_train_transform(size: tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
+                        ratio: tuple[float, float] = (3 / 4, 4 / 3), hflip: bool = True, augment: str = "none",
+                        randaugment_ops: int = 2, randaugment_magnitude: int = 9, reprob: float = 0.0,
+                        mean: tuple[float, ...] = CIFAR10_MEAN, std: tuple[float, ...] = CIFAR10_STD,
+                        autoaugment_policy: str = "imagenet") -> v2.Compose:
+    """``'rrc'``: a random resized crop to ``size`` (an area of ``scale`` of the image, an aspect ratio in
+    ``ratio``, bicubic), horizontal flip, ``augment``, normalization, random erasing with probability
+    ``reprob``; a PIL image or uint8 ``(C, H, W)`` of any size in."""
+    ops: list[v2.Transform] = [v2.RandomResizedCrop(size, scale=scale, ratio=ratio, **_RESIZE)]
+    if hflip:
+        ops.append(v2.RandomHorizontalFlip())
+    ops += _augment(augment, randaugment_ops, randaugment_magnitude, autoaugment_policy)
+    ops += _to_normalized(mean, std)
+    if reprob > 0:
+        ops.append(v2.RandomErasing(p=reprob, value="random"))
+    return v2.Compose(ops)
+
+
+def eval_transform(out_size: tuple[int, int] | None = None, mean: tuple[float, ...] = CIFAR10_MEAN,
+                   std: tuple[float, ...] = CIFAR10_STD) -> v2.Compose:
+    """``'pad'``: uint8 ``(C, H, W)`` -> (resized to ``out_size``, if given) normalized float32."""
+    return v2.Compose(_resize_and_normalize(out_size, mean, std))
+
+
+def center_crop_transform(size: tuple[int, int], crop_pct: float = 0.875, mean: tuple[float, ...] = CIFAR10_MEAN,
+                          std: tuple[float, ...] = CIFAR10_STD) -> v2.Compose:
+    """``'rrc'``'s evaluation: the shorter side resized to ``floor(size / crop_pct)`` (bicubic), the center
+    ``size`` cropped, normalized: timm's ``create_transform(is_training=False, crop_pct=crop_pct,
+    interpolation='bicubic')``, pixel for pixel on a PIL image."""
+    scale = math.floor(size[0] / crop_pct) if size[0] == size[1] else tuple(math.floor(s / crop_pct) for s in size)
+    return v2.Compose([v2.Resize(scale, **_RESIZE), v2.CenterCrop(size), *_to_normalized(mean, std)])
+
+
+def image_transform(size: tuple[int, int], mean: tuple[float, ...] = CIFAR10_MEAN,
+                    std: tuple[float, ...] = CIFAR10_STD) -> v2.Compose:
+    """Any image (PIL, uint8 tensor or array; any size; gray or RGB) -> normalized float32 ``(3, *size)``."""
+    return v2.Compose([v2.ToImage(), v2.RGB(), *_resize_and_normalize(size, mean, std)])
+
+
+def decode_size(model: object) -> tuple[int, int] | None:
+    """The size a model's training decoded its image files at (``data.decode_size``, kept in its
+    ``pretrained_cfg``), or None (their own size): :func:`vitlab.data.open_image` at this size, then
+    :func:`create_transform`, gives a file the pixels training and ``vitlab eval`` gave it."""
+    size = (getattr(model, "pretrained_cfg", None) or {}).get("decode_size")
+    return (size, size) if size else None
+
+
+def _pretrained_cfg(model: object) -> dict:
+    cfg = getattr(model, "pretrained_cfg", None)
+    if not cfg:
+        raise ValueError("the model has no pretrained_cfg; load it with vitlab.load_model(path), or use "
+                         "vitlab.data.image_transform(size, mean, std)")
+    return cfg
+
+
+def model_view(model: object) -> v2.Compose:
+    """What a model from :func:`vitlab.load_model` sees of an image, before normalization: uint8
+    ``(3, *input_size)``. A center crop at its ``crop_pct`` for a model trained with
+    ``data.train_crop=rrc``, else a resize to its input size; any image in (PIL, uint8 tensor)."""
+    cfg = _pretrained_cfg(model)
+    size = tuple(cfg["input_size"][1:])
+    if cfg.get("crop_pct"):
+        return v2.Compose(center_crop_transform(size, cfg["crop_pct"]).transforms[:2] + [v2.ToImage(), v2.RGB()])
+    return v2.Compose([v2.ToImage(), v2.RGB(), v2.Resize(size, **_RESIZE)])
+
+
+def create_transform(model: object) -> v2.Compose:
+    """The evaluation preprocessing of a model from :func:`vitlab.load_model` (its ``pretrained_cfg``):
+    :func:`model_view`, then its normalization; any image in (PIL, uint8 tensor)."""
+    cfg = _pretrained_cfg(model)
+    return v2.Compose([model_view(model), *_to_normalized(tuple(cfg["mean"]), tuple(cfg["std"]))])
