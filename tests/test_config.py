@@ -23,8 +23,9 @@ def test_shipped_configs_load_and_build_their_model(path, tmp_path):
     cfg = load_config(path)
     if cfg.task == "classification":
         model = build_model(cfg)
-        size = (224, 224) if cfg.model.pretrained else (32, 32)  # fine-tuning runs at the pretrained size
-        assert model.num_classes == 10 and model.patch_embed.img_size == size  # CIFAR-10
+        imagenet = cfg.data.dataset == "imagefolder" and "imagenet" in cfg.data.root
+        size = (224, 224) if cfg.model.pretrained or imagenet else (32, 32)  # fine-tuning, ImageNet: 224
+        assert model.num_classes == (1000 if imagenet else 10) and model.patch_embed.img_size == size
         logits = model.eval()(torch.randn(2, 3, *size))
     elif cfg.task == "lm":
         model = build_model(cfg, vocab_size=64, block_size=cfg.data.block_size).eval()

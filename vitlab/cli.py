@@ -26,11 +26,21 @@ def run_command(fn: Callable[[], None]) -> None:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     except VitlabError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_own_message(e)}", file=sys.stderr)
         sys.exit(1)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+def _own_message(error: Exception) -> str:
+    """An error's own one line. One raised in a DataLoader worker (a corrupt image met while streaming)
+    comes back re-raised with the worker's traceback in its message; its last line is the original."""
+    message = str(error)
+    if "Original Traceback" in message:
+        last = message.strip().splitlines()[-1]
+        message = last.split(": ", 1)[1] if last.startswith(type(error).__module__) else last
+    return message
 
 
 def _eval(args: argparse.Namespace) -> None:
