@@ -9,7 +9,9 @@ for and every process stops after the same step even when only one of them got t
 """
 from __future__ import annotations
 
+import atexit
 import functools
+import multiprocessing
 import os
 import signal
 import threading
@@ -32,12 +34,29 @@ def ignore_in_workers(loader: Any, names: str) -> None:
     group; a worker killed by the stop signal (torch's workers die on SIGTERM) would take the main
     process down with it before it could write its checkpoint. The main process ends its workers."""
     if getattr(loader, "num_workers", 0) and _parse(names):
-        loader.worker_init_fn = functools.partial(_ignore_then, names, loader.worker_init_fn)
+        loader.worker_init_fn = functools.partial(_ignore_then, names, _main_exiting(), loader.worker_init_fn)
 
 
-def _ignore_then(names: str, worker_init_fn: Callable[[int], None] | None, worker_id: int) -> None:
+@functools.cache
+def _main_exiting() -> Any:
+    """An event the main process sets when it exits. At exit, multiprocessing ends daemonic children
+    (DataLoader workers still alive after an error, a corrupt image met by a worker) with SIGTERM and
+    waits for them: a worker that ignored it would make the process hang there. This atexit handler
+    runs before multiprocessing's (registered earlier, when multiprocessing was imported)."""
+    event = multiprocessing.Event()
+    atexit.register(event.set)
+    return event
+
+
+def _ignore_then(names: str, main_exiting: Any, worker_init_fn: Callable[[int], None] | None,
+                 worker_id: int) -> None:
+    """In a worker: the stop signals are the main process's to act on, unless it is exiting."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if main_exiting.is_set():
+            os._exit(0)
+
     for sig in _parse(names):
-        signal.signal(sig, signal.SIG_IGN)
+        signal.signal(sig, handler)
     if worker_init_fn is not None:
         worker_init_fn(worker_id)
 

@@ -128,9 +128,8 @@ def _newest_checkpoint(run_dir: Path) -> Path | None:
     when the run died after a better epoch and before ``last/`` was due, with ``train.save_every`` > 1)."""
     found = []
     for which in ("last", "best"):
-        directory = run_dir / "checkpoints" / which
-        try:
-            directory = ckpt.resolve_checkpoint(directory) if directory.parent.is_dir() else None
+        try:  # the directory, or its .old twin left by a crash between the renames of a checkpoint write
+            directory: Path | None = ckpt.resolve_checkpoint(run_dir / "checkpoints" / which)
         except CheckpointError:
             directory = None
         if directory is not None and (directory / "trainer_state.json").is_file():

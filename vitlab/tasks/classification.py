@@ -61,13 +61,23 @@ def in_memory(d: DataConfig, train: SplitIndex, test: SplitIndex, size: tuple[in
         at = "their own sizes" if _decode_size(d, size, bool(d.in_memory)) is None else f"{h} x {w}"
         return bool(d.in_memory), f"data: {count:,} images at {at}, {where} (data.in_memory={d.in_memory})"
     processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    budget = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 4 / processes
+    budget = _memory_bytes() / 4 / processes
     fits = need <= budget
     return fits, (f"data: {count:,} images at {h} x {w} take {need / 2 ** 30:.2f} GiB decoded, "
                   f"{'within' if fits else 'over'} the budget of {budget / 2 ** 30:.1f} GiB a process (a quarter of "
                   f"this machine's memory over {processes} process(es)): "
                   + ("in memory" if fits else f"streamed, decoded by {d.num_workers} DataLoader worker(s)")
                   + " (data.in_memory=auto; true or false to choose)")
+
+
+def _memory_bytes() -> int:
+    """This machine's memory: POSIX's page count, else psutil's (an Accelerate dependency; Windows)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        import psutil
+
+        return psutil.virtual_memory().total
 
 
 def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int], index: SplitIndex,
