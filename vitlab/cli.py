@@ -264,6 +264,16 @@ def train_main(argv: list[str] | None = None) -> None:
     run_command(run)
 
 
+def _shards(args: argparse.Namespace) -> None:
+    from .data.convert import convert_to_shards
+
+    written = convert_to_shards(args.src, args.out, [s for s in args.split.split(",") if s], args.shard_size,
+                                seed=args.seed, image_key=args.image_key, label_key=args.label_key)
+    for split, paths in written.items():
+        print(f"{split}: {len(paths)} shard(s), {paths[0].name} .. {paths[-1].name}")
+    print(f"wrote {args.out}/classes.txt; train on it: data.dataset=wds data.root={args.out}")
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["train"]:  # same arguments as train.py
@@ -323,11 +333,22 @@ def main(argv: list[str] | None = None) -> None:
     ex.add_argument("--format", choices=("onnx", "torch-export"), default="onnx")
     ex.add_argument("--output", required=True, help="the file to write (model.onnx, model.pt2)")
     ex.add_argument("--no-check", action="store_true", help="do not run the exported file against the eager model")
+    sh = sub.add_parser("shards", help="write an ImageFolder or a Hugging Face data set as WebDataset shards "
+                                       "(data.dataset=wds streams them)")
+    sh.add_argument("src", help="an ImageFolder root (SRC/<split>/<class>/<image>), a save_to_disk directory, a "
+                                "folder of parquet files or a Hub id")
+    sh.add_argument("out", help="the folder to write <split>-000000.tar ... and classes.txt into")
+    sh.add_argument("--split", default="train,test", help="the splits, comma-separated (default train,test; the "
+                                                          "first one's classes number them all)")
+    sh.add_argument("--shard-size", type=int, default=1000, help="samples a shard (default 1000)")
+    sh.add_argument("--seed", type=int, default=0, help="the shuffle of each split's samples before writing")
+    sh.add_argument("--image-key", default="", help="Hugging Face data: the image column ('' = found by name)")
+    sh.add_argument("--label-key", default="", help="Hugging Face data: the label column ('' = found by name)")
     mo = sub.add_parser("models", help="list the model presets with their sizes")
     mo.add_argument("pattern", nargs="?", default="*")
     args = parser.parse_args(argv)
     command = {"eval": _eval, "predict": _predict, "attention": _attention, "translate": _translate,
-               "sample": _sample, "export": _export, "models": _models}[args.command]
+               "sample": _sample, "export": _export, "models": _models, "shards": _shards}[args.command]
     run_command(lambda: command(args))
 
 

@@ -45,10 +45,11 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: Literal["cifar10", "imagefolder", "hf"] = "cifar10"
-    root: str = "./data"      # hf: a Hub id, a DatasetDict.save_to_disk directory or a folder of parquet files
+    dataset: Literal["cifar10", "imagefolder", "hf", "wds"] = "cifar10"
+    root: str = "./data"      # hf: a Hub id, a DatasetDict.save_to_disk directory or a folder of parquet files;
+                              # wds: a folder of WebDataset shards <split>-*.tar (and classes.txt)
     download: bool = True
-    train_split: str = "train"  # imagefolder: folder names; hf: split names
+    train_split: str = "train"  # imagefolder: folder names; hf: split names; wds: names or shard patterns
     test_split: str = "test"
     image_key: str = ""       # hf: the image and label columns ('' = image/img, label/labels/fine_label)
     label_key: str = ""
@@ -89,6 +90,9 @@ class DataConfig:
     # its processes, streamed otherwise (the run says which and why). The same images give the same
     # weights either way.
     in_memory: bool | Literal["auto"] = "auto"
+    # wds: each DataLoader worker shuffles the samples it reads through a buffer of this many (raw, encoded)
+    # samples, after the shards' order is shuffled each epoch.
+    shuffle_buffer: int = 1000
 
 
 @dataclass
@@ -272,6 +276,12 @@ def _check_values(cfg: Config) -> None:
         need(0 <= d.reprob <= 1, "data.reprob", d.reprob, "a probability in [0, 1]")
         need(d.reprob == 0 or d.train_crop == "rrc", "data.reprob", d.reprob,
              "0 with data.train_crop=pad (random erasing comes with the ImageNet-style transforms, train_crop=rrc)")
+        need(d.dataset != "wds" or d.in_memory is not True, "data.in_memory", d.in_memory,
+             "auto or false with data.dataset=wds (shards are streamed; data.dataset=imagefolder or hf keeps images "
+             "in memory)")
+        need(d.dataset != "wds" or d.loader != "gpu", "data.loader", d.loader,
+             "torch or auto with data.dataset=wds (shards are streamed by DataLoader workers)")
+        need(d.shuffle_buffer >= 1, "data.shuffle_buffer", d.shuffle_buffer, "a number of samples >= 1")
         need(d.loader != "gpu" or d.in_memory is not False, "data.in_memory", d.in_memory,
              "true or auto with data.loader=gpu (the device loader holds the whole data set; stream with "
              "data.loader=torch)")

@@ -101,8 +101,9 @@ def _evaluate_seq2seq(directory: Path, cfg: Config, model: nn.Module, split: str
 
 def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
                          output: Path | None) -> dict[str, Any]:
+    from .data.shard_stream import ShardLoader
     from .tasks.classification import eval_dataset, evaluate_classifier, in_memory, index_splits, load_test_data, \
-        load_train_val_data
+        load_train_val_data, shard_streams
 
     info = model.pretrained_cfg
     size = tuple(info["input_size"][1:])
@@ -113,33 +114,44 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
     # The run's own split (same config, same seed): --split val is exactly the held-out images, decoded
     # at the size training stored them and resized as its evaluation loaders did.
     # Labels are mapped through the model's classes: a split with a class it was not trained on is one line.
-    train_index, test_index = index_splits(d, classes=list(info["label_names"]))
-    keep, _ = in_memory(d, train_index, test_index, size)
-    data = (load_test_data(d, cfg.train.seed, size, test_index, keep) if split == "test" else
-            dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, size, train_index, keep)))[split])
     accelerator = create_accelerator(cfg.train.mixed_precision)
-    loader = DataLoader(eval_dataset(data, size, info["mean"], info["std"], info.get("crop_pct")),
-                        batch_size=batch_size, num_workers=d.num_workers)
-    metrics = evaluate_classifier(accelerator.prepare(model), accelerator.prepare(loader), accelerator,
-                                  len(data.classes), keep_probs=True)
+    if d.dataset == "wds":
+        if split == "train":
+            raise ConfigError("--split train is not kept for data.dataset=wds (its epochs are streamed in an order of "
+                              "their own); evaluate --split val or test")
+        streams, classes = shard_streams(d, cfg.train.seed, size, batch_size, info["mean"], info["std"],
+                                         accelerator.num_processes, accelerator.process_index,
+                                         classes=list(info["label_names"]), splits=(split,))
+        data = None
+        loader: Any = ShardLoader(streams[split], d.num_workers, accelerator.device)
+    else:
+        train_index, test_index = index_splits(d, classes=list(info["label_names"]))
+        keep, _ = in_memory(d, train_index, test_index, size)
+        data = (load_test_data(d, cfg.train.seed, size, test_index, keep) if split == "test" else
+                dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, size, train_index, keep)))[split])
+        classes = data.classes
+        loader = accelerator.prepare(DataLoader(eval_dataset(data, size, info["mean"], info["std"],
+                                                             info.get("crop_pct")),
+                                                batch_size=batch_size, num_workers=d.num_workers))
+    metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes), keep_probs=True)
     probs = metrics.pop("probs")
     if not accelerator.is_main_process:
         return metrics
     print(f"checkpoint {directory} | {split} split: {metrics['num_images']} images")
     print(f"top-1 {100 * metrics['top1']:.2f}%  top-5 {100 * metrics['top5']:.2f}%  loss {metrics['loss']:.4f}")
     print("accuracy per class:")
-    for name, acc in zip(data.classes, metrics["per_class"]):
+    for name, acc in zip(classes, metrics["per_class"]):
         print(f"  {name:>12s} {100 * acc:6.2f}%")
     out_dir = output.parent if output else directory
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / "confusion_matrix.json", {"classes": data.classes, "matrix": metrics["confusion"]})
-    save_figure(plot_confusion_matrix(metrics["confusion"], data.classes), out_dir / "confusion_matrix.png", dpi=120)
+    write_json(out_dir / "confusion_matrix.json", {"classes": classes, "matrix": metrics["confusion"]})
+    save_figure(plot_confusion_matrix(metrics["confusion"], classes), out_dir / "confusion_matrix.png", dpi=120)
     print(f"confusion matrix: {out_dir / 'confusion_matrix.json'}, {out_dir / 'confusion_matrix.png'}")
-    if accelerator.num_processes == 1:  # probabilities in the data set's order (one process, no sharding)
+    if accelerator.num_processes == 1 and data is not None:  # probabilities in the data's order (one process)
         save_figure(plot_mistakes(data.images, data.labels, probs, data.classes), out_dir / "mistakes.png")
         print(f"most confident mistakes: {out_dir / 'mistakes.png'}")
     if output:
-        per_class = dict(zip(data.classes, metrics["per_class"]))
+        per_class = dict(zip(classes, metrics["per_class"]))
         write_json(output, {"top1": metrics["top1"], "top5": metrics["top5"], "loss": metrics["loss"],
                             "per_class": per_class, "num_images": metrics["num_images"],
                             "checkpoint": str(directory), "split": split})

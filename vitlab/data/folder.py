@@ -44,7 +44,7 @@ def index_imagefolder(root: Path, split: str, classes: list[str] | None = None) 
         raise DataError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {str(split_dir)!r}")
     where = f"split {split!r} of data.root={str(root)!r}"
     labels, classes = label_indices(names, classes if classes is not None else folders, where)
-    return SplitIndex(labels, classes, lambda i: open_image(files[i]), where)
+    return SplitIndex(labels, classes, lambda i: open_image(files[i]), where, encoded=lambda i: files[i].read_bytes())
 
 
 def index_cifar10(root: Path, split: str, download: bool) -> SplitIndex:

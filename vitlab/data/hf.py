@@ -99,7 +99,13 @@ def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str
     names = list(feature.names) if hasattr(feature, "names") else None  # a ClassLabel
     labels, classes = label_indices(ds[label_key], classes, where, names)  # without decoding any image
     images = ds.select_columns([image_key])
-    return SplitIndex(labels, classes, lambda i: to_rgb(images[i][image_key]), where)
+    raw = images.cast_column(image_key, datasets.Image(decode=False))
+
+    def encoded(i: int) -> bytes:
+        value = raw[i][image_key]
+        return value["bytes"] if value.get("bytes") is not None else Path(value["path"]).read_bytes()
+
+    return SplitIndex(labels, classes, lambda i: to_rgb(images[i][image_key]), where, encoded=encoded)
 
 
 def load_hf_split(root: str, split: str, *, image_key: str = "", label_key: str = "", subset: int = 0,

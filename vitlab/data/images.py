@@ -9,7 +9,7 @@ knows no model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor
@@ -23,7 +23,7 @@ from .transforms import CIFAR10_MEAN, CIFAR10_STD, create_transform, decode_size
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "balanced_indices",
            "train_transform", "eval_transform", "image_transform", "create_transform", "read_image", "DeviceImageLoader",
-           "rand_augment", "resize_images", "decode_size", "pil_to_tensor"]
+           "rand_augment", "seeded_transform", "resize_images", "decode_size", "pil_to_tensor"]
 
 
 
@@ -68,11 +68,18 @@ class TensorImageDataset(Dataset):
             return image, label
         if self.seed is None:
             return self.transform(image), label
-        with torch.random.fork_rng(devices=[]):
-            # The CPU generator alone (the transforms run on the CPU): torch.manual_seed also seeds every
-            # other backend, 187 us an image here against 1.3 us.
-            torch.random.default_generator.manual_seed(process_seed(self.seed, 0, self.epoch, "samples", int(i)))
-            return self.transform(image), label
+        return seeded_transform(self.transform, image, self.seed, self.epoch, int(i)), label
+
+
+def seeded_transform(transform: v2.Transform, image: Any, seed: int, epoch: int, i: int) -> Tensor:
+    """``transform(image)`` drawing from torch's generator seeded by :func:`vitlab.seeding.process_seed`
+    ``(seed, 0, epoch, 'samples', i)`` for image ``i``, inside ``fork_rng`` (the caller's generator is left
+    as it was): an image's augmentation is a function of (seed, epoch, image) wherever it is loaded."""
+    with torch.random.fork_rng(devices=[]):
+        # The CPU generator alone (the transforms run on the CPU): torch.manual_seed also seeds every
+        # other backend, 187 us an image here against 1.3 us.
+        torch.random.default_generator.manual_seed(process_seed(seed, 0, epoch, "samples", i))
+        return transform(image)
 
 
 def balanced_indices(labels: Tensor, n: int, seed: int = 0) -> Tensor:

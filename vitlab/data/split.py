@@ -34,6 +34,8 @@ class SplitIndex:
             (:func:`~vitlab.data.decode.to_rgb`).
         where: The split in words, for messages (``"split 'test' of data.root='/data'"``).
         pixels: A source already decoded (CIFAR-10): uint8 ``(N, 3, H, W)``, which :meth:`decode` indexes.
+        encoded: ``encoded(i)`` -> sample ``i``'s image file as stored (its bytes), where the source keeps
+            one (``vitlab shards`` copies it into a shard).
     """
 
     labels: Tensor
@@ -41,6 +43,7 @@ class SplitIndex:
     open: Callable[[int], Image.Image]
     where: str
     pixels: Tensor | None = None
+    encoded: Callable[[int], bytes] | None = None
 
     def __len__(self) -> int:
         return len(self.labels)

@@ -12,10 +12,13 @@ from timm.data import Mixup
 from timm.loss import SoftTargetCrossEntropy
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
+from torchvision.transforms import v2
 
 from ..data.images import DeviceImageLoader, ImageData, TensorImageDataset, balanced_indices
 from ..data.transforms import CIFAR10_MEAN, CIFAR10_STD, center_crop_transform, eval_transform, \
     rrc_train_transform, train_transform
+from ..data.shard_stream import ShardLoader, ShardStream, spread
+from ..data.shards import index_shards
 from ..data.sources import index_split
 from ..data.split import SplitIndex
 from ..errors import ConfigError
@@ -26,7 +29,7 @@ from .base import TaskSetup, build_model
 if TYPE_CHECKING:
     from ..config import Config, DataConfig
 
-__all__ = ["image_classification_task", "resolve_loader", "in_memory", "index_splits", "load_train_val_data", "load_test_data",
+__all__ = ["image_classification_task", "resolve_loader", "in_memory", "index_splits", "shard_streams", "load_train_val_data", "load_test_data",
            "eval_dataset",
            "evaluate_classifier", "metrics_from_predictions", "gather_uneven"]
 
@@ -107,16 +110,67 @@ def load_test_data(d: DataConfig, seed: int, size: tuple[int, int], index: Split
     return index.load(_decode_size(d, size, keep_in_memory), d.test_subset, seed, keep_in_memory)
 
 
+def _eval_transform(size: tuple[int, int], stored: tuple[int, int] | None, mean: tuple[float, ...],
+                    std: tuple[float, ...], crop_pct: float | None) -> v2.Transform:
+    """Evaluation's transform: with ``crop_pct`` (``data.train_crop=rrc``) the center crop of
+    :func:`~vitlab.data.transforms.center_crop_transform`, else a resize to the model's input ``size``
+    (only if the images are ``stored`` at another size); normalized."""
+    if crop_pct is not None:
+        return center_crop_transform(tuple(size), crop_pct, mean, std)
+    return eval_transform(tuple(size) if stored != tuple(size) else None, mean, std)
+
+
+def _train_transform(d: DataConfig, size: tuple[int, int], stored: tuple[int, int] | None, mean: tuple[float, ...],
+                     std: tuple[float, ...]) -> v2.Transform:
+    """Training's per-image transform for images ``stored`` at a size (``'pad'``) or their own (``'rrc'``)."""
+    augment = dict(hflip=d.hflip, augment=d.augment, randaugment_ops=d.randaugment_ops,
+                   randaugment_magnitude=d.randaugment_magnitude, autoaugment_policy=d.autoaugment_policy,
+                   mean=mean, std=std)
+    if d.train_crop == "rrc":
+        return rrc_train_transform(tuple(size), d.scale, d.ratio, reprob=d.reprob, **augment)
+    return train_transform(stored, d.crop_padding, out_size=size if stored != tuple(size) else None, **augment)
+
+
 def eval_dataset(data: ImageData, size: tuple[int, int], mean: tuple[float, ...], std: tuple[float, ...],
                  crop_pct: float | None = None) -> TensorImageDataset:
-    """Images as the model sees them in evaluation: with ``crop_pct`` (``data.train_crop=rrc``) the
-    center crop of :func:`~vitlab.data.transforms.center_crop_transform`, else resized to its input
-    ``size`` (only if stored at another size); normalized. The DataLoader's evaluation data, in
-    training and in ``vitlab eval`` alike."""
-    if crop_pct is not None:
-        return TensorImageDataset(data, center_crop_transform(tuple(size), crop_pct, mean, std))
-    stored = tuple(data.images.shape[-2:])
-    return TensorImageDataset(data, eval_transform(tuple(size) if stored != tuple(size) else None, mean, std))
+    """Images as the model sees them in evaluation (:func:`_eval_transform`): the DataLoader's
+    evaluation data, in training and in ``vitlab eval`` alike."""
+    stored = tuple(data.images.shape[-2:]) if crop_pct is None else None
+    return TensorImageDataset(data, _eval_transform(size, stored, mean, std, crop_pct))
+
+
+def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: int, mean: tuple[float, ...],
+                  std: tuple[float, ...], num_processes: int = 1, process_index: int = 0,
+                  classes: list[str] | None = None, splits: tuple[str, ...] = ("train", "val", "test"),
+                  ) -> tuple[dict[str, ShardStream], list[str]]:
+    """``data.dataset=wds``: the streams of the ``splits`` asked for, and the class names. The
+    validation images (``data.val_size``) are the heads of the training shards (:func:`spread`), read
+    in order for evaluation and passed over by training; ``data.train_subset`` / ``test_subset`` take
+    the next ones likewise. Shards are listed (labels checked) before any image is decoded."""
+    stored = _decode_size(d, size, keep_in_memory=False)
+    common = dict(seed=seed, num_processes=num_processes, process_index=process_index, num_workers=d.num_workers)
+    streams: dict[str, ShardStream] = {}
+    train = index_shards(d.root, d.train_split, classes)
+    held = spread(d.val_size, train.counts)
+    rest = [c - k for c, k in zip(train.counts, held)]
+    used = spread(d.train_subset, rest) if d.train_subset else rest
+    if d.val_size and sum(held) >= len(train):
+        raise ConfigError(f"data.val_size={d.val_size} leaves no training images ({train.where} hold {len(train)})")
+    crop_pct = d.crop_pct if d.train_crop == "rrc" else None
+    evaluation = _eval_transform(size, stored, mean, std, crop_pct)
+    if "train" in splits:
+        streams["train"] = ShardStream(train, [(s, k, k + u) for s, (k, u) in enumerate(zip(held, used))],
+                                       _train_transform(d, size, stored, mean, std), batch_size, True, stored,
+                                       shuffle_buffer=d.shuffle_buffer, **common)
+    if "val" in splits and d.val_size:
+        streams["val"] = ShardStream(train, [(s, 0, k) for s, k in enumerate(held)], evaluation, batch_size, False,
+                                     stored, **common)
+    if "test" in splits:
+        test = index_shards(d.root, d.test_split, train.classes)
+        take = spread(d.test_subset, test.counts) if d.test_subset else test.counts
+        streams["test"] = ShardStream(test, [(s, 0, k) for s, k in enumerate(take)], evaluation, batch_size, False,
+                                      stored, **common)
+    return streams, train.classes
 
 
 def _normalization(cfg: Config, model: nn.Module, resume_from: Path | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -166,18 +220,14 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     model = build_model(cfg)
     mean, std = _normalization(cfg, model, resume_from)
     size = model.patch_embed.img_size
+    if d.dataset == "wds":
+        return _shards_task(cfg, accelerator, micro_batch, model, mean, std, size)
     train_index, test_index = index_splits(d)  # labels checked before any image is decoded
     keep, where = in_memory(d, train_index, test_index, size)
     accelerator.print(where)
     train_data, val_data = load_train_val_data(d, t.seed, size, train_index, keep)
     test = load_test_data(d, t.seed, size, test_index, keep)
-    num_classes = len(train_data.classes)
-    if model.num_classes != num_classes:
-        if "num_classes" in cfg.model.args:
-            raise ConfigError(f"model.num_classes={model.num_classes} but the data has {num_classes} classes "
-                              f"{train_data.classes}; set model.num_classes={num_classes}, or leave it out to take "
-                              f"the data's")
-        model.reset_classifier(num_classes)  # the data decides: a new head, initialised as the model's own
+    _fit_head(cfg, model, train_data.classes)
     eval_sets = {"test": test} if val_data is None else {"val": val_data, "test": test}
     on_device = resolve_loader(d.loader, d.augment, accelerator.device, not keep, d.train_crop) == "gpu"
     if on_device:
@@ -189,15 +239,8 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         eval_loaders = {name: DeviceImageLoader(data, micro_batch, train=False, **shard)
                         for name, data in eval_sets.items()}
     else:
-        augment = dict(hflip=d.hflip, augment=d.augment, randaugment_ops=d.randaugment_ops,
-                       randaugment_magnitude=d.randaugment_magnitude, autoaugment_policy=d.autoaugment_policy,
-                       mean=mean, std=std)
-        if d.train_crop == "rrc":
-            transform = rrc_train_transform(tuple(size), d.scale, d.ratio, reprob=d.reprob, **augment)
-        else:
-            stored = tuple(train_data.images.shape[-2:])
-            transform = train_transform(stored, d.crop_padding, out_size=size if stored != tuple(size) else None,
-                                        **augment)
+        stored = tuple(train_data.images.shape[-2:]) if d.train_crop == "pad" else None
+        transform = _train_transform(d, size, stored, mean, std)
         train_set = TensorImageDataset(train_data, transform, seed=t.seed)
         # Workers are not persistent: fresh ones each epoch get the dataset with its epoch set (each
         # image's augmentation is seeded by (seed, epoch, image)).
@@ -208,7 +251,45 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                                          shuffle=False, **loader_args) for name, data in eval_sets.items()}
     if len(train_loader) == 0:
         raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(train_data.labels)} training images")
+    return _task(cfg, model, train_data.classes, mean, std, train_loader, eval_loaders, not on_device,
+                 len(train_data.labels))
 
+
+def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model: nn.Module, mean: tuple[float, ...],
+                 std: tuple[float, ...], size: tuple[int, int]) -> TaskSetup:
+    """``data.dataset=wds``: the shards streamed (:func:`shard_streams`) by loaders that shard themselves
+    over the processes (not prepared by Accelerate)."""
+    d = cfg.data
+    streams, classes = shard_streams(d, cfg.train.seed, size, micro_batch // accelerator.num_processes, mean, std,
+                                     accelerator.num_processes, accelerator.process_index)
+    _fit_head(cfg, model, classes)
+    train = streams.pop("train")
+    accelerator.print(f"data: {train.total:,} training samples in {len(train.segments)} shards, streamed by "
+                      f"{max(d.num_workers, 1)} reader(s) a process ({d.num_workers} DataLoader worker(s)), "
+                      f"{train.samples_per_epoch:,} an epoch (whole batches on every reader); "
+                      + ", ".join(f"{k} {s.total:,}" for k, s in streams.items()) + " (data.dataset=wds)")
+    pin = accelerator.device.type == "cuda"
+    loaders = {k: ShardLoader(s, d.num_workers, accelerator.device, pin) for k, s in streams.items()}
+    return _task(cfg, model, classes, mean, std, ShardLoader(train, d.num_workers, accelerator.device, pin), loaders,
+                 False, train.samples_per_epoch)
+
+
+def _fit_head(cfg: Config, model: nn.Module, classes: list[str]) -> None:
+    """Give ``model`` a head of the data's classes (unless ``model.num_classes`` says otherwise: an error)."""
+    if model.num_classes != len(classes):
+        if "num_classes" in cfg.model.args:
+            raise ConfigError(f"model.num_classes={model.num_classes} but the data has {len(classes)} classes "
+                              f"{classes[:20]}; set model.num_classes={len(classes)}, or leave it out to take "
+                              f"the data's")
+        model.reset_classifier(len(classes))  # the data decides: a new head, initialised as the model's own
+
+
+def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, ...], std: tuple[float, ...],
+          train_loader: Any, eval_loaders: dict[str, Any], prepare: bool, train_size: int) -> TaskSetup:
+    """The task around its loaders: mixup/cutmix, the loss, evaluation and the checkpoint's metadata."""
+    d, t = cfg.data, cfg.train
+    num_classes = len(classes)
+    mixing = d.mixup_alpha > 0 or d.cutmix_alpha > 0
     mixup = Mixup(mixup_alpha=d.mixup_alpha, cutmix_alpha=d.cutmix_alpha, label_smoothing=t.label_smoothing,
                   num_classes=num_classes) if mixing else None
     criterion = SoftTargetCrossEntropy() if mixing else nn.CrossEntropyLoss(label_smoothing=t.label_smoothing)
@@ -226,13 +307,12 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         m = evaluate_classifier(net, loader, acc, num_classes)
         return {"top1": m["top1"], "top5": m["top5"], "loss": m["loss"]}
 
-    meta = {"task": "classification", "classes": train_data.classes, "mean": list(mean), "std": list(std),
+    meta = {"task": "classification", "classes": classes, "mean": list(mean), "std": list(std),
             **({"decode_size": d.decode_size} if d.decode_size and d.dataset != "cifar10" else {}),
             **({"crop_pct": d.crop_pct} if d.train_crop == "rrc" else {})}
-    return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=not on_device,
-                     eval_loaders=eval_loaders, prepare_eval_loaders=not on_device, loss=loss, count=count,
-                     evaluate=score,
-                     select="top1", meta=meta, train_size=len(train_data.labels))
+    return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=prepare,
+                     eval_loaders=eval_loaders, prepare_eval_loaders=prepare, loss=loss, count=count,
+                     evaluate=score, select="top1", meta=meta, train_size=train_size)
 
 
 @torch.no_grad()

@@ -1,0 +1,81 @@
+"""``vitlab shards SRC OUT``: an ImageFolder or a Hugging Face data set written as WebDataset shards
+(:func:`~vitlab.data.shards.write_shards`), so a user can stream what they have (``data.dataset=wds``).
+
+Each image keeps its encoded bytes where it has them (a JPEG stays the same JPEG; formats other than
+JPEG, PNG and WebP are written as PNG), each split in an order shuffled by ``seed`` (every shard then
+holds every class), its integer class as ``cls``, the class names in ``OUT/classes.txt``.
+"""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Iterator
+
+from PIL import Image
+
+from ..errors import DataError
+from .shards import shuffled, write_shards
+from .sources import index_split
+from .split import SplitIndex
+
+__all__ = ["convert_to_shards"]
+
+_SUFFIXES = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}
+
+
+def _encoded(index: SplitIndex, i: int) -> tuple[bytes, str]:
+    """Sample ``i``'s image as it is stored (bytes, suffix), or as PNG when it has no such form here."""
+    if index.encoded is not None:
+        data = index.encoded(i)
+        with Image.open(io.BytesIO(data)) as img:
+            suffix = _SUFFIXES.get(img.format or "")
+        if suffix is not None:
+            return data, suffix
+    buffer = io.BytesIO()
+    index.open(i).save(buffer, format="PNG")
+    return buffer.getvalue(), "png"
+
+
+def _samples(index: SplitIndex, order: list[int], split: str) -> Iterator[tuple[str, bytes, str, int]]:
+    for i in order:
+        data, suffix = _encoded(index, i)
+        yield f"{split}_{i:08d}", data, suffix, int(index.labels[i])
+
+
+def convert_to_shards(src: str | Path, out: str | Path, splits: list[str], shard_size: int = 1000,
+                      dataset: str = "", seed: int = 0, image_key: str = "", label_key: str = "") -> dict[str, list[Path]]:
+    """Write each of ``splits`` of ``src`` as shards ``out/<split>-000000.tar``, ... of ``shard_size``
+    samples, and ``out/classes.txt``; returns the shards written, by split. Every split is numbered by
+    the first split's classes (the training split's, as training numbers them).
+
+    Args:
+        src: An ImageFolder root (``src/<split>/<class>/<image>``), a ``DatasetDict.save_to_disk``
+            directory, a folder of parquet files, or a Hub id.
+        dataset: ``'imagefolder'`` or ``'hf'``; '' tells them apart (a saved dataset or parquet files
+            are ``'hf'``, a folder of class folders ``'imagefolder'``, anything else a Hub id).
+
+    Raises:
+        DataError: one line, before anything is written, if a split is missing or ``out`` already
+            holds shards of a split (nothing on disk is overwritten).
+    """
+    if shard_size < 1:
+        raise DataError(f"--shard-size={shard_size}: give a number of samples >= 1")
+    path = Path(src).expanduser()
+    if not dataset:
+        hf = not path.is_dir() or (path / "dataset_dict.json").is_file() or any(path.rglob("*.parquet"))
+        dataset = "hf" if hf else "imagefolder"
+    out = Path(out).expanduser()
+    existing = [p.name for split in splits for p in sorted(out.glob(f"{split}-*.tar"))]
+    if existing:
+        raise DataError(f"{str(out)!r} already holds shards {existing[:3]}; write into an empty folder, or remove them")
+    keys = dict(image_key=image_key, label_key=label_key)
+    indexes: dict[str, SplitIndex] = {}
+    for split in splits:  # every split listed (labels checked) before anything is written
+        first = next(iter(indexes.values()), None)
+        indexes[split] = index_split(dataset, src, split, download=False, classes=first.classes if first else None,
+                                     **keys)
+    classes = next(iter(indexes.values())).classes
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "classes.txt").write_text("".join(f"{c}\n" for c in classes))
+    return {split: write_shards(_samples(index, shuffled(len(index), seed), split), out, split, shard_size, len(index))
+            for split, index in indexes.items()}

@@ -1,0 +1,253 @@
+"""WebDataset shards (``data.dataset=wds``): tar files of samples, each an image (``jpg``, ``jpeg``,
+``png`` or ``webp``) and an integer class ``cls`` under one key, the format large image sets are kept in
+(timm's ``wds/``, OpenCLIP, DataComp). Listed here (:func:`index_shards`: the shards, the samples each
+holds, their labels), read a sample at a time (:func:`read_samples`), and written from an ImageFolder
+or a Hugging Face data set (:func:`write_shards`, ``vitlab shards``).
+
+Shards are read with the ``webdataset`` package (``pip install 'vitlab[wds]'``), imported only here:
+local files, ``http(s)://`` URLs and ``pipe:`` commands (object stores: ``pipe:aws s3 cp s3://b/x.tar -``).
+"""
+from __future__ import annotations
+
+import glob
+import io
+import random
+import re
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator
+
+import torch
+from PIL import Image
+from torch import Tensor
+
+from ..errors import DataError
+from ..progress import Progress
+from .decode import to_rgb
+
+__all__ = ["IMAGE_SUFFIXES", "ShardIndex", "expand_shards", "index_shards", "read_samples", "decode_sample",
+           "write_shards"]
+
+IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp")
+_META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta: members it never yields
+
+
+def _webdataset() -> Any:
+    try:
+        import webdataset
+    except ImportError:
+        raise DataError("data.dataset=wds reads shards with the webdataset package: pip install 'vitlab[wds]'") from None
+    return webdataset
+
+
+def _is_pattern(split: str) -> bool:
+    return any(c in split for c in "{*/?") or split.endswith(".tar") or split.startswith(("pipe:", "http"))
+
+
+def expand_shards(root: str | Path, split: str) -> list[str]:
+    """The shards of ``split``: ``root/<split>-*.tar`` sorted, or ``split`` itself as a pattern (braces
+    ``train-{000000..001023}.tar``, a glob, a ``pipe:`` command or a URL; relative paths under ``root``).
+
+    Raises:
+        DataError: one line, if the pattern matches no file.
+    """
+    from braceexpand import braceexpand  # a dependency of webdataset
+
+    _webdataset()
+    pattern = split if _is_pattern(split) else f"{split}-*.tar"
+    urls: list[str] = []
+    for one in braceexpand(pattern):
+        if one.startswith(("pipe:", "http://", "https://")):
+            urls.append(one)
+            continue
+        path = Path(one).expanduser()
+        path = path if path.is_absolute() else Path(root).expanduser() / path
+        found = sorted(glob.glob(str(path))) if any(c in one for c in "*?[") else ([str(path)] if path.is_file() else [])
+        urls.extend(found)
+    if not urls:
+        remote = pattern.startswith(("pipe:", "http://", "https://")) or Path(pattern).expanduser().is_absolute()
+        shown = pattern if remote else str(Path(root).expanduser() / pattern)
+        raise DataError(f"no WebDataset shards match {shown!r}; data.dataset=wds takes data.root=<dir of "
+                        f"<split>-*.tar> or data.train_split/test_split as shard patterns (dir/train-{{0000..0099}}.tar)")
+    return urls
+
+
+@dataclass
+class ShardIndex:
+    """One split's shards, listed: each shard's URL and sample count, every sample's label.
+
+    Attributes:
+        urls: The shards, in listing order.
+        counts: Samples in each shard.
+        labels: int64 ``(N,)``, every sample's class in listing order (shard by shard).
+        classes: The class names ``cls`` indexes.
+        where: The split in words, for messages.
+    """
+
+    urls: list[str]
+    counts: list[int]
+    labels: Tensor
+    classes: list[str]
+    where: str
+
+    def __len__(self) -> int:
+        return sum(self.counts)
+
+
+def _members(url: str) -> Iterator[tuple[str, Callable[[], bytes]]]:
+    """``(name, read)`` for each regular file of a tar shard: a local file by seeking over the data
+    (only what is read is read), anything else as webdataset opens it (a stream)."""
+    wds = _webdataset()
+    local = not url.startswith(("pipe:", "http://", "https://"))
+    stream = None if local else wds.gopen.gopen(url)
+    with (tarfile.open(url) if local else tarfile.open(fileobj=stream, mode="r|*")) as tar:
+        for member in tar:
+            if member.isreg():
+                yield member.name, lambda m=member: tar.extractfile(m).read()
+            tar.members = []  # a stream keeps no index
+
+
+def _scan(url: str) -> list[int]:
+    """The labels of a shard's samples, grouped as webdataset groups its members (consecutive files of
+    one key), checked: every sample has an image and an integer ``cls``."""
+    wds = _webdataset()
+    labels: list[int] = []
+    key: str | None = None
+    suffixes: dict[str, bytes] = {}
+
+    def close() -> None:
+        if key is None:
+            return
+        if not any(s in suffixes for s in IMAGE_SUFFIXES):
+            raise DataError(f"sample {key!r} of shard {url!r} has no image ({', '.join(IMAGE_SUFFIXES)}); its "
+                            f"files: {sorted(suffixes)}")
+        if "cls" not in suffixes:
+            raise DataError(f"sample {key!r} of shard {url!r} has no 'cls' (an integer class); its files: "
+                            f"{sorted(suffixes)}. Write shards with 'vitlab shards SRC OUT', which adds it")
+        labels.append(_class_of(suffixes["cls"], key, url))
+
+    try:
+        for name, read in _members(url):
+            if ("/" not in name and name.startswith("__") and name.endswith("__")) or _META.match(name):
+                continue
+            prefix, suffix = wds.tariterators.base_plus_ext(name)
+            if prefix is None:
+                continue
+            if prefix != key:
+                close()
+                key, suffixes = prefix, {}
+            suffix = suffix.lower()
+            suffixes[suffix] = read() if suffix == "cls" else b""  # only the class is read
+        close()
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise DataError(f"cannot read shard {url!r}: {e}") from None
+    return labels
+
+
+def _class_of(data: bytes, key: str, url: str) -> int:
+    try:
+        value = int(data.decode().strip())
+    except ValueError:
+        raise DataError(f"sample {key!r} of shard {url!r}: 'cls' is {data[:20]!r}, not an integer class") from None
+    if value < 0:
+        raise DataError(f"sample {key!r} of shard {url!r}: 'cls' is {value}, not a class index (0, 1, ...)")
+    return value
+
+
+def _classes_file(root: str | Path, urls: list[str]) -> list[str] | None:
+    """``classes.txt`` (one name a line, line i naming class i) beside the shards or in ``root``."""
+    places = [Path(root).expanduser()] + [Path(u).parent for u in urls[:1] if not u.startswith(("pipe:", "http"))]
+    for place in places:
+        f = place / "classes.txt"
+        if f.is_file():
+            return [line.strip() for line in f.read_text().splitlines() if line.strip()]
+    return None
+
+
+def index_shards(root: str | Path, split: str, classes: list[str] | None = None) -> ShardIndex:
+    """List the shards of ``split`` (:func:`expand_shards`): every sample's label, read from its ``cls``
+    without decoding an image (local shards are read by seeking over the images; a ``pipe:`` or URL
+    shard is read through once). Class names come from ``classes`` (the training split's), else
+    ``classes.txt``, else ``'0'`` .. ``'K-1'`` for the largest ``cls`` K-1.
+
+    Raises:
+        DataError: one line, for no shards, a sample without an image or ``cls``, a ``cls`` outside the
+            classes, an unreadable shard.
+    """
+    urls = expand_shards(root, split)
+    where = f"shards {split!r}" + (f" of data.root={str(root)!r}" if not _is_pattern(split) else "")
+    per_shard: list[list[int]] = []
+    with Progress(urls, total=len(urls), desc=f"listing {len(urls)} shards ({where})", unit="shards",
+                  interval=10.0) as shards:
+        for url in shards:
+            per_shard.append(_scan(url))
+    labels = torch.tensor([c for shard in per_shard for c in shard], dtype=torch.long)
+    if len(labels) == 0:
+        raise DataError(f"{where} hold no samples")
+    names = classes if classes is not None else _classes_file(root, urls)
+    if names is None:
+        names = [str(i) for i in range(int(labels.max()) + 1)]
+    if int(labels.max()) >= len(names):
+        raise DataError(f"{where} have 'cls' {int(labels.max())}, but there are {len(names)} classes "
+                        f"({'the training split' if classes is not None else 'classes.txt'}: {names[:10]}...)")
+    return ShardIndex(urls, [len(s) for s in per_shard], labels, list(names), where)
+
+
+def read_samples(url: str, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
+    """Samples ``start`` to ``stop`` of one shard, as webdataset yields them (a dict of raw bytes by
+    suffix, with ``__key__``), in order; the ones before ``start`` are read past, not decoded."""
+    wds = _webdataset()
+    samples = wds.tariterators.tarfile_samples([{"url": url}])
+    for position, sample in enumerate(samples):
+        if stop is not None and position >= stop:
+            break
+        if position >= start:
+            yield sample
+
+
+def decode_sample(sample: dict[str, Any]) -> Image.Image:
+    """A sample's image as 8-bit RGB PIL (:func:`~vitlab.data.decode.to_rgb`).
+
+    Raises:
+        DataError: naming the sample and its shard, if the image cannot be decoded.
+    """
+    data = next(sample[s] for s in IMAGE_SUFFIXES if s in sample)
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return to_rgb(img)
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise DataError(f"cannot decode image {sample['__key__']!r} of shard {sample.get('__url__')!r}: {e}") from None
+
+
+def write_shards(samples: Iterable[tuple[str, bytes, str, int]], out: str | Path, split: str, shard_size: int,
+                 total: int) -> list[Path]:
+    """Write ``(key, encoded image, suffix, label)`` samples as shards ``out/<split>-000000.tar``, ...,
+    ``shard_size`` samples each; returns their paths. Written as ``.tmp`` files and renamed when whole,
+    so a shard that exists is complete."""
+    wds = _webdataset()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    writer = None
+    with Progress(samples, total=total, desc=f"writing {split} shards", unit="images", interval=10.0) as bar:
+        for n, (key, data, suffix, label) in enumerate(bar):
+            if n % shard_size == 0:
+                if writer is not None:
+                    writer.close()
+                    paths[-1].with_suffix(".tar.tmp").rename(paths[-1])
+                paths.append(out / f"{split}-{len(paths):06d}.tar")
+                writer = wds.TarWriter(str(paths[-1].with_suffix(".tar.tmp")))
+            writer.write({"__key__": key, suffix: data, "cls": str(label).encode()})
+    if writer is not None:
+        writer.close()
+        paths[-1].with_suffix(".tar.tmp").rename(paths[-1])
+    return paths
+
+
+def shuffled(n: int, seed: int) -> list[int]:
+    """``range(n)`` in an order fixed by ``seed`` (the order :func:`write_shards` writes a split in, so
+    each shard holds every class)."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return order
