@@ -1,18 +1,29 @@
-"""Data pipeline: images/s each loader delivers against images/s the model consumes.
+"""Data pipeline, two measurements.
 
-Loaders: the DataLoader path (per-image torchvision transforms; crop + flip, and with RandAugment)
-at several worker counts, each with the per-image seeding training uses and without it, and the
-device-resident loader (``data.loader: gpu``). The model's rate is
-its training-step throughput at the same batch size. A loader must deliver well above what the
-model consumes, or training waits for data.
+``--data`` (CIFAR-10): images/s each loader delivers against images/s the model consumes. Loaders: the
+DataLoader path (per-image torchvision transforms; crop + flip, and with RandAugment) at several worker
+counts, each with the per-image seeding training uses and without it, and the device-resident loader
+(``data.loader: gpu``). The model's rate is its training-step throughput at the same batch size. A
+loader must deliver well above what the model consumes, or training waits for data.
 
     python benchmarks/bench_data.py --device cpu --data ../shared/data/cifar10
     python benchmarks/bench_data.py --device cuda --data ../shared/data/cifar10 --workers 0,4,8
+
+``--root`` (an ImageFolder of JPEGs at ImageNet sizes, e.g. from ``make_photos.py``): the ImageNet-style
+training pipeline (random resized crop to ``--size``, bicubic, flip, normalization) streamed from the
+files, vitlab's against timm's ``create_loader`` (same files, transforms and workers; its prefetcher
+normalizing uint8 batches, on the CPU here), both as normalized float batches in the main process.
+Also the steps between (what each lever paid) and the in-memory path. Loaders alternate, each timed
+over ``--images`` images after its first two batches, median of ``--rounds``.
+
+    python benchmarks/make_photos.py --out /tmp/photos
+    python benchmarks/bench_data.py --root /tmp/photos --size 224
 """
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -61,6 +72,91 @@ def model_rate(name: str, batch: int, device: torch.device, dtype: torch.dtype |
     return batch * steps / (time.perf_counter() - start)
 
 
+def _streamed_rate(make_loader, images: int, to_input=None) -> float:
+    """images/s of a fresh loader (workers started), after its first two batches, as model inputs."""
+    batches = iter(make_loader())
+    for _ in range(2):
+        next(batches)
+    seen, start = 0, time.perf_counter()
+    for x, _ in batches:
+        if to_input is not None:
+            x = to_input(x, train=True)
+        seen += len(x)
+        if seen >= images:
+            break
+    return seen / (time.perf_counter() - start)
+
+
+class _Opened:
+    """A split's files opened by PIL when indexed (8-bit RGB PIL images), as timm's ImageDataset opens them."""
+
+    def __init__(self, index) -> None:
+        self.index = index
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i):
+        return self.index.open(int(i))
+
+
+def photo_pipeline(args: argparse.Namespace) -> None:
+    from statistics import median
+
+    from timm.data import ImageDataset, create_loader
+    from timm.data.constants import IMAGENET_DEFAULT_MEAN as MEAN, IMAGENET_DEFAULT_STD as STD
+    from torchvision.transforms import v2
+
+    from vitlab.data import index_split
+    from vitlab.data.transforms import ModelInput, rrc_train_transform
+
+    size, batch, workers = (args.size, args.size), args.batch, int(args.workers.split(",")[-1])
+    index = index_split("imagefolder", args.root, "train")
+    streamed = index.load(None, in_memory=False)  # as training streams: JPEGs by libjpeg-turbo (simplejpeg)
+    by_pil = ImageData(_Opened(index), index.labels, index.classes)  # each file opened by PIL, as timm's
+    to_input = ModelInput(MEAN, STD)
+    pil_rrc = [v2.RandomResizedCrop(size, interpolation=v2.InterpolationMode.BICUBIC, antialias=True),
+               v2.RandomHorizontalFlip()]
+    variants = {
+        # vitlab as training builds it: libjpeg-turbo decodes, torch crops uint8 tensors in the workers,
+        # the main process normalizes the batch
+        "vitlab": (streamed, rrc_train_transform(size), to_input),
+        # the levers taken away one at a time, down to vitlab before them
+        "vitlab, PIL decode": (by_pil, rrc_train_transform(size), to_input),
+        "vitlab, PIL decode, PIL crop": (by_pil, v2.Compose([*pil_rrc, v2.ToImage(), v2.ToPureTensor()]), to_input),
+        "vitlab, PIL decode, PIL crop, float out of workers": (
+            by_pil, v2.Compose([*pil_rrc, v2.ToImage(), v2.ToDtype(torch.float32, scale=True), v2.Normalize(MEAN, STD)]),
+            None),
+    }
+
+    def ours(data, transform):
+        dataset = TensorImageDataset(data, transform, seed=0)
+        return lambda: DataLoader(dataset, batch_size=batch, shuffle=True, drop_last=True, num_workers=workers)
+
+    def timm_loader():
+        return create_loader(ImageDataset(str(Path(args.root) / "train")), (3, *size), batch, is_training=True,
+                             scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=0.5, color_jitter=None,
+                             interpolation="bicubic", mean=MEAN, std=STD, num_workers=workers,
+                             device=torch.device("cpu"), use_prefetcher=True, persistent_workers=False)
+
+    start = time.perf_counter()
+    memory = index.load((args.memory_size,) * 2)
+    decoded = time.perf_counter() - start
+    rates: dict[str, list[float]] = {name: [] for name in ("timm", *variants, "vitlab in memory")}
+    for r in range(args.rounds):
+        rates["timm"].append(_streamed_rate(timm_loader, args.images))
+        for name, (data, transform, after) in variants.items():
+            rates[name].append(_streamed_rate(ours(data, transform), args.images, after))
+        rates["vitlab in memory"].append(_streamed_rate(ours(memory, rrc_train_transform(size)), args.images, to_input))
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.0f}" for k, v in rates.items()), flush=True)
+    print(f"{len(index)} JPEGs under {args.root}/train, {args.size} px, batch {batch}, {workers} workers, "
+          f"torch threads {torch.get_num_threads()}; median images/s of {args.rounds} rounds:")
+    for name, values in rates.items():
+        print(f"  {name:52s} {median(values):8.0f}" + (f"   (decoded once at {args.memory_size} px in {decoded:.1f} s)"
+                                                      if name == "vitlab in memory" else ""))
+    print(f"vitlab/timm images/s ratio: {median(rates['vitlab']) / median(rates['timm']):.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -69,7 +165,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--workers", default="0,2")
     parser.add_argument("--images", type=int, default=10240, help="images timed per loader")
+    parser.add_argument("--root", help="an ImageFolder of JPEGs (train/<class>/*.jpg): the ImageNet-style pipeline, "
+                                       "vitlab against timm")
+    parser.add_argument("--size", type=int, default=224, help="--root: the crops' size")
+    parser.add_argument("--memory-size", type=int, default=256, help="--root: the size the in-memory path decodes at")
+    parser.add_argument("--rounds", type=int, default=3, help="--root: rounds, loaders alternating")
     args = parser.parse_args()
+    if args.root:
+        if args.batch == 256 and args.images == 10240:  # the CIFAR defaults: smaller for photographs
+            args.batch, args.images = 64, 1024
+        return photo_pipeline(args)
     device = torch.device(args.device)
     if args.data:
         start = time.perf_counter()

@@ -60,15 +60,21 @@ def test_missing_root_and_split_are_named(tmp_path):
         load_split("cifar10", tmp_path, "train", download=False)
 
 
-def test_train_transform_crops_flips_and_normalizes():
+def test_train_transform_hands_over_uint8_and_a_batch_is_normalized_as_each_image_alone():
+    from vitlab.data.transforms import ModelInput, image_transform
+
     image = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8)
     out = train_transform((32, 32), crop_padding=4, hflip=True, augment="randaugment")(image)
-    assert out.shape == (3, 32, 32) and out.dtype == torch.float32
+    assert out.shape == (3, 32, 32) and out.dtype == torch.uint8 and type(out) is torch.Tensor
     plain = train_transform((32, 32), crop_padding=0, hflip=False)(image)
-    assert torch.allclose(plain, eval_transform()(image))
-    mean = torch.tensor([0.4914, 0.4822, 0.4465])[:, None, None]
-    std = torch.tensor([0.2470, 0.2435, 0.2616])[:, None, None]
-    assert torch.allclose(plain, (image / 255 - mean) / std, atol=1e-6)
+    assert torch.equal(plain, image) and torch.equal(eval_transform()(image), image)
+    mean, std = (0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)
+    batch = torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8)
+    got = ModelInput(mean, std)(batch, train=True)  # no erasing without reprob
+    # One normalization: a batch in training, an image alone in vitlab predict (image_transform).
+    assert torch.equal(got, torch.stack([image_transform((32, 32), mean, std)(x) for x in batch]))
+    formula = (batch / 255 - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+    assert torch.allclose(got, formula, atol=1e-6)
 
 
 def test_image_transform_takes_any_pil_image():

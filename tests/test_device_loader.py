@@ -5,18 +5,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vitlab.data.images import CIFAR10_MEAN, CIFAR10_STD, DeviceImageLoader, ImageData
+from vitlab.data.images import DeviceImageLoader, ImageData
 
 
 def _data(n: int = 64) -> ImageData:
     g = torch.Generator().manual_seed(0)
     return ImageData(torch.randint(0, 256, (n, 3, 8, 8), dtype=torch.uint8, generator=g), torch.arange(n), [])
-
-
-def _unnormalize(x: torch.Tensor) -> torch.Tensor:
-    mean = torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1) * 255
-    std = torch.tensor(CIFAR10_STD).view(1, 3, 1, 1) * 255
-    return (x * std + mean).round().to(torch.uint8)
 
 
 def test_every_image_is_a_padded_crop_of_its_source_possibly_flipped():
@@ -25,7 +19,7 @@ def test_every_image_is_a_padded_crop_of_its_source_possibly_flipped():
     loader = DeviceImageLoader(data, 16, "cpu", crop_padding=2, hflip=True, seed=1)
     offsets, flips = set(), set()
     for images, labels in loader:
-        for img, label in zip(_unnormalize(images), labels):
+        for img, label in zip(images, labels):
             padded = F.pad(data.images[label], (2, 2, 2, 2))
             matches = [(dy, dx, f) for dy in range(5) for dx in range(5) for f in (False, True)
                        if torch.equal(img, (lambda c: c.flip(-1) if f else c)(padded[:, dy:dy + 8, dx:dx + 8]))]
@@ -52,7 +46,7 @@ def test_evaluation_shards_are_exact_across_processes():
                                                         process_index=r)]) for r in range(3)]
     assert sorted(torch.cat(parts).tolist()) == list(range(61))  # every image exactly once
     images, _ = next(iter(DeviceImageLoader(data, 16, "cpu", train=False)))
-    assert torch.equal(_unnormalize(images), data.images[:16])  # no augmentation in evaluation
+    assert torch.equal(images, data.images[:16])  # no augmentation in evaluation
 
 
 def test_training_with_the_device_loader_learns(tiny_imagefolder, tmp_path):
@@ -117,14 +111,14 @@ def test_rand_augment_is_torchvisions_randaugment_per_image(monkeypatch):
 
 def test_device_loader_runs_randaugment_after_crop_and_flip():
     data = _data()
-    plain = DeviceImageLoader(data, 16, "cpu", crop_padding=0, hflip=False, mean=(0, 0, 0), std=(1 / 255,) * 3)
-    augmented = DeviceImageLoader(data, 16, "cpu", crop_padding=0, hflip=False, mean=(0, 0, 0), std=(1 / 255,) * 3,
+    plain = DeviceImageLoader(data, 16, "cpu", crop_padding=0, hflip=False)
+    augmented = DeviceImageLoader(data, 16, "cpu", crop_padding=0, hflip=False,
                                   augment="randaugment", randaugment_ops=2, randaugment_magnitude=9)
     (a, labels_a), (b, labels_b) = next(iter(plain)), next(iter(augmented))
     assert torch.equal(labels_a, labels_b)  # the same images, in the same order
     assert not torch.equal(a, b) and b.min() >= 0 and b.max() <= 255
-    evaluation = DeviceImageLoader(data, 16, "cpu", train=False, augment="randaugment", mean=(0, 0, 0), std=(1 / 255,) * 3)
-    assert torch.equal(next(iter(evaluation))[0], data.images[:16].float())  # evaluation is never augmented
+    evaluation = DeviceImageLoader(data, 16, "cpu", train=False, augment="randaugment")
+    assert torch.equal(next(iter(evaluation))[0], data.images[:16])  # evaluation is never augmented
 
 
 def test_loader_auto_is_the_device_loader_on_cuda_only():

@@ -304,12 +304,13 @@ def test_eval_and_predict_preprocess_as_training_did_when_images_are_stored_at_a
     # `create_transform(model)`: the pixels evaluation gave that image (not those of a direct 48 -> 16).
     from vitlab.data import load_split
     from vitlab.data.images import create_transform, decode_size, eval_transform, read_image
+    from vitlab.data.transforms import ModelInput
 
     model = vitlab.load_model(run_dir)
     assert decode_size(model) == (32, 32)
     first = sorted((imagefolder_48px / "test" / "class_0").iterdir())[0]
     stored = load_split("imagefolder", imagefolder_48px, "test", size=(32, 32)).images[0]
-    expected = eval_transform((16, 16), model.pretrained_cfg["mean"], model.pretrained_cfg["std"])(stored)
+    expected = ModelInput(model.pretrained_cfg["mean"], model.pretrained_cfg["std"])(eval_transform((16, 16))(stored))
     assert torch.equal(create_transform(model)(read_image(first, decode_size(model))), expected)
     assert not torch.equal(create_transform(model)(read_image(first)), expected)
     result = subprocess.run([sys.executable, "-m", "vitlab.cli", "predict", "--checkpoint", str(run_dir), "--topk", "1",

@@ -38,20 +38,24 @@ def photos(tmp_path_factory) -> list[Path]:
 def test_evaluation_pixels_equal_timms_create_transform_on_real_jpegs(photos, size, crop_pct):
     from timm.data import create_transform
 
-    # Pixels (no normalization: mean 0, std 1) exactly; normalized to 1e-6 (torchvision's v1 and v2
-    # Normalize round the float arithmetic differently, 7e-7 at most here).
+    # Pixels (timm without normalization: mean 0, std 1) exactly; normalized (the batch step of
+    # training and vitlab eval) to 1e-6 (torchvision's v1 and v2 Normalize round the float arithmetic
+    # differently, 7e-7 at most here).
+    from vitlab.data.transforms import ModelInput
+
+    ours = center_crop_transform((size, size), crop_pct)
     for mean, std, exact in (((0.0,) * 3, (1.0,) * 3, True), (MEAN, STD, False)):
         timm_eval = create_transform(input_size=size, is_training=False, crop_pct=crop_pct, interpolation="bicubic",
                                      mean=mean, std=std)
-        ours = center_crop_transform((size, size), crop_pct, mean, std)
         for path in photos:
             expected = timm_eval(Image.open(path).convert("RGB"))
-            got = ours(open_image(path)).as_subclass(torch.Tensor)  # how vitlab reads a streamed file
-            assert got.shape == (3, size, size), path.name
-            if exact:  # the same uint8 levels (ToTensor divides by 255, ToDtype multiplies by 1/255)
-                assert torch.equal((got * 255).round(), (expected * 255).round()), path.name
+            got = ours(open_image(path))  # how vitlab reads a streamed file: uint8
+            assert got.shape == (3, size, size) and got.dtype == torch.uint8, path.name
+            if exact:  # the same uint8 levels
+                assert torch.equal(got.float(), (expected * 255).round()), path.name
             else:
-                assert torch.allclose(got, expected, atol=1e-6, rtol=0), path.name
+                normalized = ModelInput(MEAN, STD)(got[None])[0]
+                assert torch.allclose(normalized, expected, atol=1e-6, rtol=0), path.name
 
 
 def test_random_resized_crop_boxes_are_distributed_as_torchvisions(monkeypatch):
@@ -70,7 +74,7 @@ def test_random_resized_crop_boxes_are_distributed_as_torchvisions(monkeypatch):
 
     monkeypatch.setattr(v2.RandomResizedCrop, name, recording)
     image = torch.zeros(3, 300, 400, dtype=torch.uint8)
-    transform = rrc_train_transform((32, 32), hflip=False, mean=MEAN, std=STD)  # scale (0.08, 1), ratio (3/4, 4/3)
+    transform = rrc_train_transform((32, 32), hflip=False)  # scale (0.08, 1), ratio (3/4, 4/3)
     torch.manual_seed(0)
     for _ in range(4000):
         transform(image)
@@ -136,3 +140,40 @@ def test_an_imagenet_style_run_streams_random_crops_and_predict_sees_what_evalua
     for line, p in zip(printed, probs):
         name = model.pretrained_cfg["label_names"][int(p.argmax())]
         assert line.endswith(f": {name} {p.max():.3f}")
+
+
+def test_jpegs_decode_to_the_pixels_pil_gives_and_other_files_through_pil(photos, tmp_path):
+    # libjpeg-turbo through simplejpeg, against PIL's own decode of the same file: the photograph, its
+    # cuts, a progressive, a greyscale and a CMYK JPEG (which simplejpeg declines: PIL decodes it), a PNG.
+    from vitlab.data.decode import decode_image, simplejpeg
+
+    assert simplejpeg is not None  # a dependency: the fast path is what is tested here
+    photo = Image.open(PHOTO)
+    extra = {"progressive.jpg": (photo, dict(progressive=True, quality=85)), "grey.jpg": (photo.convert("L"), {}),
+             "cmyk.jpg": (photo.convert("CMYK"), {}), "cut.png": (photo.crop((0, 0, 200, 100)), {})}
+    files = list(photos)
+    for name, (image, options) in extra.items():
+        image.save(tmp_path / name, **options)
+        files.append(tmp_path / name)
+    for path in files:
+        expected = torch.from_numpy(np.asarray(Image.open(path).convert("RGB"))).permute(2, 0, 1)
+        got = decode_image(path.read_bytes(), str(path))
+        assert got.dtype == torch.uint8 and torch.equal(got, expected), path.name
+
+
+def test_random_erasing_erases_normalized_batches_as_timms_prefetcher_does():
+    # ModelInput: timm's PrefetchLoader arithmetic, bit for bit, then its RandomErasing (mode 'pixel') in
+    # training only.
+    from timm.data.loader import PrefetchLoader
+
+    from vitlab.data.transforms import ModelInput
+
+    batch = torch.randint(0, 256, (16, 3, 24, 24), dtype=torch.uint8)
+    reference = next(iter(PrefetchLoader([(batch, torch.zeros(16))], MEAN, STD, device=torch.device("cpu"))))[0]
+    assert torch.equal(ModelInput(MEAN, STD)(batch), reference)
+    erasing = ModelInput(MEAN, STD, reprob=1.0)
+    assert torch.equal(erasing(batch), reference)  # evaluation: never erased
+    torch.manual_seed(0)
+    erased = erasing(batch, train=True)
+    changed = (erased != reference).flatten(1).float().mean(1)
+    assert (changed > 0.01).all() and (changed < 0.5).all()  # every image, a rectangle of 2-33% of it (timm's)

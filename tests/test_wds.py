@@ -244,4 +244,4 @@ def test_a_corrupt_image_in_a_shard_stops_the_run_in_one_line_naming_sample_and_
                                            "train.batch_size=4")],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr[-2000:]
-    assert done.stderr.startswith(f"error: cannot decode image 'train017' of shard '{tmp_path}/train-000001.tar'")
+    assert done.stderr.startswith(f"error: cannot read image 'train017' of shard '{tmp_path}/train-000001.tar'")

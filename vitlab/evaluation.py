@@ -102,6 +102,7 @@ def _evaluate_seq2seq(directory: Path, cfg: Config, model: nn.Module, split: str
 def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
                          output: Path | None) -> dict[str, Any]:
     from .data.shard_stream import ShardLoader
+    from .data.transforms import ModelInput
     from .tasks.classification import eval_dataset, evaluate_classifier, in_memory, index_splits, load_test_data, \
         load_train_val_data, shard_streams
 
@@ -119,8 +120,8 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
         if split == "train":
             raise ConfigError("--split train is not kept for data.dataset=wds (its epochs are streamed in an order of "
                               "their own); evaluate --split val or test")
-        streams, classes = shard_streams(d, cfg.train.seed, size, batch_size, info["mean"], info["std"],
-                                         accelerator.num_processes, accelerator.process_index,
+        streams, classes = shard_streams(d, cfg.train.seed, size, batch_size, accelerator.num_processes,
+                                         accelerator.process_index,
                                          classes=list(info["label_names"]), splits=(split,))
         data = None
         loader: Any = ShardLoader(streams[split], d.num_workers, accelerator.device)
@@ -130,10 +131,10 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
         data = (load_test_data(d, cfg.train.seed, size, test_index, keep) if split == "test" else
                 dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, size, train_index, keep)))[split])
         classes = data.classes
-        loader = accelerator.prepare(DataLoader(eval_dataset(data, size, info["mean"], info["std"],
-                                                             info.get("crop_pct")),
+        loader = accelerator.prepare(DataLoader(eval_dataset(data, size, info.get("crop_pct")),
                                                 batch_size=batch_size, num_workers=d.num_workers))
-    metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes), keep_probs=True)
+    metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes),
+                                  ModelInput(info["mean"], info["std"]), keep_probs=True)
     probs = metrics.pop("probs")
     if not accelerator.is_main_process:
         return metrics

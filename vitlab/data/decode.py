@@ -7,6 +7,7 @@ with 99.6% of its pixels white). Knows no model and no other module of vitlab's 
 """
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -17,7 +18,12 @@ from torch import Tensor
 
 from ..errors import DataError
 
-__all__ = ["to_rgb", "pil_to_tensor", "open_image", "read_image", "decode_all"]
+try:
+    import simplejpeg  # libjpeg-turbo's decoder, straight into a NumPy array
+except ImportError:  # a platform without its wheel: PIL decodes JPEGs too
+    simplejpeg = None
+
+__all__ = ["to_rgb", "pil_to_tensor", "open_image", "decode_image", "read_image", "decode_all"]
 
 _WIDE_INTEGER_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 
@@ -61,6 +67,29 @@ def open_image(path: str | Path, size: tuple[int, int] | None = None) -> Image.I
             return to_rgb(img, size)
     except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise DataError(f"cannot read image {str(path)!r}: {e}") from None
+
+
+def decode_image(data: bytes, where: str) -> Tensor:
+    """An encoded image (a file's bytes) as uint8 RGB ``(3, H, W)`` at its own size, the pixels
+    :func:`open_image` gives, decoded fastest: a JPEG by libjpeg-turbo through ``simplejpeg`` (0.63
+    against PIL's 1.08 ms to a NumPy array, a ~400 x 370 photograph, one core: PIL decodes into its own
+    memory and copies out), anything else by PIL, and CMYK JPEGs too (whose conversion to RGB differs
+    from PIL's by a level).
+
+    Raises:
+        DataError: naming ``where`` (the file, the sample), if it cannot be decoded.
+    """
+    if simplejpeg is not None and data[:2] == b"\xff\xd8":
+        try:
+            if simplejpeg.decode_jpeg_header(data)[2] in ("Gray", "YCbCr", "RGB"):  # CMYK, YCCK: PIL's conversion
+                return torch.from_numpy(simplejpeg.decode_jpeg(data, colorspace="RGB")).permute(2, 0, 1)
+        except ValueError:
+            pass  # PIL decodes it, or says why not
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            return pil_to_tensor(img)
+    except (OSError, ValueError, Image.DecompressionBombError) as e:
+        raise DataError(f"cannot read image {where}: {e}") from None
 
 
 def read_image(path: str | Path, size: tuple[int, int] | None = None) -> Tensor:

@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from ..errors import DataError
-from .decode import open_image
+from .decode import decode_image, open_image
 from .split import SplitIndex, label_indices
 
 __all__ = ["IMAGE_EXTENSIONS", "index_imagefolder", "index_cifar10"]
@@ -44,7 +44,8 @@ def index_imagefolder(root: Path, split: str, classes: list[str] | None = None) 
         raise DataError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {str(split_dir)!r}")
     where = f"split {split!r} of data.root={str(root)!r}"
     labels, classes = label_indices(names, classes if classes is not None else folders, where)
-    return SplitIndex(labels, classes, lambda i: open_image(files[i]), where, encoded=lambda i: files[i].read_bytes())
+    return SplitIndex(labels, classes, lambda i: open_image(files[i]), where, encoded=lambda i: files[i].read_bytes(),
+                      read=lambda i: decode_image(files[i].read_bytes(), repr(str(files[i]))))
 
 
 def index_cifar10(root: Path, split: str, download: bool) -> SplitIndex:

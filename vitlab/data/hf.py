@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DataError
-from .decode import to_rgb
+from .decode import decode_image, to_rgb
 from .images import ImageData
 from .split import SplitIndex, label_indices
 
@@ -105,7 +105,8 @@ def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str
         value = raw[i][image_key]
         return value["bytes"] if value.get("bytes") is not None else Path(value["path"]).read_bytes()
 
-    return SplitIndex(labels, classes, lambda i: to_rgb(images[i][image_key]), where, encoded=encoded)
+    return SplitIndex(labels, classes, lambda i: to_rgb(images[i][image_key]), where, encoded=encoded,
+                      read=lambda i: decode_image(encoded(i), f"{i} of {where}"))
 
 
 def load_hf_split(root: str, split: str, *, image_key: str = "", label_key: str = "", subset: int = 0,

@@ -152,15 +152,15 @@ class DeviceImageLoader:
     in size by one and nothing is repeated, so gathering the results gives every image exactly once
     (``exact_shards``).
 
-    Yields ``(images, labels)``: float32 ``(b, C, H, W)`` normalized, int64 ``(b,)``.
+    Yields ``(images, labels)``: uint8 ``(b, C, H, W)``, int64 ``(b,)``, as every image loader does
+    (:class:`~vitlab.data.transforms.ModelInput` normalizes them).
     """
 
     exact_shards = True
 
     def __init__(self, data: ImageData, batch_size: int, device: torch.device | str, train: bool = True,
                  crop_padding: int = 4, hflip: bool = True, seed: int = 0, num_processes: int = 1,
-                 process_index: int = 0, mean: tuple[float, ...] = CIFAR10_MEAN,
-                 std: tuple[float, ...] = CIFAR10_STD, size: tuple[int, int] | None = None, augment: str = "none",
+                 process_index: int = 0, size: tuple[int, int] | None = None, augment: str = "none",
                  randaugment_ops: int = 2, randaugment_magnitude: int = 9) -> None:
         if augment not in ("none", "randaugment"):
             raise ValueError(f"augment={augment!r}: the device loader does 'none' or 'randaugment'")
@@ -171,8 +171,6 @@ class DeviceImageLoader:
         self.crop_padding, self.hflip = (crop_padding, hflip) if train else (0, False)
         self.randaugment = (randaugment_ops, randaugment_magnitude) if train and augment == "randaugment" else None
         self.num_processes, self.process_index = num_processes, process_index
-        self.mean = torch.tensor(mean, device=device).view(1, -1, 1, 1) * 255
-        self.std = torch.tensor(std, device=device).view(1, -1, 1, 1) * 255
         self.epoch = 0
         if train and batch_size % num_processes:
             raise ValueError(f"batch size {batch_size} is not divisible by {num_processes} processes")
@@ -225,4 +223,4 @@ class DeviceImageLoader:
                 x = self._augment(x)
             if self.size is not None:
                 x = resize_images(x, self.size)
-            yield (x.float() - self.mean) / self.std, self.labels[part]
+            yield x, self.labels[part]

@@ -29,7 +29,6 @@ from torchvision.transforms import v2
 
 from ..errors import DataError
 from ..seeding import process_seed
-from .decode import pil_to_tensor
 from .images import seeded_transform
 from .shards import ShardIndex, decode_sample, read_samples
 
@@ -55,8 +54,8 @@ def spread(total: int, counts: list[int]) -> list[int]:
 
 class ShardStream(IterableDataset):
     """The samples of ``segments`` of the shards of ``index``, read by this process's DataLoader workers
-    (module docstring). Yields ``(image, label)``: the image decoded (uint8 at ``size``, or a PIL image
-    at its own size when ``size`` is None), then ``transform``-ed.
+    (module docstring). Yields ``(image, label)``: the image decoded (uint8, at ``size`` or with ``size``
+    None at its own), then ``transform``-ed.
 
     Args:
         index: The listed shards.
@@ -153,9 +152,7 @@ class ShardStream(IterableDataset):
         for n, (sid, sample) in enumerate(samples):
             if n < passed:
                 continue
-            image: Any = decode_sample(sample)
-            if self.size is not None:
-                image = pil_to_tensor(image, self.size)
+            image = decode_sample(sample, self.size)
             if self.transform is not None:
                 image = (seeded_transform(self.transform, image, self.seed, self.epoch, sid) if self.train
                          else self.transform(image))

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..errors import DataError
 from ..progress import Progress
-from .decode import to_rgb
+from .decode import decode_image, pil_to_tensor
 
 __all__ = ["IMAGE_SUFFIXES", "ShardIndex", "expand_shards", "index_shards", "read_samples", "decode_sample",
            "write_shards"]
@@ -206,18 +206,22 @@ def read_samples(url: str, start: int = 0, stop: int | None = None) -> Iterator[
             yield sample
 
 
-def decode_sample(sample: dict[str, Any]) -> Image.Image:
-    """A sample's image as 8-bit RGB PIL (:func:`~vitlab.data.decode.to_rgb`).
+def decode_sample(sample: dict[str, Any], size: tuple[int, int] | None = None) -> Tensor:
+    """A sample's image as uint8 RGB ``(3, H, W)``: at its own size (:func:`~vitlab.data.decode.decode_image`),
+    or resized (PIL's bicubic) to ``size``, as an ImageFolder's file would be.
 
     Raises:
         DataError: naming the sample and its shard, if the image cannot be decoded.
     """
     data = next(sample[s] for s in IMAGE_SUFFIXES if s in sample)
+    where = f"{sample['__key__']!r} of shard {sample.get('__url__')!r}"
+    if size is None:
+        return decode_image(data, where)
     try:
         with Image.open(io.BytesIO(data)) as img:
-            return to_rgb(img)
+            return pil_to_tensor(img, size)
     except (OSError, ValueError, Image.DecompressionBombError) as e:
-        raise DataError(f"cannot decode image {sample['__key__']!r} of shard {sample.get('__url__')!r}: {e}") from None
+        raise DataError(f"cannot read image {where}: {e}") from None
 
 
 def write_shards(samples: Iterable[tuple[str, bytes, str, int]], out: str | Path, split: str, shard_size: int,

@@ -36,6 +36,8 @@ class SplitIndex:
         pixels: A source already decoded (CIFAR-10): uint8 ``(N, 3, H, W)``, which :meth:`decode` indexes.
         encoded: ``encoded(i)`` -> sample ``i``'s image file as stored (its bytes), where the source keeps
             one (``vitlab shards`` copies it into a shard).
+        read: ``read(i)`` -> sample ``i`` as uint8 RGB ``(3, H, W)`` at its own size, the pixels of ``open``,
+            decoded fastest (:func:`~vitlab.data.decode.decode_image`), where the source has a faster way.
     """
 
     labels: Tensor
@@ -44,6 +46,7 @@ class SplitIndex:
     where: str
     pixels: Tensor | None = None
     encoded: Callable[[int], bytes] | None = None
+    read: Callable[[int], Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -53,6 +56,8 @@ class SplitIndex:
         already decoded keeps its size)."""
         if self.pixels is not None:
             return self.pixels[i]
+        if size is None and self.read is not None:
+            return self.read(i)
         return pil_to_tensor(self.open(i), size)
 
     def load(self, size: tuple[int, int] | None, subset: int = 0, seed: int = 0, in_memory: bool = True) -> ImageData:
@@ -109,8 +114,8 @@ def label_indices(values: Sequence[Any], classes: list[str] | None, where: str,
 class StreamedImages:
     """A split's images decoded when they are read: what a uint8 ``(N, 3, H, W)`` tensor is to a split
     decoded into memory, for data that does not fit there. Indexing with an integer decodes that image
-    (in a DataLoader worker): uint8 ``(3, H, W)`` at ``size``, or with ``size`` None an RGB PIL image at
-    its own size (for transforms that crop each image by its own size, as ImageNet recipes do).
+    (in a DataLoader worker): uint8 ``(3, H, W)`` at ``size``, or with ``size`` None at its own size (for
+    transforms that crop each image by its own size, as ImageNet recipes do).
     Indexing with a tensor or a list of indices selects a subset, decoding nothing. Pickles cheaply
     (DataLoader workers get the listing, not pixels).
     """
@@ -129,10 +134,9 @@ class StreamedImages:
             raise ValueError("images streamed at their own sizes have no common shape")
         return (len(self.rows), 3, *self.size)
 
-    def __getitem__(self, i: Any) -> "Tensor | Image.Image | StreamedImages":
+    def __getitem__(self, i: Any) -> "Tensor | StreamedImages":
         if isinstance(i, Tensor) and i.ndim == 0:
             i = int(i)
         if isinstance(i, int):
-            row = int(self.rows[i])
-            return self.index.decode(row, self.size) if self.size is not None else self.index.open(row)
+            return self.index.decode(int(self.rows[i]), self.size)
         return StreamedImages(self.index, self.rows[torch.as_tensor(i)], self.size)

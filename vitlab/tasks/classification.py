@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +15,7 @@ from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
 from ..data.images import DeviceImageLoader, ImageData, TensorImageDataset, balanced_indices
-from ..data.transforms import CIFAR10_MEAN, CIFAR10_STD, center_crop_transform, eval_transform, \
+from ..data.transforms import CIFAR10_MEAN, CIFAR10_STD, ModelInput, center_crop_transform, eval_transform, \
     rrc_train_transform, train_transform
 from ..data.shard_stream import ShardLoader, ShardStream, spread
 from ..data.shards import index_shards
@@ -110,37 +110,34 @@ def load_test_data(d: DataConfig, seed: int, size: tuple[int, int], index: Split
     return index.load(_decode_size(d, size, keep_in_memory), d.test_subset, seed, keep_in_memory)
 
 
-def _eval_transform(size: tuple[int, int], stored: tuple[int, int] | None, mean: tuple[float, ...],
-                    std: tuple[float, ...], crop_pct: float | None) -> v2.Transform:
+def _eval_transform(size: tuple[int, int], stored: tuple[int, int] | None, crop_pct: float | None) -> v2.Transform:
     """Evaluation's transform: with ``crop_pct`` (``data.train_crop=rrc``) the center crop of
     :func:`~vitlab.data.transforms.center_crop_transform`, else a resize to the model's input ``size``
-    (only if the images are ``stored`` at another size); normalized."""
+    (only if the images are ``stored`` at another size); uint8 out."""
     if crop_pct is not None:
-        return center_crop_transform(tuple(size), crop_pct, mean, std)
-    return eval_transform(tuple(size) if stored != tuple(size) else None, mean, std)
+        return center_crop_transform(tuple(size), crop_pct)
+    return eval_transform(tuple(size) if stored != tuple(size) else None)
 
 
-def _train_transform(d: DataConfig, size: tuple[int, int], stored: tuple[int, int] | None, mean: tuple[float, ...],
-                     std: tuple[float, ...]) -> v2.Transform:
-    """Training's per-image transform for images ``stored`` at a size (``'pad'``) or their own (``'rrc'``)."""
+def _train_transform(d: DataConfig, size: tuple[int, int], stored: tuple[int, int] | None) -> v2.Transform:
+    """Training's per-image transform for images ``stored`` at a size (``'pad'``) or their own (``'rrc'``);
+    uint8 out."""
     augment = dict(hflip=d.hflip, augment=d.augment, randaugment_ops=d.randaugment_ops,
-                   randaugment_magnitude=d.randaugment_magnitude, autoaugment_policy=d.autoaugment_policy,
-                   mean=mean, std=std)
+                   randaugment_magnitude=d.randaugment_magnitude, autoaugment_policy=d.autoaugment_policy)
     if d.train_crop == "rrc":
-        return rrc_train_transform(tuple(size), d.scale, d.ratio, reprob=d.reprob, **augment)
+        return rrc_train_transform(tuple(size), d.scale, d.ratio, **augment)
     return train_transform(stored, d.crop_padding, out_size=size if stored != tuple(size) else None, **augment)
 
 
-def eval_dataset(data: ImageData, size: tuple[int, int], mean: tuple[float, ...], std: tuple[float, ...],
-                 crop_pct: float | None = None) -> TensorImageDataset:
-    """Images as the model sees them in evaluation (:func:`_eval_transform`): the DataLoader's
-    evaluation data, in training and in ``vitlab eval`` alike."""
+def eval_dataset(data: ImageData, size: tuple[int, int], crop_pct: float | None = None) -> TensorImageDataset:
+    """Images as the model sees them in evaluation (:func:`_eval_transform`), before normalization: the
+    DataLoader's evaluation data, in training and in ``vitlab eval`` alike."""
     stored = tuple(data.images.shape[-2:]) if crop_pct is None else None
-    return TensorImageDataset(data, _eval_transform(size, stored, mean, std, crop_pct))
+    return TensorImageDataset(data, _eval_transform(size, stored, crop_pct))
 
 
-def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: int, mean: tuple[float, ...],
-                  std: tuple[float, ...], num_processes: int = 1, process_index: int = 0,
+def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: int, num_processes: int = 1,
+                  process_index: int = 0,
                   classes: list[str] | None = None, splits: tuple[str, ...] = ("train", "val", "test"),
                   ) -> tuple[dict[str, ShardStream], list[str]]:
     """``data.dataset=wds``: the streams of the ``splits`` asked for, and the class names. The
@@ -157,10 +154,10 @@ def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: i
     if d.val_size and sum(held) >= len(train):
         raise ConfigError(f"data.val_size={d.val_size} leaves no training images ({train.where} hold {len(train)})")
     crop_pct = d.crop_pct if d.train_crop == "rrc" else None
-    evaluation = _eval_transform(size, stored, mean, std, crop_pct)
+    evaluation = _eval_transform(size, stored, crop_pct)
     if "train" in splits:
         streams["train"] = ShardStream(train, [(s, k, k + u) for s, (k, u) in enumerate(zip(held, used))],
-                                       _train_transform(d, size, stored, mean, std), batch_size, True, stored,
+                                       _train_transform(d, size, stored), batch_size, True, stored,
                                        shuffle_buffer=d.shuffle_buffer, **common)
     if "val" in splits and d.val_size:
         streams["val"] = ShardStream(train, [(s, 0, k) for s, k in enumerate(held)], evaluation, batch_size, False,
@@ -232,7 +229,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     on_device = resolve_loader(d.loader, d.augment, accelerator.device, not keep, d.train_crop) == "gpu"
     if on_device:
         shard = dict(device=accelerator.device, seed=t.seed, num_processes=accelerator.num_processes,
-                     process_index=accelerator.process_index, mean=mean, std=std, size=size)
+                     process_index=accelerator.process_index, size=size)
         train_loader: Any = DeviceImageLoader(train_data, micro_batch, crop_padding=d.crop_padding, hflip=d.hflip,
                                               augment=d.augment, randaugment_ops=d.randaugment_ops,
                                               randaugment_magnitude=d.randaugment_magnitude, **shard)
@@ -240,14 +237,14 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                         for name, data in eval_sets.items()}
     else:
         stored = tuple(train_data.images.shape[-2:]) if d.train_crop == "pad" else None
-        transform = _train_transform(d, size, stored, mean, std)
+        transform = _train_transform(d, size, stored)
         train_set = TensorImageDataset(train_data, transform, seed=t.seed)
         # Workers are not persistent: fresh ones each epoch get the dataset with its epoch set (each
         # image's augmentation is seeded by (seed, epoch, image)).
         loader_args: dict[str, Any] = dict(num_workers=d.num_workers, pin_memory=accelerator.device.type == "cuda")
         train_loader = DataLoader(train_set, batch_size=micro_batch, shuffle=True, drop_last=True, **loader_args)
         crop_pct = d.crop_pct if d.train_crop == "rrc" else None
-        eval_loaders = {name: DataLoader(eval_dataset(data, size, mean, std, crop_pct), batch_size=micro_batch,
+        eval_loaders = {name: DataLoader(eval_dataset(data, size, crop_pct), batch_size=micro_batch,
                                          shuffle=False, **loader_args) for name, data in eval_sets.items()}
     if len(train_loader) == 0:
         raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(train_data.labels)} training images")
@@ -260,7 +257,7 @@ def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model:
     """``data.dataset=wds``: the shards streamed (:func:`shard_streams`) by loaders that shard themselves
     over the processes (not prepared by Accelerate)."""
     d = cfg.data
-    streams, classes = shard_streams(d, cfg.train.seed, size, micro_batch // accelerator.num_processes, mean, std,
+    streams, classes = shard_streams(d, cfg.train.seed, size, micro_batch // accelerator.num_processes,
                                      accelerator.num_processes, accelerator.process_index)
     _fit_head(cfg, model, classes)
     train = streams.pop("train")
@@ -293,9 +290,11 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
     mixup = Mixup(mixup_alpha=d.mixup_alpha, cutmix_alpha=d.cutmix_alpha, label_smoothing=t.label_smoothing,
                   num_classes=num_classes) if mixing else None
     criterion = SoftTargetCrossEntropy() if mixing else nn.CrossEntropyLoss(label_smoothing=t.label_smoothing)
+    model_input = ModelInput(mean, std, d.reprob if d.train_crop == "rrc" else 0.0)
 
     def loss(net: nn.Module, batch: Any) -> torch.Tensor:
         images, labels = batch
+        images = model_input(images, train=True)
         if mixup is not None:
             images, labels = mixup(images, labels)
         return criterion(net(images), labels)
@@ -304,7 +303,7 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
         return len(batch[1])
 
     def score(net: nn.Module, loader: Any, acc: Accelerator) -> dict[str, float]:
-        m = evaluate_classifier(net, loader, acc, num_classes)
+        m = evaluate_classifier(net, loader, acc, num_classes, model_input)
         return {"top1": m["top1"], "top5": m["top5"], "loss": m["loss"]}
 
     meta = {"task": "classification", "classes": classes, "mean": list(mean), "std": list(std),
@@ -317,10 +316,11 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
 
 @torch.no_grad()
 def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator, num_classes: int,
-                        keep_probs: bool = False) -> dict[str, Any]:
+                        model_input: Callable[[Tensor], Tensor] | None = None, keep_probs: bool = False) -> dict[str, Any]:
     """Top-1/top-5 accuracy, mean cross-entropy, per-class accuracy and the confusion matrix.
 
-    ``loader`` must be prepared by ``accelerator``; every process gets the same result. Accuracies
+    ``loader`` must be prepared by ``accelerator`` (or shard itself); every process gets the same result.
+    ``model_input`` makes its batches the model's input (:class:`~vitlab.data.transforms.ModelInput`). Accuracies
     are fractions in [0, 1]; ``confusion[i][j]`` counts images of class i predicted as j. With
     ``keep_probs`` also ``probs``, the predicted probabilities ``(N, num_classes)`` in the loader's order.
     """
@@ -329,6 +329,8 @@ def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator,
     logits_all, labels_all = [], []
     exact = getattr(loader, "exact_shards", False)  # a loader that shards itself, nothing repeated
     for images, labels in loader:
+        if model_input is not None:
+            images = model_input(images)
         with accelerator.autocast():
             logits = model(images).float()
         if not exact:  # an Accelerate-prepared loader: drop the samples it repeated to even out
