@@ -41,7 +41,12 @@ def cifar_copies(cifar10_dir, tmp_path_factory) -> dict[str, Path]:
     (root / "parquet").mkdir()
     for split, ds in dd.items():
         ds.to_parquet(str(root / "parquet" / f"{split}-00000-of-00001.parquet"))
-    return {"imagefolder": root / "folder", "saved": root / "saved", "parquet": root / "parquet"}
+    (root / "files").mkdir()  # as Hub repositories keep a split: several parquet files (shards when streamed)
+    for split, ds in dd.items():
+        n = 4 if split == "train" else 2
+        for i in range(n):
+            ds.shard(n, i, contiguous=True).to_parquet(str(root / "files" / f"{split}-{i:05d}-of-{n:05d}.parquet"))
+    return {"imagefolder": root / "folder", "saved": root / "saved", "parquet": root / "parquet", "files": root / "files"}
 
 
 def _run(data: list[str], run_dir: Path) -> dict:
@@ -78,6 +83,36 @@ def test_a_saved_datasetdict_streamed_from_its_arrow_files_trains_to_the_numbers
     a = load_file(str(tmp_path / "memory/checkpoints/last/model.safetensors"))
     b = load_file(str(tmp_path / "streamed/checkpoints/last/model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_split_read_with_streaming_true_resumes_to_the_sample_bit_identical_and_evaluates_as_its_folder(
+        cifar_copies, tmp_path, monkeypatch, on_cpu):
+    # data.streaming=true: the split's 4 parquet files are its shards (an IterableDataset, nothing whole
+    # on disk), read by 2 workers; a SIGTERM after step 3 of 6 and the same command end bit-identical.
+    from conftest import signal_at_step
+    from vitlab.cli import main
+    from vitlab.errors import Preempted
+
+    data = ["data.dataset=hf", f"data.root={cifar_copies['files']}", "data.streaming=true", "data.num_workers=2",
+            "data.loader=torch", "data.augment=randaugment", "model.drop_path_rate=0.1"]
+    whole = _run(data, tmp_path / "whole")  # 200 training images: 2 readers x 3 batches of 32 an epoch
+    records = [json.loads(x) for x in (tmp_path / "whole/metrics.jsonl").read_text().splitlines()]
+    assert [r["train_samples"] for r in records if r["split"] == "eval"] == [192, 192]
+    with monkeypatch.context() as m:
+        signal_at_step(m, 3)
+        with pytest.raises(Preempted):
+            _run(data, tmp_path / "parts")
+    reset_accelerate()
+    resumed = _run(data, tmp_path / "parts")
+    assert resumed["test_top1"] == whole["test_top1"] and same_run_records(tmp_path / "whole", tmp_path / "parts")
+    a, b = (load_file(str(tmp_path / run / "checkpoints/last/model.safetensors")) for run in ("whole", "parts"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # The model's test numbers from the same images read as an ImageFolder: the same pixels either way.
+    main(["eval", "--checkpoint", str(tmp_path / "whole/checkpoints/last"), "--output", str(tmp_path / "m.json"),
+          "data.dataset=imagefolder", "data.streaming=false", f"data.root={cifar_copies['imagefolder']}"])
+    folder = json.loads((tmp_path / "m.json").read_text())
+    assert folder["num_images"] == 80 and folder["top1"] == records[-1]["test_top1"]
+    assert folder["loss"] == pytest.approx(records[-1]["test_loss"], abs=1e-5)
 
 
 def test_parquet_files_read_like_the_saved_dataset(cifar_copies):

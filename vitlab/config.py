@@ -93,6 +93,10 @@ class DataConfig:
     # wds: each DataLoader worker shuffles the samples it reads through a buffer of this many (raw, encoded)
     # samples, after the shards' order is shuffled each epoch.
     shuffle_buffer: int = 1000
+    # hf: read a Hub id or a folder of parquet files as an IterableDataset (streaming=True: never whole on
+    # disk), its data files streamed as wds shards are (the same guarantees: every sample once an epoch,
+    # resumable to the sample).
+    streaming: bool = False
 
 
 @dataclass
@@ -282,6 +286,10 @@ def _check_values(cfg: Config) -> None:
         need(d.dataset != "wds" or d.loader != "gpu", "data.loader", d.loader,
              "torch or auto with data.dataset=wds (shards are streamed by DataLoader workers)")
         need(d.shuffle_buffer >= 1, "data.shuffle_buffer", d.shuffle_buffer, "a number of samples >= 1")
+        need(not d.streaming or d.dataset == "hf", "data.streaming", d.streaming,
+             "false unless data.dataset=hf (a Hub id or a folder of parquet files read with streaming=True)")
+        need(not d.streaming or (d.in_memory is not True and d.loader != "gpu"), "data.streaming", d.streaming,
+             "false with data.in_memory=true or data.loader=gpu (a streamed data set is read by DataLoader workers)")
         need(d.loader != "gpu" or d.in_memory is not False, "data.in_memory", d.in_memory,
              "true or auto with data.loader=gpu (the device loader holds the whole data set; stream with "
              "data.loader=torch)")

@@ -104,7 +104,7 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
     from .data.shard_stream import ShardLoader
     from .data.transforms import ModelInput
     from .tasks.classification import eval_dataset, evaluate_classifier, in_memory, index_splits, load_test_data, \
-        load_train_val_data, shard_streams
+        load_train_val_data, shard_streams, streamed_in_shards
 
     info = model.pretrained_cfg
     size = tuple(info["input_size"][1:])
@@ -116,7 +116,7 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
     # at the size training stored them and resized as its evaluation loaders did.
     # Labels are mapped through the model's classes: a split with a class it was not trained on is one line.
     accelerator = create_accelerator(cfg.train.mixed_precision)
-    if d.dataset == "wds":
+    if streamed_in_shards(d):
         if split == "train":
             raise ConfigError("--split train is not kept for data.dataset=wds (its epochs are streamed in an order of "
                               "their own); evaluate --split val or test")

@@ -5,27 +5,38 @@ a folder of parquet files, listed as a :class:`~vitlab.data.split.SplitIndex`.
 """
 from __future__ import annotations
 
+import functools
+import io
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
+
+from PIL import Image
+from torch import Tensor
 
 from ..errors import DataError
-from .decode import decode_image, to_rgb
+from .decode import decode_image, pil_to_tensor, to_rgb
 from .images import ImageData
+from .shards import ShardIndex
 from .split import SplitIndex, label_indices
 
-__all__ = ["IMAGE_KEYS", "LABEL_KEYS", "index_hf_split", "load_hf_split"]
+__all__ = ["IMAGE_KEYS", "LABEL_KEYS", "index_hf_split", "index_hf_stream", "load_hf_split"]
 
 # The names the usual image-classification data sets give their columns, in order of preference.
 IMAGE_KEYS = ("image", "img")
 LABEL_KEYS = ("label", "labels", "fine_label")
 
 
-def _open(root: str) -> Any:
-    """The ``DatasetDict`` of a ``save_to_disk`` directory, a folder of parquet files or a Hub id."""
+def _open_datasets() -> Any:
     try:
         import datasets
     except ImportError:
         raise DataError("data.dataset=hf needs the Hugging Face datasets package: pip install 'vitlab[hf]'") from None
+    return datasets
+
+
+def _open(root: str) -> Any:
+    """The ``DatasetDict`` of a ``save_to_disk`` directory, a folder of parquet files or a Hub id."""
+    datasets = _open_datasets()
     path = Path(root).expanduser()
     try:
         if path.is_dir():
@@ -107,6 +118,82 @@ def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str
 
     return SplitIndex(labels, classes, lambda i: to_rgb(images[i][image_key]), where, encoded=encoded,
                       read=lambda i: decode_image(encoded(i), f"{i} of {where}"))
+
+
+def _streamed(root: str, split: str, **kwargs: Any) -> Any:
+    """``split`` of a Hub id or a folder of parquet files as an ``IterableDataset`` (``streaming=True``)."""
+    import datasets
+
+    path = Path(root).expanduser()
+    where = dict(path="parquet", data_dir=str(path)) if path.is_dir() else dict(path=root)
+    try:
+        return datasets.load_dataset(**where, split=split, streaming=True, **kwargs)
+    except Exception as e:  # no network, an unknown id or split: the library's own reason, one line
+        reason = " ".join(str(e).split()) or type(e).__name__
+        raise DataError(f"data.streaming=true could not open split {split!r} of data.root={root!r} ({reason[:300]}); "
+                        f"give a Hub id (with network) or a folder of parquet files (<split>-*.parquet)") from None
+
+
+class _HubShards:
+    """``read(shard, start, stop)`` of a streamed split's data files (one shard a file): the rows with their
+    images undecoded (``{bytes, path}``), those before ``start`` read past. Picklable: each DataLoader
+    worker opens the split itself, once."""
+
+    def __init__(self, root: str, split: str, image_key: str, num_shards: int) -> None:
+        self.root, self.split, self.image_key, self.num_shards = root, split, image_key, num_shards
+        self._dataset: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_dataset": None}
+
+    def __call__(self, shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
+        import datasets
+
+        if self._dataset is None:
+            self._dataset = _streamed(self.root, self.split).cast_column(self.image_key, datasets.Image(decode=False))
+        rows = self._dataset.shard(self.num_shards, shard).skip(start).take(stop - start)
+        # .iter(), not iter(): in a DataLoader worker, iter() would share the shard with the other workers
+        for batch in rows.iter(batch_size=64):
+            yield from ({k: v[i] for k, v in batch.items()} for i in range(len(batch[self.image_key])))
+
+
+def _decode_row(image_key: str, row: dict[str, Any], size: tuple[int, int] | None) -> Tensor:
+    value = row[image_key]
+    data = value["bytes"] if value.get("bytes") is not None else Path(value["path"]).read_bytes()
+    if size is None:
+        return decode_image(data, repr(value.get("path") or "an image of the stream"))
+    with Image.open(io.BytesIO(data)) as img:
+        return pil_to_tensor(img, size)
+
+
+def index_hf_stream(root: str, split: str, *, image_key: str = "", label_key: str = "",
+                    classes: list[str] | None = None) -> ShardIndex:
+    """List a split of a Hub id or a folder of parquet files to stream it (``data.streaming=true``): its
+    data files are its shards, each sample's label is read (only the label column, where the files are
+    parquet), no image. Streamed by :class:`~vitlab.data.shard_stream.ShardStream` as WebDataset shards are.
+
+    Raises:
+        DataError: one line, as :func:`index_hf_split`.
+    """
+    _open_datasets()
+    ds = _streamed(root, split)
+    names = list(ds.features) if ds.features is not None else list(next(iter(ds)))
+    image_key = _column(names, image_key, IMAGE_KEYS, "image")
+    label_key = _column(names, label_key, LABEL_KEYS, "label")
+    feature = ds.features[label_key] if ds.features is not None else None
+    where = f"split {split!r} of data.root={root!r} (streamed)"
+    try:
+        labels_only = _streamed(root, split, columns=[label_key])
+    except DataError:  # a builder without column selection: whole rows, images not decoded
+        labels_only = ds.select_columns([label_key])
+    shards = ds.n_shards
+    per_shard = [[row[label_key] for row in labels_only.shard(shards, s)] for s in range(shards)]
+    values = [v for shard in per_shard for v in shard]
+    label_names = list(feature.names) if hasattr(feature, "names") else None
+    labels, classes = label_indices(values, classes, where, label_names)
+    return ShardIndex([f"{root} {split} file {s}" for s in range(shards)], [len(s) for s in per_shard], labels,
+                      classes, where, read=_HubShards(root, split, image_key, shards),
+                      decode=functools.partial(_decode_row, image_key))
 
 
 def load_hf_split(root: str, split: str, *, image_key: str = "", label_key: str = "", subset: int = 0,

@@ -1,4 +1,5 @@
-"""WebDataset shards streamed to training and evaluation: every sample once an epoch across processes x
+"""Shards streamed to training and evaluation (WebDataset tar files, :mod:`.shards`; the data files of
+a Hugging Face data set read with ``streaming=True``, :func:`~vitlab.data.hf.index_hf_stream`): every sample once an epoch across processes x
 DataLoader workers, the same number of batches on every process, and an epoch that resumes at any
 batch, to the sample.
 
@@ -30,7 +31,7 @@ from torchvision.transforms import v2
 from ..errors import DataError
 from ..seeding import process_seed
 from .images import seeded_transform
-from .shards import ShardIndex, decode_sample, read_samples
+from .shards import ShardIndex
 
 __all__ = ["Segment", "spread", "ShardStream", "ShardLoader"]
 
@@ -75,7 +76,7 @@ class ShardStream(IterableDataset):
     def __init__(self, index: ShardIndex, segments: list[Segment], transform: v2.Transform | None, batch_size: int,
                  train: bool, size: tuple[int, int] | None = None, seed: int = 0, num_processes: int = 1,
                  process_index: int = 0, num_workers: int = 0, shuffle_buffer: int = 1000) -> None:
-        self.urls, self.labels = index.urls, index.labels
+        self.read, self.decode, self.labels = index.read, index.decode, index.labels
         self.offsets = [sum(index.counts[:i]) for i in range(len(index.counts))]  # each shard's first sample id
         self.segments, self.transform, self.size = [s for s in segments if s[2] > s[1]], transform, size
         self.batch_size, self.train, self.seed = batch_size, train, seed
@@ -129,7 +130,7 @@ class ShardStream(IterableDataset):
             lo, hi = max(start, position), min(stop, position + end - first)
             if lo < hi:
                 a, b = first + lo - position, first + hi - position
-                yield from zip(range(self.offsets[shard] + a, self.offsets[shard] + b), read_samples(self.urls[shard], a, b))
+                yield from zip(range(self.offsets[shard] + a, self.offsets[shard] + b), self.read(shard, a, b))
             position += end - first
             if position >= stop:
                 break
@@ -152,7 +153,7 @@ class ShardStream(IterableDataset):
         for n, (sid, sample) in enumerate(samples):
             if n < passed:
                 continue
-            image = decode_sample(sample, self.size)
+            image = self.decode(sample, self.size)
             if self.transform is not None:
                 image = (seeded_transform(self.transform, image, self.seed, self.epoch, sid) if self.train
                          else self.transform(image))

@@ -9,6 +9,7 @@ local files, ``http(s)://`` URLs and ``pipe:`` commands (object stores: ``pipe:a
 """
 from __future__ import annotations
 
+import functools
 import glob
 import io
 import random
@@ -83,6 +84,9 @@ class ShardIndex:
         labels: int64 ``(N,)``, every sample's class in listing order (shard by shard).
         classes: The class names ``cls`` indexes.
         where: The split in words, for messages.
+        read: ``read(shard, start, stop)`` -> the raw samples ``start`` to ``stop`` of a shard, in order (those
+            before ``start`` read past, not decoded); picklable, for DataLoader workers.
+        decode: ``decode(sample, size)`` -> a raw sample's image as uint8 RGB ``(3, H, W)`` (at ``size``, if given).
     """
 
     urls: list[str]
@@ -90,6 +94,8 @@ class ShardIndex:
     labels: Tensor
     classes: list[str]
     where: str
+    read: Callable[[int, int, int], Iterator[dict[str, Any]]]
+    decode: Callable[[dict[str, Any], "tuple[int, int] | None"], Tensor]
 
     def __len__(self) -> int:
         return sum(self.counts)
@@ -191,7 +197,12 @@ def index_shards(root: str | Path, split: str, classes: list[str] | None = None)
     if int(labels.max()) >= len(names):
         raise DataError(f"{where} have 'cls' {int(labels.max())}, but there are {len(names)} classes "
                         f"({'the training split' if classes is not None else 'classes.txt'}: {names[:10]}...)")
-    return ShardIndex(urls, [len(s) for s in per_shard], labels, list(names), where)
+    return ShardIndex(urls, [len(s) for s in per_shard], labels, list(names), where,
+                      read=functools.partial(_read_shard, tuple(urls)), decode=decode_sample)
+
+
+def _read_shard(urls: tuple[str, ...], shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
+    return read_samples(urls[shard], start, stop)
 
 
 def read_samples(url: str, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:

@@ -18,7 +18,7 @@ from ..data.images import DeviceImageLoader, ImageData, TensorImageDataset, bala
 from ..data.transforms import CIFAR10_MEAN, CIFAR10_STD, ModelInput, center_crop_transform, eval_transform, \
     rrc_train_transform, train_transform
 from ..data.shard_stream import ShardLoader, ShardStream, spread
-from ..data.shards import index_shards
+from ..data.shards import ShardIndex, index_shards
 from ..data.sources import index_split
 from ..data.split import SplitIndex
 from ..errors import ConfigError
@@ -136,18 +136,31 @@ def eval_dataset(data: ImageData, size: tuple[int, int], crop_pct: float | None 
     return TensorImageDataset(data, _eval_transform(size, stored, crop_pct))
 
 
+def streamed_in_shards(d: DataConfig) -> bool:
+    """Whether the data is read as shards (:func:`shard_streams`): WebDataset, or a streamed Hugging Face split."""
+    return d.dataset == "wds" or (d.dataset == "hf" and d.streaming)
+
+
+def _index_stream(d: DataConfig, split: str, classes: list[str] | None) -> ShardIndex:
+    if d.dataset == "wds":
+        return index_shards(d.root, split, classes)
+    from ..data.hf import index_hf_stream
+
+    return index_hf_stream(d.root, split, image_key=d.image_key, label_key=d.label_key, classes=classes)
+
+
 def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: int, num_processes: int = 1,
                   process_index: int = 0,
                   classes: list[str] | None = None, splits: tuple[str, ...] = ("train", "val", "test"),
                   ) -> tuple[dict[str, ShardStream], list[str]]:
-    """``data.dataset=wds``: the streams of the ``splits`` asked for, and the class names. The
+    """``data.dataset=wds`` or a streamed ``hf``: the streams of the ``splits`` asked for, and the class names. The
     validation images (``data.val_size``) are the heads of the training shards (:func:`spread`), read
     in order for evaluation and passed over by training; ``data.train_subset`` / ``test_subset`` take
     the next ones likewise. Shards are listed (labels checked) before any image is decoded."""
     stored = _decode_size(d, size, keep_in_memory=False)
     common = dict(seed=seed, num_processes=num_processes, process_index=process_index, num_workers=d.num_workers)
     streams: dict[str, ShardStream] = {}
-    train = index_shards(d.root, d.train_split, classes)
+    train = _index_stream(d, d.train_split, classes)
     held = spread(d.val_size, train.counts)
     rest = [c - k for c, k in zip(train.counts, held)]
     used = spread(d.train_subset, rest) if d.train_subset else rest
@@ -163,7 +176,7 @@ def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: i
         streams["val"] = ShardStream(train, [(s, 0, k) for s, k in enumerate(held)], evaluation, batch_size, False,
                                      stored, **common)
     if "test" in splits:
-        test = index_shards(d.root, d.test_split, train.classes)
+        test = _index_stream(d, d.test_split, train.classes)
         take = spread(d.test_subset, test.counts) if d.test_subset else test.counts
         streams["test"] = ShardStream(test, [(s, 0, k) for s, k in enumerate(take)], evaluation, batch_size, False,
                                       stored, **common)
@@ -217,7 +230,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     model = build_model(cfg)
     mean, std = _normalization(cfg, model, resume_from)
     size = model.patch_embed.img_size
-    if d.dataset == "wds":
+    if streamed_in_shards(d):
         return _shards_task(cfg, accelerator, micro_batch, model, mean, std, size)
     train_index, test_index = index_splits(d)  # labels checked before any image is decoded
     keep, where = in_memory(d, train_index, test_index, size)
@@ -254,7 +267,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
 
 def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model: nn.Module, mean: tuple[float, ...],
                  std: tuple[float, ...], size: tuple[int, int]) -> TaskSetup:
-    """``data.dataset=wds``: the shards streamed (:func:`shard_streams`) by loaders that shard themselves
+    """Shards (:func:`streamed_in_shards`) streamed (:func:`shard_streams`) by loaders that shard themselves
     over the processes (not prepared by Accelerate)."""
     d = cfg.data
     streams, classes = shard_streams(d, cfg.train.seed, size, micro_batch // accelerator.num_processes,
@@ -264,7 +277,8 @@ def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model:
     accelerator.print(f"data: {train.total:,} training samples in {len(train.segments)} shards, streamed by "
                       f"{max(d.num_workers, 1)} reader(s) a process ({d.num_workers} DataLoader worker(s)), "
                       f"{train.samples_per_epoch:,} an epoch (whole batches on every reader); "
-                      + ", ".join(f"{k} {s.total:,}" for k, s in streams.items()) + " (data.dataset=wds)")
+                      + ", ".join(f"{k} {s.total:,}" for k, s in streams.items())
+                      + f" (data.dataset={d.dataset}{', data.streaming=true' if d.streaming else ''})")
     pin = accelerator.device.type == "cuda"
     loaders = {k: ShardLoader(s, d.num_workers, accelerator.device, pin) for k, s in streams.items()}
     return _task(cfg, model, classes, mean, std, ShardLoader(train, d.num_workers, accelerator.device, pin), loaders,
