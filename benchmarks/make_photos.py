@@ -11,6 +11,13 @@ accuracy on them measures the pipeline, not generalisation.
 
     pip install scikit-image
     python benchmarks/make_photos.py --out /tmp/photos --train 150 --test 40
+
+With ``--upscale DIR`` (an ImageFolder: CIFAR-10's real photographs), each of the first ``--train`` /
+``--test`` images of a class is instead resized (bicubic) to a shorter side of 300-500 px and an aspect
+ratio in [3/4, 4/3] and saved the same way: a labelled set of real photographs with ImageNet's file sizes
+and shapes, whose detail is CIFAR-10's (32 px).
+
+    python benchmarks/make_photos.py --upscale ../shared/data/cifar10 --out /tmp/cifar_big --train 500 --test 100
 """
 from __future__ import annotations
 
@@ -53,16 +60,36 @@ def cut(photo: Image.Image, rng: random.Random) -> Image.Image:
     return img.transpose(Image.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else img
 
 
+def upscaled(folder: Path, split: str, count: int) -> dict[str, list[Image.Image]]:
+    return {c.name: [Image.open(f).convert("RGB") for f in sorted(c.iterdir())[:count]]
+            for c in sorted((folder / split).iterdir()) if c.is_dir()}
+
+
+def resize_to(photo: Image.Image, rng: random.Random) -> Image.Image:
+    shorter, ratio = rng.randint(300, 500), rng.uniform(3 / 4, 4 / 3)
+    size = (round(shorter * ratio), shorter) if ratio >= 1 else (shorter, round(shorter / ratio))
+    return photo.resize(size, Image.BICUBIC)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True)
     parser.add_argument("--train", type=int, default=150, help="images a photograph in train/")
     parser.add_argument("--test", type=int, default=40, help="images a photograph in test/")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--upscale", help="an ImageFolder whose images are upscaled instead (see above)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     total = 0
-    for name, photo in sources().items():
+    if args.upscale:
+        for split, count in (("train", args.train), ("test", args.test)):
+            for name, photos in upscaled(Path(args.upscale), split, count).items():
+                folder = Path(args.out) / split / name
+                folder.mkdir(parents=True, exist_ok=True)
+                for i, photo in enumerate(photos):
+                    resize_to(photo, rng).save(folder / f"{i:05d}.jpg", quality=90)
+                    total += 1
+    for name, photo in ({} if args.upscale else sources()).items():
         for split, count in (("train", args.train), ("test", args.test)):
             folder = Path(args.out) / split / name
             folder.mkdir(parents=True, exist_ok=True)
