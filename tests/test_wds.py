@@ -64,6 +64,26 @@ def test_vitlab_shards_writes_every_image_byte_for_byte_with_torchvisions_class(
         convert_to_shards(tiny_imagefolder, tiny_shards, ["train"])
 
 
+def test_shards_with_their_wids_index_are_listed_without_reading_them_and_a_stale_index_is_not_trusted(
+        tiny_shards, tmp_path, monkeypatch):
+    import shutil
+
+    from vitlab.data import shards
+
+    scanned = []
+    real_scan = shards._scan
+    monkeypatch.setattr(shards, "_scan", lambda url: scanned.append(url) or real_scan(url))
+    index = shards.index_shards(tiny_shards, "train")
+    assert index.counts == [14] * 6 + [12] and index.labels is None and not scanned  # from train.json
+    assert json.loads((tiny_shards / "train.json").read_text())["__kind__"] == "wids-shard-index-v1"
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_shards, copy)
+    with open(copy / "train-000003.tar", "ab") as f:  # a shard changed since its index was written
+        f.write(b"\0" * 10240)
+    index = shards.index_shards(copy, "train")
+    assert index.counts == [14] * 6 + [12] and len(scanned) == 7 and len(index.labels) == 96  # read instead
+
+
 def test_every_sample_once_an_epoch_on_two_processes_by_two_workers_from_seven_uneven_shards(tiny_shards):
     # Each process's loader as a run builds it, with 2 DataLoader workers; the labels are the samples'
     # ids. 96 samples, batches of 8 a process: 4 readers of 24 samples, parts that cross shard ends.
@@ -217,6 +237,21 @@ def test_bad_shards_are_one_line_before_training(tiny_shards, tmp_path, monkeypa
     _tar(tmp_path / "noimage-000000.tar", [{"__key__": "a", "txt": b"x", "cls": b"0"}])
     with pytest.raises(DataError, match=r"sample 'a' of shard '.*' has no image \(jpg, jpeg, png, webp\)"):
         index_shards(tmp_path, "noimage")
+    # Listed by an index, a shard's samples are checked when they are read: still one line.
+    from vitlab.data.shard_stream import ShardStream
+    from vitlab.data.shards import write_index
+
+    (tmp_path / "indexed").mkdir()
+    _tar(tmp_path / "indexed/idx-000000.tar", [{"__key__": "a", "png": image, "cls": b"0"},
+                                               {"__key__": "b", "png": image, "cls": b"7"}, {"__key__": "c", "png": image}])
+    write_index([tmp_path / "indexed/idx-000000.tar"], [3], tmp_path / "indexed/idx.json")
+    (tmp_path / "indexed/classes.txt").write_text("one\ntwo\n")
+    index = index_shards(tmp_path / "indexed", "idx")
+    assert index.labels is None and index.counts == [3]
+    for segment, message in (((0, 0, 2), r"sample 'b' of shard '.*idx-000000.tar' has 'cls' 7, but there are 2 classes"),
+                             ((0, 2, 3), r"sample 'c' of shard '.*idx-000000.tar' has no 'cls' \(an integer class\)")):
+        with pytest.raises(DataError, match=message):
+            list(ShardStream(index, [segment], None, 1, False, (8, 8)))
     run = tmp_path / "run"
     with pytest.raises(DataError, match=r"7 shard\(s\) for 1 process\(es\) x 8 DataLoader worker\(s\) = 8 readers; "
                                         r"give each reader a shard of its own: lower data.num_workers"):

@@ -76,7 +76,7 @@ class ShardStream(IterableDataset):
     def __init__(self, index: ShardIndex, segments: list[Segment], transform: v2.Transform | None, batch_size: int,
                  train: bool, size: tuple[int, int] | None = None, seed: int = 0, num_processes: int = 1,
                  process_index: int = 0, num_workers: int = 0, shuffle_buffer: int = 1000) -> None:
-        self.read, self.decode, self.labels = index.read, index.decode, index.labels
+        self.read, self.decode, self.labels, self.label = index.read, index.decode, index.labels, index.label
         self.offsets = [sum(index.counts[:i]) for i in range(len(index.counts))]  # each shard's first sample id
         self.segments, self.transform, self.size = [s for s in segments if s[2] > s[1]], transform, size
         self.batch_size, self.train, self.seed = batch_size, train, seed
@@ -157,7 +157,7 @@ class ShardStream(IterableDataset):
             if self.transform is not None:
                 image = (seeded_transform(self.transform, image, self.seed, self.epoch, sid) if self.train
                          else self.transform(image))
-            yield image, self.labels[sid]
+            yield image, (self.labels[sid] if self.labels is not None else torch.tensor(self.label(sample)))
 
 
 class ShardLoader:

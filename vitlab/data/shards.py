@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import glob
 import io
+import json
 import random
 import re
 import tarfile
@@ -81,21 +82,24 @@ class ShardIndex:
     Attributes:
         urls: The shards, in listing order.
         counts: Samples in each shard.
-        labels: int64 ``(N,)``, every sample's class in listing order (shard by shard).
+        labels: int64 ``(N,)``, every sample's class in listing order (shard by shard); None when the
+            labels are read with the samples (``label``).
         classes: The class names ``cls`` indexes.
         where: The split in words, for messages.
         read: ``read(shard, start, stop)`` -> the raw samples ``start`` to ``stop`` of a shard, in order (those
             before ``start`` read past, not decoded); picklable, for DataLoader workers.
         decode: ``decode(sample, size)`` -> a raw sample's image as uint8 RGB ``(3, H, W)`` (at ``size``, if given).
+        label: ``label(sample)`` -> a raw sample's class, where ``labels`` is None.
     """
 
     urls: list[str]
     counts: list[int]
-    labels: Tensor
+    labels: Tensor | None
     classes: list[str]
     where: str
     read: Callable[[int, int, int], Iterator[dict[str, Any]]]
     decode: Callable[[dict[str, Any], "tuple[int, int] | None"], Tensor]
+    label: Callable[[dict[str, Any]], int] | None = None
 
     def __len__(self) -> int:
         return sum(self.counts)
@@ -171,18 +175,67 @@ def _classes_file(root: str | Path, urls: list[str]) -> list[str] | None:
     return None
 
 
+INDEX_KIND = "wids-shard-index-v1"  # webdataset's wids index: {"shardlist": [{"url", "nsamples", "filesize"}]}
+
+
+def _index_file(urls: list[str]) -> Path | None:
+    """The index ``<prefix>.json`` beside local shards ``<prefix>-NNNNNN.tar`` (``vitlab shards`` writes it)."""
+    if not urls or urls[0].startswith(("pipe:", "http://", "https://")):
+        return None
+    first = Path(urls[0])
+    return first.with_name(first.name.rsplit("-", 1)[0] + ".json") if "-" in first.name else None
+
+
+def _indexed_counts(urls: list[str]) -> list[int] | None:
+    """Each shard's sample count from its wids index, if there is one that lists every shard at its
+    present size (a shard rewritten since is listed again by reading it)."""
+    path = _index_file(urls)
+    if path is None or not path.is_file():
+        return None
+    try:
+        index = json.loads(path.read_text())
+        entries = {e["url"]: e for e in index["shardlist"]} if index.get("__kind__") == INDEX_KIND else {}
+    except (ValueError, KeyError, TypeError):
+        return None
+    counts = []
+    for url in urls:
+        entry = entries.get(Path(url).name)
+        if entry is None or entry.get("filesize") != Path(url).stat().st_size:
+            return None
+        counts.append(int(entry["nsamples"]))
+    return counts
+
+
+def write_index(paths: list[Path], counts: list[int], out: Path) -> None:
+    """Write ``out``, the wids index of local shards ``paths`` holding ``counts`` samples."""
+    shardlist = [{"url": p.name, "nsamples": n, "filesize": p.stat().st_size} for p, n in zip(paths, counts)]
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"__kind__": INDEX_KIND, "wids_version": 1, "shardlist": shardlist}, indent=1))
+    tmp.rename(out)
+
+
 def index_shards(root: str | Path, split: str, classes: list[str] | None = None) -> ShardIndex:
-    """List the shards of ``split`` (:func:`expand_shards`): every sample's label, read from its ``cls``
-    without decoding an image (local shards are read by seeking over the images; a ``pipe:`` or URL
-    shard is read through once). Class names come from ``classes`` (the training split's), else
-    ``classes.txt``, else ``'0'`` .. ``'K-1'`` for the largest ``cls`` K-1.
+    """List the shards of ``split`` (:func:`expand_shards`). With a wids index beside local shards
+    (``<split>.json``, as ``vitlab shards`` writes) and class names, the counts are read from it and
+    each label from its sample's ``cls`` when it is read. Otherwise every sample's label is read now,
+    without decoding an image (local shards by seeking over the images, about 11,000 samples a second
+    here; a ``pipe:`` or URL shard is read through once). Class names come from ``classes`` (the
+    training split's), else ``classes.txt``, else ``'0'`` .. ``'K-1'`` for the largest ``cls`` K-1.
 
     Raises:
         DataError: one line, for no shards, a sample without an image or ``cls``, a ``cls`` outside the
-            classes, an unreadable shard.
+            classes, an unreadable shard (listed from an index: when the sample is read).
     """
     urls = expand_shards(root, split)
     where = f"shards {split!r}" + (f" of data.root={str(root)!r}" if not _is_pattern(split) else "")
+    counts = _indexed_counts(urls)
+    names = classes if classes is not None else _classes_file(root, urls)
+    if counts is not None and names is not None:
+        if sum(counts) == 0:
+            raise DataError(f"{where} hold no samples")
+        return ShardIndex(urls, counts, None, list(names), f"{where} (listed by {_index_file(urls).name})",
+                          read=functools.partial(_read_shard, tuple(urls)), decode=decode_sample,
+                          label=functools.partial(_sample_class, len(names)))
     per_shard: list[list[int]] = []
     with Progress(urls, total=len(urls), desc=f"listing {len(urls)} shards ({where})", unit="shards",
                   interval=10.0) as shards:
@@ -191,7 +244,6 @@ def index_shards(root: str | Path, split: str, classes: list[str] | None = None)
     labels = torch.tensor([c for shard in per_shard for c in shard], dtype=torch.long)
     if len(labels) == 0:
         raise DataError(f"{where} hold no samples")
-    names = classes if classes is not None else _classes_file(root, urls)
     if names is None:
         names = [str(i) for i in range(int(labels.max()) + 1)]
     if int(labels.max()) >= len(names):
@@ -203,6 +255,18 @@ def index_shards(root: str | Path, split: str, classes: list[str] | None = None)
 
 def _read_shard(urls: tuple[str, ...], shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
     return read_samples(urls[shard], start, stop)
+
+
+def _sample_class(num_classes: int, sample: dict[str, Any]) -> int:
+    """A sample's ``cls``, checked against the ``num_classes`` classes (shards listed by an index)."""
+    key, url = sample.get("__key__"), sample.get("__url__")
+    if "cls" not in sample:
+        raise DataError(f"sample {key!r} of shard {url!r} has no 'cls' (an integer class); its files: "
+                        f"{sorted(k for k in sample if not k.startswith('__'))}")
+    value = _class_of(sample["cls"], key, url)
+    if value >= num_classes:
+        raise DataError(f"sample {key!r} of shard {url!r} has 'cls' {value}, but there are {num_classes} classes")
+    return value
 
 
 def read_samples(url: str, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
@@ -238,15 +302,16 @@ def decode_sample(sample: dict[str, Any], size: tuple[int, int] | None = None) -
 def write_shards(samples: Iterable[tuple[str, bytes, str, int]], out: str | Path, split: str, shard_size: int,
                  total: int) -> list[Path]:
     """Write ``(key, encoded image, suffix, label)`` samples as shards ``out/<split>-000000.tar``, ...,
-    ``shard_size`` samples each; returns their paths. Written as ``.tmp`` files and renamed when whole,
-    so a shard that exists is complete."""
+    ``shard_size`` samples each, and their wids index ``out/<split>.json``; returns the shards' paths.
+    Written as ``.tmp`` files and renamed when whole, so a shard that exists is complete."""
     wds = _webdataset()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths: list[Path] = []
-    writer = None
+    writer, written = None, 0
     with Progress(samples, total=total, desc=f"writing {split} shards", unit="images", interval=10.0) as bar:
         for n, (key, data, suffix, label) in enumerate(bar):
+            written = n + 1
             if n % shard_size == 0:
                 if writer is not None:
                     writer.close()
@@ -257,6 +322,7 @@ def write_shards(samples: Iterable[tuple[str, bytes, str, int]], out: str | Path
     if writer is not None:
         writer.close()
         paths[-1].with_suffix(".tar.tmp").rename(paths[-1])
+        write_index(paths, [min(shard_size, written - i * shard_size) for i in range(len(paths))], out / f"{split}.json")
     return paths
 
 
