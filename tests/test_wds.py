@@ -84,6 +84,20 @@ def test_shards_with_their_wids_index_are_listed_without_reading_them_and_a_stal
     assert index.counts == [14] * 6 + [12] and len(scanned) == 7 and len(index.labels) == 96  # read instead
 
 
+def test_shards_read_through_a_pipe_command_give_what_the_files_give(tiny_shards, tmp_path):
+    # pipe: (how object stores are read, e.g. pipe:aws s3 cp ... -) with cat: no index, every shard read
+    # through as a stream, listed and streamed alike.
+    from vitlab.data.shard_stream import ShardStream
+    from vitlab.data.shards import index_shards
+
+    local = index_shards(tmp_path, f"{tiny_shards}/test-*.tar")  # listed by test.json, labels read with samples
+    piped = index_shards(tmp_path, f"pipe:cat {tiny_shards}/test-{{000000..000002}}.tar")  # every cls read now
+    assert piped.counts == local.counts == [14, 14, 8] and local.labels is None and len(piped.labels) == 36
+    read = [[(x, int(y)) for x, y in ShardStream(ix, [(s, 0, n) for s, n in enumerate(ix.counts)], None, 4, False,
+                                                 (32, 32))] for ix in (local, piped)]
+    assert len(read[0]) == 36 and all(torch.equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(*read))
+
+
 def test_every_sample_once_an_epoch_on_two_processes_by_two_workers_from_seven_uneven_shards(tiny_shards):
     # Each process's loader as a run builds it, with 2 DataLoader workers; the labels are the samples'
     # ids. 96 samples, batches of 8 a process: 4 readers of 24 samples, parts that cross shard ends.

@@ -108,9 +108,11 @@ class ShardIndex:
 def _members(url: str) -> Iterator[tuple[str, Callable[[], bytes]]]:
     """``(name, read)`` for each regular file of a tar shard: a local file by seeking over the data
     (only what is read is read), anything else as webdataset opens it (a stream)."""
-    wds = _webdataset()
+    _webdataset()
+    from webdataset.gopen import gopen
+
     local = not url.startswith(("pipe:", "http://", "https://"))
-    stream = None if local else wds.gopen.gopen(url)
+    stream = None if local else gopen(url)
     with (tarfile.open(url) if local else tarfile.open(fileobj=stream, mode="r|*")) as tar:
         for member in tar:
             if member.isreg():
