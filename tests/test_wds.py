@@ -131,12 +131,14 @@ def test_every_sample_once_an_epoch_on_two_processes_by_two_workers_from_seven_u
     assert sorted(eval_seen) == list(range(70))
 
 
-@pytest.mark.parametrize("step", [3, 4])
+@pytest.mark.parametrize("step,buffer", [(3, 1000), (4, 1000), (3, 5)])
 def test_a_signal_inside_an_epoch_of_streamed_shards_resumes_at_the_next_sample_bit_identical(
-        tiny_shards, tmp_path, monkeypatch, on_cpu, step):
+        tiny_shards, tmp_path, monkeypatch, on_cpu, step, buffer):
     # 2 workers, 6 steps an epoch: stopping after step 3 resumes at the second worker's batch (the
-    # workers trade readers), after step 4 at the first's.
-    extra = (*RANDOM, *wds(tiny_shards, "data.num_workers=2", "data.val_size=12"), "train.batch_size=14")
+    # workers trade readers), after step 4 at the first's. A buffer of 5 holds a few of a reader's 42
+    # samples: the resumed reader reads again only what it still held.
+    extra = (*RANDOM, *wds(tiny_shards, "data.num_workers=2", "data.val_size=12", f"data.shuffle_buffer={buffer}"),
+             "train.batch_size=14")
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train(load_config(None, tiny_overrides(tiny_shards, whole, *extra)))
     reset_accelerate()

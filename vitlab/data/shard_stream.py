@@ -14,12 +14,14 @@ seeded by (seed, epoch, sample), as the map-style loaders do.
 
 Resuming at batch S of an epoch: a DataLoader takes its workers' batches in turn (batch j from worker
 ``j mod W``), so the worker that would have given batch S is made to start: worker w plays reader
-``(w + S) mod W`` of its process, which reads its part again and passes over, undecoded, the samples
-of the batches it had given. Evaluation reads every sample once, in listing order, cut into equal
+``(w + S) mod W`` of its process, replays its shuffle buffer's draws on sample ids up to the samples of
+the batches it had given, and reads only what the buffer still holds (passed over undecoded from the
+earliest of them) and what follows. Evaluation reads every sample once, in listing order, cut into equal
 parts without dropping any.
 """
 from __future__ import annotations
 
+import itertools
 import random
 from typing import Any, Iterator
 
@@ -123,17 +125,49 @@ class ShardStream(IterableDataset):
         g = torch.Generator().manual_seed(process_seed(self.seed, 0, self.epoch, "shards"))
         return [self.segments[i] for i in torch.randperm(len(self.segments), generator=g).tolist()]
 
-    def _read(self, start: int, stop: int) -> Iterator[tuple[int, dict[str, Any]]]:
-        """``(sample id, raw sample)`` for positions ``start`` to ``stop`` of the epoch's sequence."""
+    def _pieces(self, start: int, stop: int) -> Iterator[tuple[int, int, int]]:
+        """``(shard, a, b)``: the shards' samples ``a`` to ``b`` at positions ``start`` to ``stop`` of the
+        epoch's sequence, in order."""
         position = 0
         for shard, first, end in self._plan():
             lo, hi = max(start, position), min(stop, position + end - first)
             if lo < hi:
-                a, b = first + lo - position, first + hi - position
-                yield from zip(range(self.offsets[shard] + a, self.offsets[shard] + b), self.read(shard, a, b))
+                yield shard, first + lo - position, first + hi - position
             position += end - first
             if position >= stop:
                 break
+
+    def _ids(self, start: int, stop: int) -> list[int]:
+        """The sample ids at positions ``start`` to ``stop``, nothing read."""
+        return [i for shard, a, b in self._pieces(start, stop) for i in range(self.offsets[shard] + a,
+                                                                             self.offsets[shard] + b)]
+
+    def _read(self, start: int, stop: int) -> Iterator[tuple[int, dict[str, Any]]]:
+        """``(sample id, raw sample)`` for positions ``start`` to ``stop`` of the epoch's sequence."""
+        for shard, a, b in self._pieces(start, stop):
+            yield from zip(range(self.offsets[shard] + a, self.offsets[shard] + b), self.read(shard, a, b))
+
+    def _shuffled_from(self, reader: int, passed: int) -> Iterator[tuple[int, dict[str, Any]]]:
+        """A training reader's samples through its shuffle buffer (seeded by (seed, epoch, reader)), from
+        the ``passed``-th on. The buffer's draws depend on the samples' number only, so they are replayed
+        on sample ids (nothing read) up to ``passed``; then only the samples still in the buffer are read
+        again (from the earliest of them on, passed over undecoded) and the rest of the part after them."""
+        start, stop = self._range(reader)
+        rng = random.Random(process_seed(self.seed, 0, self.epoch, "shards", reader + 1))
+        if passed == 0:
+            return _shuffle(self._read(start, stop), self.shuffle_buffer, rng, [])
+        ids = self._ids(start, stop)
+        taken = iter(ids)
+        held: list[int] = []
+        for _ in itertools.islice(_shuffle(taken, self.shuffle_buffer, rng, held), passed):
+            pass
+        consumed = len(ids) - sum(1 for _ in taken)  # read from the part so far
+        position = {sid: p for p, sid in enumerate(ids[:consumed])}
+        earliest = min((position[sid] for sid in held), default=consumed)
+        wanted = set(held)
+        again = {sid: sample for sid, sample in self._read(start + earliest, start + consumed) if sid in wanted}
+        buffer = [(sid, again[sid]) for sid in held]
+        return _shuffle(self._read(start + consumed, stop), self.shuffle_buffer, rng, buffer)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         info = get_worker_info()
@@ -144,20 +178,31 @@ class ShardStream(IterableDataset):
         role = (worker + skip) % workers  # the worker that gives the next batch plays the reader that would have
         passed = (skip - role + workers - 1) // workers * self.batch_size  # samples of its batches already given
         reader = self.process_index * workers + role
-        samples: Iterator[tuple[int, dict[str, Any]]] = self._read(*self._range(reader))
-        if self.train:
-            from webdataset.filters import _shuffle
-
-            rng = random.Random(process_seed(self.seed, 0, self.epoch, "shards", reader + 1))
-            samples = _shuffle(samples, bufsize=self.shuffle_buffer, initial=self.shuffle_buffer, rng=rng)
-        for n, (sid, sample) in enumerate(samples):
-            if n < passed:
-                continue
+        samples = self._shuffled_from(reader, passed) if self.train else self._read(*self._range(reader))
+        for sid, sample in samples:
             image = self.decode(sample, self.size)
             if self.transform is not None:
                 image = (seeded_transform(self.transform, image, self.seed, self.epoch, sid) if self.train
                          else self.transform(image))
             yield image, (self.labels[sid] if self.labels is not None else torch.tensor(self.label(sample)))
+
+
+def _shuffle(items: Iterator[Any], size: int, rng: random.Random, buffer: list[Any]) -> Iterator[Any]:
+    """A shuffle buffer (webdataset's): ``buffer`` filled to ``size`` items, then each item read goes in
+    and one drawn by ``rng`` comes out; the rest drawn at the end. ``buffer`` is the caller's list, so
+    a shuffle can be stopped and continued from its state (:meth:`ShardStream._shuffled_from`)."""
+    for item in items:
+        buffer.append(item)
+        if len(buffer) >= size:
+            yield _pick(buffer, rng)
+    while buffer:
+        yield _pick(buffer, rng)
+
+
+def _pick(buffer: list[Any], rng: random.Random) -> Any:
+    k = rng.randrange(len(buffer))
+    buffer[k], buffer[-1] = buffer[-1], buffer[k]
+    return buffer.pop()
 
 
 class ShardLoader:
