@@ -55,6 +55,22 @@ def test_auto_streams_a_data_set_over_the_memory_budget_and_says_why(tiny_imagef
         load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "x", "data.loader=gpu", "data.in_memory=false"))
 
 
+def test_auto_streams_imagenet_style_crops_of_files_at_their_own_sizes(tiny_imagefolder):
+    # In memory the images would be squashed to one size before the random resized crops and the
+    # evaluation's center crop: other pixels than streaming gives. auto keeps them at their own sizes.
+    from vitlab.tasks.classification import in_memory, index_splits
+
+    cfg = load_config(None, tiny_overrides(tiny_imagefolder, tiny_imagefolder / "unused", "data.train_crop=rrc"))
+    train_index, test_index = index_splits(cfg.data)
+    keep, line = in_memory(cfg.data, train_index, test_index, (32, 32))
+    assert not keep and line.startswith("data: streamed, decoded at their own sizes by 0 DataLoader worker(s): "
+                                        "data.train_crop=rrc crops each image at its own size")
+    for extra in ("data.decode_size=48", "data.in_memory=true"):
+        d = load_config(None, tiny_overrides(tiny_imagefolder, tiny_imagefolder / "unused", "data.train_crop=rrc",
+                                             extra)).data
+        assert in_memory(d, train_index, test_index, (32, 32))[0]
+
+
 def test_every_streamed_sample_once_an_epoch_across_two_processes_and_two_workers(tiny_imagefolder):
     # Each process as Accelerate builds it for 2 processes, each loader with 2 workers; the labels
     # are the images' numbers. 96 images, global batches of 16: 6 batches, nothing dropped.

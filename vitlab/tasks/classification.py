@@ -54,8 +54,13 @@ def index_splits(d: DataConfig, classes: list[str] | None = None) -> tuple[Split
 def in_memory(d: DataConfig, train: SplitIndex, test: SplitIndex, size: tuple[int, int]) -> tuple[bool, str]:
     """Whether the images are decoded into memory (``data.in_memory``; ``auto``: when the decoded
     training and test splits fit a quarter of this machine's memory, shared by the processes started on
-    it), and a line that says which and why."""
+    it, and unless ImageNet-style crops want files at their own sizes), and a line that says which and why."""
     h, w = _decode_size(d, size)
+    if d.in_memory == "auto" and d.train_crop == "rrc" and not d.decode_size and train.pixels is None:
+        return False, (f"data: streamed, decoded at their own sizes by {d.num_workers} DataLoader worker(s): "
+                       f"data.train_crop=rrc crops each image at its own size, and in memory the images would be "
+                       f"stored at one size, {h} x {w} (data.in_memory=auto; set data.decode_size to keep them in memory "
+                       f"at that size)")
     count = (min(d.train_subset + d.val_size, len(train)) if d.train_subset else len(train)) + \
         (min(d.test_subset, len(test)) if d.test_subset else len(test))
     need = count * 3 * h * w
