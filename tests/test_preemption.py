@@ -249,6 +249,23 @@ def test_resume_auto_continues_across_keys_that_do_not_change_the_result_and_say
     assert _equal(_weights(whole), _weights(run_dir))
 
 
+def test_data_in_memory_is_continued_across_only_where_it_does_not_change_the_pixels(tiny_imagefolder, tmp_path):
+    # ImageNet-style crops of files: in memory they are stored at the model's size first, streamed they
+    # are cropped at their own sizes; a run is not continued across that. With decode_size both store alike.
+    rrc = ("train.epochs=1", "data.loader=torch", "data.train_crop=rrc")
+    train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "rrc", *rrc, "data.in_memory=false")))
+    reset_accelerate()
+    with pytest.raises(ConfigError, match=r"holds a run with another config \(data.in_memory: False there, True now\);"):
+        train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "rrc", *rrc, "data.in_memory=true")))
+    reset_accelerate()
+    sized = (*rrc, "data.decode_size=32")
+    train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "sized", *sized, "data.in_memory=false")))
+    reset_accelerate()
+    summary = train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "sized", *sized,
+                                                     "data.in_memory=true")))
+    assert summary["epochs_done"] == 1  # continued: the finished run, nothing more to train
+
+
 def test_resume_from_a_step_checkpoint_continues_its_run_in_the_run_directory(tiny_imagefolder, tmp_path):
     from vitlab.cli import train_main
 

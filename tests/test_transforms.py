@@ -159,6 +159,14 @@ def test_jpegs_decode_to_the_pixels_pil_gives_and_other_files_through_pil(photos
         expected = torch.from_numpy(np.asarray(Image.open(path).convert("RGB"))).permute(2, 0, 1)
         got = decode_image(path.read_bytes(), str(path))
         assert got.dtype == torch.uint8 and torch.equal(got, expected), path.name
+        resized = Image.open(path).convert("RGB").resize((40, 30), Image.BICUBIC)  # at a size: PIL's bicubic
+        assert torch.equal(decode_image(path.read_bytes(), str(path), (30, 40)),
+                           torch.from_numpy(np.asarray(resized).copy()).permute(2, 0, 1)), path.name
+    from vitlab.errors import DataError
+
+    for size in (None, (30, 40)):  # a broken file is one line naming it, at either size
+        with pytest.raises(DataError, match=r"^cannot read image 'sample 7 of a shard': "):
+            decode_image(b"\xff\xd8 not a JPEG", "'sample 7 of a shard'", size)
 
 
 def test_random_erasing_erases_normalized_batches_as_timms_prefetcher_does():

@@ -117,10 +117,20 @@ def create_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Accelerato
 
 
 # Keys that change how a run is watched, stored or stopped, never its numbers: train.resume=auto
-# continues a run across a change of them and says which changed.
+# continues a run across a change of them and says which changed. data.in_memory too, where it does not
+# change the pixels (:func:`_result_neutral`).
 RESULT_NEUTRAL_KEYS = frozenset({"train.resume", "train.log_with", "train.stop_signals", "train.log_every",
                                  "train.save_every", "train.save_every_steps", "train.keep_last", "data.num_workers",
                                  "data.in_memory"})
+
+
+def _result_neutral(key: str, cfg: Config) -> bool:
+    """Whether a change of ``key`` leaves ``cfg``'s numbers as they were: one of :data:`RESULT_NEUTRAL_KEYS`,
+    but not ``data.in_memory`` for ImageNet-style crops of files without ``data.decode_size`` (held in
+    memory they are stored at the model's input size first; streamed, cropped at their own sizes)."""
+    if key == "data.in_memory" and getattr(cfg.data, "train_crop", "pad") == "rrc" and not cfg.data.decode_size:
+        return False
+    return key in RESULT_NEUTRAL_KEYS
 
 
 def _newest_checkpoint(run_dir: Path) -> Path | None:
@@ -164,7 +174,7 @@ def _find_resume_point(cfg: Config, resume: str | Path | None) -> tuple[Path, Pa
     ``resume`` (a run directory, or a checkpoint in one) continues that run with ``cfg`` as it is now
     (more epochs, say). Otherwise ``train.output_dir`` decides. With ``train.resume: auto`` a directory
     holding a run (a checkpoint, or the ``config.yaml`` a run writes first) must hold ``cfg``'s run: the
-    keys that differ are one line, except :data:`RESULT_NEUTRAL_KEYS`, which are continued across and
+    keys that differ are one line, except the result-neutral ones (:func:`_result_neutral`), which are continued across and
     named; the run continues from its newest checkpoint, or starts anew if it died before its first.
     With ``train.resume: no`` any run there is refused.
     """
@@ -184,7 +194,7 @@ def _find_resume_point(cfg: Config, resume: str | Path | None) -> tuple[Path, Pa
         return run_dir, None, ""
     saved, wanted = _flat_hparams(load_config(saved_file)), _flat_hparams(cfg)
     changed = [k for k in sorted(saved.keys() | wanted.keys()) if saved.get(k) != wanted.get(k)]
-    differ = [f"{k}: {saved.get(k)!r} there, {wanted.get(k)!r} now" for k in changed if k not in RESULT_NEUTRAL_KEYS]
+    differ = [f"{k}: {saved.get(k)!r} there, {wanted.get(k)!r} now" for k in changed if not _result_neutral(k, cfg)]
     if differ:
         raise ConfigError(f"train.output_dir={str(run_dir)!r} holds a run with another config ({'; '.join(differ)}); "
                           f"run its own config to continue it, change it on purpose with --resume {run_dir} "

@@ -69,17 +69,17 @@ def open_image(path: str | Path, size: tuple[int, int] | None = None) -> Image.I
         raise DataError(f"cannot read image {str(path)!r}: {e}") from None
 
 
-def decode_image(data: bytes, where: str) -> Tensor:
-    """An encoded image (a file's bytes) as uint8 RGB ``(3, H, W)`` at its own size, the pixels
-    :func:`open_image` gives, decoded fastest: a JPEG by libjpeg-turbo through ``simplejpeg`` (0.63
-    against PIL's 1.08 ms to a NumPy array, a ~400 x 370 photograph, one core: PIL decodes into its own
-    memory and copies out), anything else by PIL, and CMYK JPEGs too (whose conversion to RGB differs
-    from PIL's by a level).
+def decode_image(data: bytes, where: str, size: tuple[int, int] | None = None) -> Tensor:
+    """An encoded image (a file's bytes) as uint8 RGB ``(3, H, W)``, the pixels :func:`open_image` gives:
+    at ``size`` (PIL's bicubic) if given; at its own size decoded fastest, a JPEG by libjpeg-turbo through
+    ``simplejpeg`` (0.63 against PIL's 1.08 ms to a NumPy array, a ~400 x 370 photograph, one core: PIL
+    decodes into its own memory and copies out), anything else by PIL, and CMYK JPEGs too (whose
+    conversion to RGB differs from PIL's by a level).
 
     Raises:
         DataError: naming ``where`` (the file, the sample), if it cannot be decoded.
     """
-    if simplejpeg is not None and data[:2] == b"\xff\xd8":
+    if size is None and simplejpeg is not None and data[:2] == b"\xff\xd8":
         try:
             if simplejpeg.decode_jpeg_header(data)[2] in ("Gray", "YCbCr", "RGB"):  # CMYK, YCCK: PIL's conversion
                 return torch.from_numpy(simplejpeg.decode_jpeg(data, colorspace="RGB")).permute(2, 0, 1)
@@ -87,7 +87,7 @@ def decode_image(data: bytes, where: str) -> Tensor:
             pass  # PIL decodes it, or says why not
     try:
         with Image.open(io.BytesIO(data)) as img:
-            return pil_to_tensor(img)
+            return pil_to_tensor(img, size)
     except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise DataError(f"cannot read image {where}: {e}") from None
 

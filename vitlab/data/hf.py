@@ -6,15 +6,13 @@ a folder of parquet files, listed as a :class:`~vitlab.data.split.SplitIndex`.
 from __future__ import annotations
 
 import functools
-import io
 from pathlib import Path
 from typing import Any, Iterator
 
-from PIL import Image
 from torch import Tensor
 
 from ..errors import DataError
-from .decode import decode_image, pil_to_tensor, to_rgb
+from .decode import decode_image, to_rgb
 from .images import ImageData
 from .shards import ShardIndex
 from .split import SplitIndex, label_indices
@@ -160,10 +158,7 @@ class _HubShards:
 def _decode_row(image_key: str, row: dict[str, Any], size: tuple[int, int] | None) -> Tensor:
     value = row[image_key]
     data = value["bytes"] if value.get("bytes") is not None else Path(value["path"]).read_bytes()
-    if size is None:
-        return decode_image(data, repr(value.get("path") or "an image of the stream"))
-    with Image.open(io.BytesIO(data)) as img:
-        return pil_to_tensor(img, size)
+    return decode_image(data, repr(value.get("path") or "an image of the stream"), size)
 
 
 def index_hf_stream(root: str, split: str, *, image_key: str = "", label_key: str = "",

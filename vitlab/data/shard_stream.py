@@ -79,7 +79,7 @@ class ShardStream(IterableDataset):
                  train: bool, size: tuple[int, int] | None = None, seed: int = 0, num_processes: int = 1,
                  process_index: int = 0, num_workers: int = 0, shuffle_buffer: int = 1000) -> None:
         self.read, self.decode, self.labels, self.label = index.read, index.decode, index.labels, index.label
-        self.offsets = [sum(index.counts[:i]) for i in range(len(index.counts))]  # each shard's first sample id
+        self.offsets = [0, *itertools.accumulate(index.counts)][:-1]  # each shard's first sample id
         self.segments, self.transform, self.size = [s for s in segments if s[2] > s[1]], transform, size
         self.batch_size, self.train, self.seed = batch_size, train, seed
         self.num_processes, self.process_index = num_processes, process_index
@@ -165,9 +165,10 @@ class ShardStream(IterableDataset):
         position = {sid: p for p, sid in enumerate(ids[:consumed])}
         earliest = min((position[sid] for sid in held), default=consumed)
         wanted = set(held)
-        again = {sid: sample for sid, sample in self._read(start + earliest, start + consumed) if sid in wanted}
+        rest = self._read(start + earliest, stop)  # one pass: what the buffer held, then what follows
+        again = {sid: sample for sid, sample in itertools.islice(rest, consumed - earliest) if sid in wanted}
         buffer = [(sid, again[sid]) for sid in held]
-        return _shuffle(self._read(start + consumed, stop), self.shuffle_buffer, rng, buffer)
+        return _shuffle(rest, self.shuffle_buffer, rng, buffer)
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         info = get_worker_info()

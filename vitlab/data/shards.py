@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import glob
-import io
 import json
 import random
 import re
@@ -21,12 +20,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
-from PIL import Image
 from torch import Tensor
 
 from ..errors import DataError
 from ..progress import Progress
-from .decode import decode_image, pil_to_tensor
+from .decode import decode_image
 
 __all__ = ["IMAGE_SUFFIXES", "ShardIndex", "expand_shards", "index_shards", "read_samples", "decode_sample",
            "write_shards"]
@@ -188,10 +186,9 @@ def _index_file(urls: list[str]) -> Path | None:
     return first.with_name(first.name.rsplit("-", 1)[0] + ".json") if "-" in first.name else None
 
 
-def _indexed_counts(urls: list[str]) -> list[int] | None:
-    """Each shard's sample count from its wids index, if there is one that lists every shard at its
-    present size (a shard rewritten since is listed again by reading it)."""
-    path = _index_file(urls)
+def _indexed_counts(urls: list[str], path: Path | None) -> list[int] | None:
+    """Each shard's sample count from its wids index at ``path``, if it lists every shard at its present
+    size (a shard rewritten since is listed again by reading it)."""
     if path is None or not path.is_file():
         return None
     try:
@@ -230,12 +227,13 @@ def index_shards(root: str | Path, split: str, classes: list[str] | None = None)
     """
     urls = expand_shards(root, split)
     where = f"shards {split!r}" + (f" of data.root={str(root)!r}" if not _is_pattern(split) else "")
-    counts = _indexed_counts(urls)
+    index_file = _index_file(urls)
+    counts = _indexed_counts(urls, index_file)
     names = classes if classes is not None else _classes_file(root, urls)
     if counts is not None and names is not None:
         if sum(counts) == 0:
             raise DataError(f"{where} hold no samples")
-        return ShardIndex(urls, counts, None, list(names), f"{where} (listed by {_index_file(urls).name})",
+        return ShardIndex(urls, counts, None, list(names), f"{where} (listed by {index_file.name})",
                           read=functools.partial(_read_shard, tuple(urls)), decode=decode_sample,
                           label=functools.partial(_sample_class, len(names)))
     per_shard: list[list[int]] = []
@@ -291,14 +289,7 @@ def decode_sample(sample: dict[str, Any], size: tuple[int, int] | None = None) -
         DataError: naming the sample and its shard, if the image cannot be decoded.
     """
     data = next(sample[s] for s in IMAGE_SUFFIXES if s in sample)
-    where = f"{sample['__key__']!r} of shard {sample.get('__url__')!r}"
-    if size is None:
-        return decode_image(data, where)
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            return pil_to_tensor(img, size)
-    except (OSError, ValueError, Image.DecompressionBombError) as e:
-        raise DataError(f"cannot read image {where}: {e}") from None
+    return decode_image(data, f"{sample['__key__']!r} of shard {sample.get('__url__')!r}", size)
 
 
 def write_shards(samples: Iterable[tuple[str, bytes, str, int]], out: str | Path, split: str, shard_size: int,
