@@ -31,6 +31,7 @@ __all__ = ["IMAGE_SUFFIXES", "ShardIndex", "expand_shards", "index_shards", "rea
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp")
 _META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta: members it never yields
+_REMOTE = ("pipe:", "http://", "https://")  # shards webdataset opens as streams, not local files
 
 
 def _webdataset() -> Any:
@@ -42,7 +43,7 @@ def _webdataset() -> Any:
 
 
 def _is_pattern(split: str) -> bool:
-    return any(c in split for c in "{*/?") or split.endswith(".tar") or split.startswith(("pipe:", "http"))
+    return any(c in split for c in "{*/?") or split.endswith(".tar") or split.startswith(_REMOTE)
 
 
 def expand_shards(root: str | Path, split: str) -> list[str]:
@@ -58,7 +59,7 @@ def expand_shards(root: str | Path, split: str) -> list[str]:
     pattern = split if _is_pattern(split) else f"{split}-*.tar"
     urls: list[str] = []
     for one in braceexpand(pattern):
-        if one.startswith(("pipe:", "http://", "https://")):
+        if one.startswith(_REMOTE):
             urls.append(one)
             continue
         path = Path(one).expanduser()
@@ -66,7 +67,7 @@ def expand_shards(root: str | Path, split: str) -> list[str]:
         found = sorted(glob.glob(str(path))) if any(c in one for c in "*?[") else ([str(path)] if path.is_file() else [])
         urls.extend(found)
     if not urls:
-        remote = pattern.startswith(("pipe:", "http://", "https://")) or Path(pattern).expanduser().is_absolute()
+        remote = pattern.startswith(_REMOTE) or Path(pattern).expanduser().is_absolute()
         shown = pattern if remote else str(Path(root).expanduser() / pattern)
         raise DataError(f"no WebDataset shards match {shown!r}; data.dataset=wds takes data.root=<dir of "
                         f"<split>-*.tar> or data.train_split/test_split as shard patterns (dir/train-{{0000..0099}}.tar)")
@@ -109,7 +110,7 @@ def _members(url: str) -> Iterator[tuple[str, Callable[[], bytes]]]:
     _webdataset()
     from webdataset.gopen import gopen
 
-    local = not url.startswith(("pipe:", "http://", "https://"))
+    local = not url.startswith(_REMOTE)
     stream = None if local else gopen(url)
     with (tarfile.open(url) if local else tarfile.open(fileobj=stream, mode="r|*")) as tar:
         for member in tar:
@@ -167,7 +168,7 @@ def _class_of(data: bytes, key: str, url: str) -> int:
 
 def _classes_file(root: str | Path, urls: list[str]) -> list[str] | None:
     """``classes.txt`` (one name a line, line i naming class i) beside the shards or in ``root``."""
-    places = [Path(root).expanduser()] + [Path(u).parent for u in urls[:1] if not u.startswith(("pipe:", "http"))]
+    places = [Path(root).expanduser()] + [Path(u).parent for u in urls[:1] if not u.startswith(_REMOTE)]
     for place in places:
         f = place / "classes.txt"
         if f.is_file():
@@ -180,7 +181,7 @@ INDEX_KIND = "wids-shard-index-v1"  # webdataset's wids index: {"shardlist": [{"
 
 def _index_file(urls: list[str]) -> Path | None:
     """The index ``<prefix>.json`` beside local shards ``<prefix>-NNNNNN.tar`` (``vitlab shards`` writes it)."""
-    if not urls or urls[0].startswith(("pipe:", "http://", "https://")):
+    if not urls or urls[0].startswith(_REMOTE):
         return None
     first = Path(urls[0])
     return first.with_name(first.name.rsplit("-", 1)[0] + ".json") if "-" in first.name else None
