@@ -139,3 +139,37 @@ def test_loader_auto_is_the_device_loader_on_cuda_only():
     for key in ("data.augment=autoaugment", "data.augment=trivialaugment", "data.train_crop=rrc"):
         with pytest.raises(ConfigError, match="data.loader=torch"):
             load_config(None, ["data.loader=gpu", key])
+
+
+@pytest.mark.parametrize("size", [(32, 32), (24, 40)])
+def test_geometric_randaugment_ops_as_pixel_maps_equal_torchvisions_ops(size):
+    # The device path moves pixels by a map torchvision computed once (no host copy per call on a GPU);
+    # the reference is torchvision's op itself on the same uint8 batch, at every magnitude bin and sign.
+    from torchvision.transforms import v2
+
+    from vitlab.data.images import _GEOMETRIC, _move_pixels, _pixel_map
+
+    reference = v2.RandAugment()
+    x = torch.randint(0, 256, (4, 3, *size), dtype=torch.uint8)
+    space = reference._AUGMENTATION_SPACE
+    checked = 0
+    for name in _GEOMETRIC:
+        magnitudes = space[name][0](reference.num_magnitude_bins, *size)
+        for m in magnitudes.tolist():
+            for sign in (1.0, -1.0):
+                expected = reference._apply_image_or_video_transform(x, name, sign * m, interpolation=reference.interpolation,
+                                                                     fill=reference._fill)
+                assert torch.equal(_move_pixels(x, _pixel_map(name, sign * m, *size, x.device)), expected), (name, m, sign)
+                checked += 1
+    assert checked == 5 * 31 * 2
+
+
+def test_sharpness_without_the_host_copy_equals_torchvisions_at_every_magnitude():
+    from torchvision.transforms.v2 import functional as TF
+
+    from vitlab.data.images import _sharpen
+
+    x = torch.randint(0, 256, (4, 3, 32, 24), dtype=torch.uint8)
+    for m in torch.linspace(0.0, 0.9, 31).tolist():  # torchvision's magnitude bins, both signs
+        for factor in (1.0 + m, 1.0 - m):
+            assert torch.equal(_sharpen(x, factor), TF.adjust_sharpness(x, factor)), factor

@@ -278,7 +278,9 @@ class _Loop:
         trackers = _trackers(t.log_with)
         self.accelerator = acc = create_accelerator(
             t.mixed_precision, log_with=trackers or None, project_dir=str(run_dir / "tensorboard"),
-            dataloader_config=DataLoaderConfiguration(split_batches=True, use_seedable_sampler=True, data_seed=t.seed),
+            # non_blocking: batches pinned by the DataLoader go to the GPU without the host waiting for it
+            dataloader_config=DataLoaderConfiguration(split_batches=True, use_seedable_sampler=True, data_seed=t.seed,
+                                                      non_blocking=True),
         )
         micro_batch = t.batch_size // t.grad_accum_steps
         if micro_batch % acc.num_processes:
@@ -291,9 +293,9 @@ class _Loop:
         model = task.model
         optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay, cfg.optim.lr, cfg.optim.layer_decay),
                                       lr=cfg.optim.lr, betas=cfg.optim.betas, fused=acc.device.type == "cuda" or None)
-        if t.compile:
-            model = torch.compile(model)  # checkpoints strip the wrapper: they load compiled or not
         self.model, self.optimizer = acc.prepare(model, optimizer)
+        if t.compile:  # after prepare: DDP's buckets are compiled with the model (checkpoints strip the wrapper)
+            self.model = torch.compile(self.model)
         self.eval_loaders = ({k: acc.prepare(v) for k, v in task.eval_loaders.items()} if task.prepare_eval_loaders
                              else task.eval_loaders)
         self.train_loader = acc.prepare(task.train_loader) if task.prepare_train_loader else task.train_loader
@@ -419,7 +421,9 @@ class _Loop:
         # the mean over the global batch, wherever its examples ran. DDP averages gradients over
         # processes, hence the factor num_processes. Even batches give weights of exactly 1 / k.
         counts = [self.task.count(b) for b in group]
-        total = acc.reduce(torch.tensor(float(sum(counts)), device=acc.device), reduction="sum")
+        # torch.full launches a fill kernel with the number as its argument; torch.tensor(x, device=cuda)
+        # would copy from pageable host memory, which waits for the GPU to finish the step before.
+        total = acc.reduce(torch.full((), float(sum(counts)), device=acc.device), reduction="sum")
         meter.samples += total.long()  # on the device: no host sync per step
         for i, batch in enumerate(group):
             with contextlib.nullcontext() if i == len(group) - 1 else acc.no_sync(model):

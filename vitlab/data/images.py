@@ -9,6 +9,7 @@ knows no model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Iterator
 
 import torch
@@ -98,6 +99,49 @@ def balanced_indices(labels: Tensor, n: int, seed: int = 0) -> Tensor:
     return torch.cat(chosen).sort().values
 
 
+# torchvision's RandAugment ops that move pixels (nearest sampling, zero fill): each is a fixed pixel map.
+_GEOMETRIC = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
+
+
+@lru_cache(maxsize=128)
+def _pixel_map(name: str, magnitude: float, h: int, w: int, device: torch.device) -> Tensor:
+    """Where torchvision's geometric RandAugment op ``name`` at ``magnitude`` takes each output pixel of an
+    ``(h, w)`` image from: flat indices + 1, and 0 where it fills with zeros. Computed once, by
+    torchvision's own op on an image of pixel numbers (exact in float32), so gathering with it is the op;
+    on a GPU the op itself would copy its affine matrix from the host, waiting for the device, every call."""
+    reference = v2.RandAugment()
+    numbers = torch.arange(1, h * w + 1, dtype=torch.float32).reshape(1, 1, h, w)
+    moved = reference._apply_image_or_video_transform(numbers, name, magnitude, interpolation=reference.interpolation,
+                                                      fill=reference._fill)
+    return moved.reshape(h * w).round().long().to(device)
+
+
+def _move_pixels(x: Tensor, pixel_map: Tensor) -> Tensor:
+    """A batch ``(b, C, H, W)`` through a :func:`_pixel_map`."""
+    b, c, h, w = x.shape
+    flat = torch.cat([x.new_zeros(b, c, 1), x.reshape(b, c, h * w)], dim=2)
+    return flat[:, :, pixel_map].reshape(b, c, h, w)
+
+
+@lru_cache(maxsize=16)
+def _sharpness_kernel(channels: int, device: torch.device) -> Tensor:
+    """torchvision's smoothing kernel of ``adjust_sharpness`` (1s around a 5, over 13), made once a device."""
+    a, b = 1.0 / 13.0, 5.0 / 13.0
+    return torch.tensor([[a, a, a], [a, b, a], [a, a, a]], dtype=torch.float32).to(device).expand(channels, 1, 3, 3)
+
+
+def _sharpen(x: Tensor, factor: float) -> Tensor:
+    """torchvision's ``adjust_sharpness`` of a uint8 batch ``(b, C, H, W)``: its arithmetic, step by step, with
+    its kernel made once a device (torchvision copies it from the host, waiting for the device, every call)."""
+    if x.shape[-1] <= 2 or x.shape[-2] <= 2:
+        return x
+    output = x.to(torch.float32, copy=True)
+    blurred = torch.nn.functional.conv2d(output, _sharpness_kernel(x.shape[1], x.device), groups=x.shape[1]).round_()
+    inner = output[..., 1:-1, 1:-1]  # the border keeps its pixels
+    inner.add_(blurred.sub_(inner), alpha=1.0 - factor)
+    return output.clamp_(0, 255).to(x.dtype)
+
+
 def rand_augment(x: Tensor, num_ops: int = 2, magnitude: int = 9, generator: torch.Generator | None = None) -> Tensor:
     """torchvision's ``v2.RandAugment(num_ops, magnitude)`` for a uint8 batch ``(b, C, H, W)``, each image
     drawing its own ops and signs, without a host round trip.
@@ -106,7 +150,9 @@ def rand_augment(x: Tensor, num_ops: int = 2, magnitude: int = 9, generator: tor
     (uniform over torchvision's 14) and a sign per round from ``generator``; each (op, sign) is then
     applied to the whole batch by torchvision's own op code and kept where it was drawn (``torch.where``),
     so the result is torchvision's per-image RandAugment and the draws stay on the device. That costs
-    about 23 batched ops per round, cheap next to a training step on a GPU.
+    about 23 batched ops per round, cheap next to a training step on a GPU. The geometric ops go through
+    their pixel maps (:func:`_pixel_map`, torchvision's own result) and sharpness through :func:`_sharpen`,
+    so no op waits for the host.
     """
     reference = v2.RandAugment(num_ops=num_ops, magnitude=magnitude)
     space = reference._AUGMENTATION_SPACE  # name -> (magnitudes(bins, h, w), signed); torchvision's table
@@ -124,8 +170,15 @@ def rand_augment(x: Tensor, num_ops: int = 2, magnitude: int = 9, generator: tor
                 chosen = op == i
                 if signed and values is not None:
                     chosen &= negative if sign < 0 else ~negative
-                y = reference._apply_image_or_video_transform(x, name, sign * m, interpolation=reference.interpolation,
-                                                              fill=reference._fill)
+                # Two kinds of op copy a constant from the host in torchvision: done here as it does, without.
+                if name in _GEOMETRIC:
+                    y = _move_pixels(x, _pixel_map(name, sign * m, h, w, x.device))
+                elif name == "Sharpness":
+                    y = _sharpen(x, 1.0 + sign * m)
+                else:
+                    y = reference._apply_image_or_video_transform(x, name, sign * m,
+                                                                  interpolation=reference.interpolation,
+                                                                  fill=reference._fill)
                 out = torch.where(chosen[:, None, None, None], y, out)
         x = out
     return x
