@@ -594,3 +594,24 @@ def test_the_model_card_states_what_the_run_measured_and_the_evaluations_recorde
     (evaluation,) = model.pretrained_cfg["evaluations"]
     assert evaluation["metrics"]["top1"] == best["val_top1"]  # the recorded val split is the run's own
     assert f"| val | top1 | {best['val_top1']:.4f} | `vitlab eval --checkpoint {run_dir} --split val` |" in card
+
+
+def test_processes_launched_on_the_cpu_do_not_see_the_gpus(monkeypatch):
+    # Accelerate's wait_for_everyone hands the local rank to torch.distributed.barrier(device_ids=...), and
+    # torch then names cuda:<rank> wherever CUDA is visible: on an H100 machine the rank-1 process of every
+    # `accelerate launch --cpu` / ACCELERATE_USE_CPU run died there. Such processes must not see the GPUs.
+    import vitlab.training as training
+
+    seen = []
+    monkeypatch.setattr(training, "Accelerator", lambda **kwargs: seen.append(os.environ.get("CUDA_VISIBLE_DEVICES")))
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # as in a freshly launched process
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    training.create_accelerator()
+    assert seen == [""]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "false")  # launched on the GPUs: nothing hidden
+    training.create_accelerator()
+    assert seen == ["", None]

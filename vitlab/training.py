@@ -106,6 +106,8 @@ def create_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Accelerato
     """
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
     on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    if launched and on_cpu:
+        _hide_gpus()
     gpus = torch.cuda.device_count()
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if launched and not on_cpu and 0 < gpus < local_processes:
@@ -114,6 +116,18 @@ def create_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Accelerato
                           f"launch --num_processes {gpus}), or run them on the CPU with ACCELERATE_USE_CPU=1 "
                           f"(accelerate launch --cpu)")
     return Accelerator(cpu=launched and not gpus, mixed_precision=mixed_precision, **kwargs)
+
+
+def _hide_gpus() -> None:
+    """Hide the GPUs from this process, as ``CUDA_VISIBLE_DEVICES=`` would: processes launched to run on
+    the CPU must not reach a GPU. Accelerate's ``wait_for_everyone`` passes the local rank to
+    ``torch.distributed.barrier(device_ids=...)`` also for gloo, and torch then names ``cuda:<rank>``
+    wherever CUDA is available: on a machine with one GPU the process of rank 1 failed (seen on an H100).
+    Takes effect only before anything in the process asked CUDA for its devices (say so if too late)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    if torch.cuda.is_initialized():
+        raise ConfigError("ACCELERATE_USE_CPU is set but CUDA was initialised before the Accelerator was created; "
+                          "start the processes with CUDA_VISIBLE_DEVICES= as well")
 
 
 # Keys that change how a run is watched, stored or stopped, never its numbers: train.resume=auto
