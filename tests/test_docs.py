@@ -130,6 +130,7 @@ class PageRun:
 
     def __init__(self, page: Path, root: Path, shared: Path) -> None:
         self.page, self.done = page, 0
+        self.unwritten: dict[str, str] = {}  # train.output_dir of a block skipped for its data -> the reason
         self.cwd = root / "repo"
         self.cwd.mkdir(parents=True)
         (root / "shared").symlink_to(shared.parent)
@@ -228,11 +229,17 @@ def _commands(code: str) -> list[str]:
 
 
 def _needs_missing_data(block: Block, run: PageRun) -> str | None:
+    # The block's own text and the configs it names (configs/multi30k_de_en.yaml reads shared/data/multi30k).
+    configs = [ROOT / c for c in re.findall(r"configs/[\w.-]+\.yaml", block.code) if (ROOT / c).is_file()]
+    text = "\n".join([block.code, *(c.read_text() for c in configs)])
     for name, variable in (("cifar10", "VITLAB_CIFAR10_DIR"), ("multi30k", "VITLAB_MULTI30K_DIR"),
                            ("tinyshakespeare", "VITLAB_TINYSHAKESPEARE")):
-        if f"shared/data/{name}" in block.code and not (run.shared / name).exists():
-            return f"real data not available: set {variable}"
-    return None
+        if f"shared/data/{name}" in text and not (run.shared / name).exists():
+            reason = f"real data not available: set {variable}"
+            run.unwritten.update({out: reason for out in re.findall(r"train\.output_dir=(\S+)", block.code)})
+            return reason
+    # A block that reads what a skipped block would have written (its run directory) skips with it.
+    return next((reason for out, reason in run.unwritten.items() if out in block.code), None)
 
 
 def _run_block(block: Block, run: PageRun, monkeypatch: pytest.MonkeyPatch) -> None:

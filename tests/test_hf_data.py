@@ -58,7 +58,8 @@ def _run(data: list[str], run_dir: Path) -> dict:
     return summary
 
 
-def test_a_saved_datasetdict_trains_to_the_numbers_of_the_same_images_as_an_imagefolder(cifar_copies, tmp_path):
+def test_a_saved_datasetdict_trains_to_the_numbers_of_the_same_images_as_an_imagefolder(cifar_copies, tmp_path,
+                                                                                           on_cpu):
     # Same images, same order, same seed: the same validation split, batches, augmentation and weights.
     folder = _run(["data.dataset=imagefolder", f"data.root={cifar_copies['imagefolder']}"], tmp_path / "folder")
     saved = _run(["data.dataset=hf", f"data.root={cifar_copies['saved']}"], tmp_path / "saved")
@@ -73,7 +74,7 @@ def test_a_saved_datasetdict_trains_to_the_numbers_of_the_same_images_as_an_imag
 
 
 def test_a_saved_datasetdict_streamed_from_its_arrow_files_trains_to_the_numbers_held_in_memory(cifar_copies,
-                                                                                                  tmp_path):
+                                                                                                  tmp_path, on_cpu):
     # Streamed: each image decoded from the memory-mapped Arrow table by a DataLoader worker when read.
     data = ["data.dataset=hf", f"data.root={cifar_copies['saved']}", "data.loader=torch"]
     memory = _run([*data, "data.in_memory=true"], tmp_path / "memory")

@@ -189,7 +189,7 @@ def test_a_step_checkpoint_due_on_an_epochs_last_step_is_written_whatever_save_e
 
 
 def test_resume_auto_continues_from_best_when_last_was_never_written_and_refuses_another_config(
-        tiny_imagefolder, tmp_path, monkeypatch, capsys):
+        tiny_imagefolder, tmp_path, monkeypatch, capsys, on_cpu):
     # save_every=3 with a validation split: the run dies in epoch 2 with best/ (epoch 1) and no last/.
     extra = ("train.epochs=3", "train.save_every=3", "data.val_size=12", *RANDOM[1:])
     run_dir, whole = tmp_path / "run", tmp_path / "whole"
@@ -266,7 +266,7 @@ def test_data_in_memory_is_continued_across_only_where_it_does_not_change_the_pi
     assert summary["epochs_done"] == 1  # continued: the finished run, nothing more to train
 
 
-def test_resume_from_a_step_checkpoint_continues_its_run_in_the_run_directory(tiny_imagefolder, tmp_path):
+def test_resume_from_a_step_checkpoint_continues_its_run_in_the_run_directory(tiny_imagefolder, tmp_path, on_cpu):
     from vitlab.cli import train_main
 
     run_dir, whole = tmp_path / "run", tmp_path / "whole"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from conftest import reset_accelerate, tiny_overrides
 from vitlab.cli import main, train_main
@@ -19,7 +20,8 @@ def test_a_finished_run_ends_with_its_result_in_percent_where_the_model_is_and_t
     train_main(["--config", "configs/cifar10_cpu_quick.yaml", "--json", *tiny_overrides(tiny_imagefolder, run_dir)])
     out = capsys.readouterr().out.splitlines()
     header = next(line for line in out if line.startswith("model "))
-    assert " process(es) on cpu, " in header and " torch thread(s) each" in header
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # where Accelerate puts a single process
+    assert f" process(es) on {device}, " in header and " torch thread(s) each" in header
     summary = json.loads((run_dir / "summary.json").read_text())
     assert json.loads(out[-1]) == summary  # --json: the same summary, as the last line
     assert out[-2] == (f"finished 2 epochs in {summary['wall_time']:.0f} s: test top-1 "

@@ -174,10 +174,11 @@ def test_bleu_is_sacrebleu_of_the_detokenized_outputs_in_dataset_order(parallel_
     accelerator = Accelerator()
     for answer_of in (lambda i: i, lambda i: (i + 1) % len(data)):  # right answers; every answer one off
         loader = accelerator.prepare(DataLoader(data, batch_size=6, shuffle=True, collate_fn=collate_indexed))
-        bleu = evaluate_seq2seq(_Oracle(data, answer_of), loader, accelerator, data, tokenizer)["bleu"]
+        bleu = evaluate_seq2seq(_Oracle(data, answer_of).to(accelerator.device), loader, accelerator, data, tokenizer)["bleu"]
         texts = [tokenizer.decode(data.pairs[answer_of(i)][1].tolist()) for i in range(len(data))]
         assert bleu == pytest.approx(sacrebleu.corpus_bleu(texts, [data.references]).score, abs=1e-9)
-    assert evaluate_seq2seq(_Oracle(data, lambda i: i), loader, accelerator, data, tokenizer)["bleu"] == pytest.approx(100)
+    oracle = _Oracle(data, lambda i: i).to(accelerator.device)
+    assert evaluate_seq2seq(oracle, loader, accelerator, data, tokenizer)["bleu"] == pytest.approx(100)
 
 
 def test_eval_and_translate_commands_on_a_translation_run(parallel_run, tmp_path):
