@@ -99,3 +99,26 @@ def test_a_run_on_a_busy_machine_says_how_many_threads_to_give_torch(monkeypatch
     assert "the machine is busy (" in advice and f"OMP_NUM_THREADS={max(1, os.cpu_count() - 1)}" in advice
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user has chosen: nothing to say
     assert _busy_machine_advice() == ""
+
+
+def test_a_run_continued_by_several_commands_reports_the_whole_runs_time(tiny_imagefolder, tmp_path, capsys):
+    # A job requeued 20 times must not say it took its last slice: the summary and the last line give the
+    # run's time, the earlier commands' (kept in trainer_state.json) plus this one's.
+    import time
+
+    from vitlab import checkpoint as ckpt
+    from vitlab.training import train
+
+    run_dir = tmp_path / "run"
+    cfg = load_config(None, tiny_overrides(tiny_imagefolder, run_dir))
+    train(cfg, stop_after_epoch=1)
+    reset_accelerate()
+    state_file = run_dir / "checkpoints/last/trainer_state.json"
+    state = ckpt.read_json(state_file)
+    ckpt.write_json(state_file, {**state, "wall_time": 1000.0})  # as if the first command had run 1000 s
+    started = time.time()
+    result = train(cfg, resume=run_dir)
+    this_command = time.time() - started
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert 1000.0 < result["wall_time"] == summary["wall_time"] < 1000.0 + this_command
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"finished 2 epochs in {summary['wall_time']:.0f} s")

@@ -676,8 +676,8 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     finishes its optimizer step, ``last/`` is written and :class:`~vitlab.errors.Preempted` (exit status
     75) is raised. ``stop_after_epoch`` ends the run early after that epoch's checkpoint, as an
     interruption would (the schedule still spans ``train.epochs``). Returns a summary: the last
-    evaluation, the best validation metric (if any), epochs, wall time.
-    """
+    evaluation, the best validation metric (if any), epochs, the wall time of the whole run (every
+    command that continued it)."""
     start_time = time.time()
     run_dir, resume_from, note = _find_resume_point(cfg, resume)  # bad input fails here, before data is read
     loop = _Loop(cfg, run_dir, resume_from)
@@ -713,7 +713,8 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
         acc.print(f"{run_dir} holds a finished run ({t.epochs} epochs): nothing to train")
         summary = _last_eval(loop.metrics_file)
     result = {**summary, "best_metric": state["best_metric"], "best_epoch": state["best_epoch"],
-              "epochs_done": state["epoch"], "wall_time": time.time() - start_time, "run_dir": str(run_dir)}
+              "epochs_done": state["epoch"], "run_dir": str(run_dir),
+              "wall_time": loop.wall_time_before + time.time() - start_time}  # the run's: its earlier commands' too
     if state["epoch"] == t.epochs:
         if acc.is_main_process:
             ckpt.write_json(run_dir / "summary.json", summary_of(result))
