@@ -123,3 +123,80 @@ def test_a_corrupt_image_met_while_streaming_stops_the_run_in_one_line_naming_it
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr[-2000:]
     assert done.stderr.startswith(f"error: cannot read image '{broken}'")
+
+
+@pytest.mark.parametrize("layout, expected_gib", [
+    ({"proc": "0::/job/step\n", "job/memory.max": "8589934592\n", "job/step/memory.max": "max\n"}, 8),  # v2: a parent's
+    ({"proc": "4:memory:/slurm/uid_0/job_1\n0::/\n", "memory/slurm/uid_0/job_1/memory.limit_in_bytes": "4294967296\n",
+      "memory/memory.limit_in_bytes": "9223372036854771712\n"}, 4),  # v1 (SLURM's --mem=4G)
+    ({"proc": "0::/\n", "unified/memory.max": "2147483648\n"}, 2),  # v2 beside v1 (a hybrid mount)
+    ({"proc": "0::/\n", "memory.max": "max\n"}, None),  # unlimited: the machine's memory
+    ({"proc": "4:memory:/\n", "memory/memory.limit_in_bytes": "9223372036854771712\n"}, None),
+    ({}, None),  # no cgroups at all (macOS)
+])
+def test_the_memory_budget_is_the_cgroups_limit_where_one_is_set(tmp_path, layout, expected_gib):
+    # A 4 GiB SLURM job on a 512 GiB node must plan for 4 GiB: data.in_memory=auto decoded everything and
+    # was killed. The limit is read from this process's cgroup and every cgroup above it.
+    from vitlab.tasks.classification import _memory_bytes
+
+    root = tmp_path / "cgroup"
+    for name, text in layout.items():
+        path = tmp_path / "self_cgroup" if name == "proc" else root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    physical = _memory_bytes(tmp_path / "missing", root)
+    assert physical == os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    found = _memory_bytes(tmp_path / "self_cgroup", root)
+    assert found == (physical if expected_gib is None else expected_gib * 2 ** 30)
+
+
+@pytest.fixture(scope="module")
+def streamed_sources(tiny_imagefolder, tmp_path_factory) -> dict[str, tuple[str, ...]]:
+    """The tiny ImageFolder three ways, each streamed by DataLoader workers: the folder itself, a saved
+    DatasetDict of its files, its WebDataset shards."""
+    datasets = pytest.importorskip("datasets")
+    pytest.importorskip("webdataset")
+    from vitlab.cli import main
+
+    root = tmp_path_factory.mktemp("sources")
+    classes = sorted(p.name for p in (tiny_imagefolder / "train").iterdir())
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=classes)})
+    datasets.DatasetDict({split: datasets.Dataset.from_dict(
+        {"image": [str(f) for c in classes for f in sorted((tiny_imagefolder / split / c).iterdir())],
+         "label": [i for i, c in enumerate(classes) for _ in sorted((tiny_imagefolder / split / c).iterdir())]},
+        features=features) for split in ("train", "test")}).save_to_disk(str(root / "saved"))
+    main(["shards", str(tiny_imagefolder), str(root / "shards"), "--shard-size", "48"])
+    return {"imagefolder": ("data.dataset=imagefolder", f"data.root={tiny_imagefolder}", "data.in_memory=false"),
+            "hf": ("data.dataset=hf", f"data.root={root / 'saved'}", "data.in_memory=false"),
+            "wds": ("data.dataset=wds", f"data.root={root / 'shards'}")}
+
+
+@pytest.fixture(scope="module")
+def forked_results() -> dict[str, dict]:
+    return {}  # source -> the run with workers started by fork, the reference
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+@pytest.mark.parametrize("source", ["imagefolder", "hf", "wds"])
+def test_streamed_sources_train_with_workers_started_by_forkserver_and_spawn_as_by_fork(
+        streamed_sources, forked_results, tiny_imagefolder, tmp_path, on_cpu, source, method):
+    # Python 3.14 starts multiprocessing workers by forkserver on Linux, macOS and Windows by spawn: both
+    # pickle the dataset for each worker (a listed split held lambdas: "Can't pickle local object
+    # 'index_imagefolder.<locals>.<lambda>'", and every streamed run there died at its first batch). The
+    # workers read the same images, augmented by the same per-image seeds, whichever way they started.
+    import multiprocessing
+
+    from vitlab.training import train
+
+    keys = (*streamed_sources[source], "data.loader=torch", "data.num_workers=2", "train.epochs=1")
+    previous = multiprocessing.get_start_method(allow_none=True)
+    for start in ("fork", method) if source not in forked_results else (method,):
+        multiprocessing.set_start_method(start, force=True)
+        try:
+            result = train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / start, *keys)))
+        finally:
+            multiprocessing.set_start_method(previous, force=True)
+            reset_accelerate()
+        forked_results.setdefault(source, result)
+    assert result["test_top1"] == forked_results[source]["test_top1"]
+    assert result["test_loss"] == pytest.approx(forked_results[source]["test_loss"], abs=1e-6)

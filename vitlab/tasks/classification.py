@@ -53,8 +53,9 @@ def index_splits(d: DataConfig, classes: list[str] | None = None) -> tuple[Split
 
 def in_memory(d: DataConfig, train: SplitIndex, test: SplitIndex, size: tuple[int, int]) -> tuple[bool, str]:
     """Whether the images are decoded into memory (``data.in_memory``; ``auto``: when the decoded
-    training and test splits fit a quarter of this machine's memory, shared by the processes started on
-    it, and unless ImageNet-style crops want files at their own sizes), and a line that says which and why."""
+    training and test splits fit a quarter of the memory here (:func:`_memory_bytes`: a cgroup's limit
+    where one is set), shared by the processes started on it, and unless ImageNet-style crops want files
+    at their own sizes), and a line that says which and why."""
     h, w = _decode_size(d, size)
     if d.in_memory == "auto" and d.train_crop == "rrc" and not d.decode_size and train.pixels is None:
         return False, (f"data: streamed, decoded at their own sizes by {d.num_workers} DataLoader worker(s): "
@@ -73,19 +74,51 @@ def in_memory(d: DataConfig, train: SplitIndex, test: SplitIndex, size: tuple[in
     fits = need <= budget
     return fits, (f"data: {count:,} images at {h} x {w} take {need / 2 ** 30:.2f} GiB decoded, "
                   f"{'within' if fits else 'over'} the budget of {budget / 2 ** 30:.1f} GiB a process (a quarter of "
-                  f"this machine's memory over {processes} process(es)): "
+                  f"the memory this job may use, the machine's or its cgroup's limit, over {processes} process(es)): "
                   + ("in memory" if fits else f"streamed, decoded by {d.num_workers} DataLoader worker(s)")
                   + " (data.in_memory=auto; true or false to choose)")
 
 
-def _memory_bytes() -> int:
-    """This machine's memory: POSIX's page count, else psutil's (an Accelerate dependency; Windows)."""
+def _memory_bytes(proc_cgroup: Path = Path("/proc/self/cgroup"), cgroup_root: Path = Path("/sys/fs/cgroup")) -> int:
+    """The memory this process may use: this machine's (POSIX's page count, else psutil's, an Accelerate
+    dependency; Windows), or less where a cgroup limits it (a container's, a SLURM job's ``--mem``):
+    :func:`_cgroup_memory_limits` of ``proc_cgroup`` under ``cgroup_root``."""
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (AttributeError, ValueError, OSError):
         import psutil
 
-        return psutil.virtual_memory().total
+        physical = psutil.virtual_memory().total
+    return min([physical, *_cgroup_memory_limits(proc_cgroup, cgroup_root)])
+
+
+def _cgroup_memory_limits(proc_cgroup: Path, root: Path) -> list[int]:
+    """The memory limits set on the cgroups of ``proc_cgroup`` (``/proc/self/cgroup``'s lines
+    ``ID:CONTROLLERS:PATH``) and on every cgroup above them: cgroup v2's ``memory.max`` (under ``root``, or
+    ``root/unified`` beside v1), v1's ``memory/…/memory.limit_in_bytes``. "max" and v1's near-2^63 mean none."""
+    try:
+        lines = proc_cgroup.read_text().splitlines()
+    except OSError:
+        return []
+    found = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":  # cgroup v2
+            places = [(base, "memory.max") for base in (root, root / "unified")]
+        elif "memory" in controllers.split(","):
+            places = [(root / "memory", "memory.limit_in_bytes")]
+        else:
+            continue
+        parts = [p for p in path.split("/") if p]
+        for base, name in places:
+            for depth in range(len(parts) + 1):  # the group itself and each group above it
+                try:
+                    value = (base.joinpath(*parts[:depth]) / name).read_text().strip()
+                except OSError:
+                    continue
+                if value.isdigit() and int(value) < 2 ** 60:
+                    found.append(int(value))
+    return found
 
 
 def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int], index: SplitIndex,
