@@ -34,16 +34,19 @@ def ignore_in_workers(loader: Any, names: str) -> None:
     group; a worker killed by the stop signal (torch's workers die on SIGTERM) would take the main
     process down with it before it could write its checkpoint. The main process ends its workers."""
     if getattr(loader, "num_workers", 0) and _parse(names):
-        loader.worker_init_fn = functools.partial(_ignore_then, names, _main_exiting(), loader.worker_init_fn)
+        context = getattr(loader, "multiprocessing_context", None) or multiprocessing.get_context()
+        loader.worker_init_fn = functools.partial(_ignore_then, names, _main_exiting(context.get_start_method()),
+                                                  loader.worker_init_fn)
 
 
 @functools.cache
-def _main_exiting() -> Any:
+def _main_exiting(start_method: str) -> Any:
     """An event the main process sets when it exits. At exit, multiprocessing ends daemonic children
     (DataLoader workers still alive after an error, a corrupt image met by a worker) with SIGTERM and
     waits for them: a worker that ignored it would make the process hang there. This atexit handler
-    runs before multiprocessing's (registered earlier, when multiprocessing was imported)."""
-    event = multiprocessing.Event()
+    runs before multiprocessing's (registered earlier, when multiprocessing was imported). One for each
+    way of starting workers: an event made for fork cannot go to a worker started by forkserver or spawn."""
+    event = multiprocessing.get_context(start_method).Event()
     atexit.register(event.set)
     return event
 

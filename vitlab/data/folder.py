@@ -3,6 +3,7 @@ each listed as a :class:`~vitlab.data.split.SplitIndex`."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from PIL import Image
@@ -11,9 +12,39 @@ from ..errors import DataError
 from .decode import decode_image, open_image
 from .split import SplitIndex, label_indices
 
+if TYPE_CHECKING:
+    import numpy as np
+
 __all__ = ["IMAGE_EXTENSIONS", "index_imagefolder", "index_cifar10"]
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".ppm", ".tif", ".tiff")
+
+
+class FolderFiles:
+    """A folder split's image files, read by position. A plain object (a list of paths), so it pickles:
+    DataLoader workers started by fork, forkserver or spawn all get it."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self.files = files
+
+    def open(self, i: int) -> Image.Image:
+        return open_image(self.files[i])
+
+    def encoded(self, i: int) -> bytes:
+        return self.files[i].read_bytes()
+
+    def read(self, i: int) -> torch.Tensor:
+        return decode_image(self.files[i].read_bytes(), repr(str(self.files[i])))
+
+
+class ArrayImages:
+    """Images held as a NumPy array ``(N, H, W, 3)`` (torchvision's CIFAR-10), opened by position; pickles."""
+
+    def __init__(self, array: "np.ndarray") -> None:
+        self.array = array
+
+    def open(self, i: int) -> Image.Image:
+        return Image.fromarray(self.array[i])
 
 
 def index_imagefolder(root: Path, split: str, classes: list[str] | None = None) -> SplitIndex:
@@ -44,8 +75,8 @@ def index_imagefolder(root: Path, split: str, classes: list[str] | None = None) 
         raise DataError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {str(split_dir)!r}")
     where = f"split {split!r} of data.root={str(root)!r}"
     labels, classes = label_indices(names, classes if classes is not None else folders, where)
-    return SplitIndex(labels, classes, lambda i: open_image(files[i]), where, encoded=lambda i: files[i].read_bytes(),
-                      read=lambda i: decode_image(files[i].read_bytes(), repr(str(files[i]))))
+    reader = FolderFiles(files)
+    return SplitIndex(labels, classes, reader.open, where, encoded=reader.encoded, read=reader.read)
 
 
 def index_cifar10(root: Path, split: str, download: bool) -> SplitIndex:
@@ -67,5 +98,5 @@ def index_cifar10(root: Path, split: str, download: bool) -> SplitIndex:
                         f"point data.root at a copy: data.dataset=imagefolder data.root=<dir with train/ and test/ "
                         f"class folders>, or data.download=false data.root=<dir with cifar-10-batches-py/>") from None
     images = torch.from_numpy(ds.data).permute(0, 3, 1, 2)  # (N, 32, 32, 3) -> (N, 3, 32, 32), a view
-    return SplitIndex(torch.tensor(ds.targets), list(ds.classes), lambda i: Image.fromarray(ds.data[i]),
+    return SplitIndex(torch.tensor(ds.targets), list(ds.classes), ArrayImages(ds.data).open,
                       f"CIFAR-10 {split!r} under data.root={str(root)!r}", pixels=images)

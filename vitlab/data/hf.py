@@ -108,14 +108,27 @@ def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str
     names = list(feature.names) if hasattr(feature, "names") else None  # a ClassLabel
     labels, classes = label_indices(ds[label_key], classes, where, names)  # without decoding any image
     images = ds.select_columns([image_key])
-    raw = images.cast_column(image_key, datasets.Image(decode=False))
+    reader = DatasetImages(images, images.cast_column(image_key, datasets.Image(decode=False)), image_key, where)
+    return SplitIndex(labels, classes, reader.open, where, encoded=reader.encoded, read=reader.read)
 
-    def encoded(i: int) -> bytes:
-        value = raw[i][image_key]
+
+class DatasetImages:
+    """The image column of a Hugging Face split, read by position: decoded by ``datasets`` (``open``), or
+    its stored bytes (``encoded``) decoded by :func:`~vitlab.data.decode.decode_image` (``read``). A plain
+    object holding the (memory-mapped) datasets, so it pickles for DataLoader workers of any start method."""
+
+    def __init__(self, images: Any, raw: Any, image_key: str, where: str) -> None:
+        self.images, self.raw, self.image_key, self.where = images, raw, image_key, where
+
+    def open(self, i: int) -> Any:
+        return to_rgb(self.images[i][self.image_key])
+
+    def encoded(self, i: int) -> bytes:
+        value = self.raw[i][self.image_key]
         return value["bytes"] if value.get("bytes") is not None else Path(value["path"]).read_bytes()
 
-    return SplitIndex(labels, classes, lambda i: to_rgb(images[i][image_key]), where, encoded=encoded,
-                      read=lambda i: decode_image(encoded(i), f"{i} of {where}"))
+    def read(self, i: int) -> Tensor:
+        return decode_image(self.encoded(i), f"{i} of {self.where}")
 
 
 def _streamed(root: str, split: str, **kwargs: Any) -> Any:
