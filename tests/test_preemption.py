@@ -398,6 +398,67 @@ def test_every_process_augments_each_image_anew_every_epoch(loader):
         assert not any(torch.equal(*views) for views in twice), f"process {rank}"
 
 
+class _WithWorkerPid(torch.utils.data.Dataset):
+    """A dataset's samples with the pid of the process that made them."""
+
+    def __init__(self, dataset: TensorImageDataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.dataset.set_epoch(epoch)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        return (*self.dataset[i], os.getpid())
+
+
+def test_dataloader_workers_live_across_epochs_and_augment_each_epoch_anew(tiny_imagefolder, tmp_path):
+    # Forking new workers every epoch from a process with live threads (gloo's, the last iterator's queue
+    # feeders) hung a 2-process run inside os.fork(). The workers now live for the run and read each epoch
+    # from shared memory: the same workers every epoch, each epoch's draws those of a loader without
+    # workers, and new draws every epoch.
+    from torch.utils.data import DataLoader
+
+    from vitlab.training import _Loop
+
+    data = ImageData(torch.randint(0, 256, (32, 3, 16, 16), dtype=torch.uint8), torch.arange(32), list("ab"))
+    dataset = TensorImageDataset(data, train_transform((16, 16), augment="randaugment"), seed=0)
+    loaders = {w: DataLoader(_WithWorkerPid(dataset), batch_size=8, num_workers=w, persistent_workers=w > 0)
+               for w in (0, 2)}
+    images: dict[tuple[int, int], list[torch.Tensor]] = {}
+    pids: dict[int, set[int]] = {}
+    for epoch in (1, 2, 3):
+        for workers, loader in loaders.items():
+            loader.dataset.set_epoch(epoch)
+            batches = list(loader)
+            images[epoch, workers] = [x for b in batches for x in b[0]]
+            if workers:
+                pids[epoch] = {int(pid) for b in batches for pid in b[2]}
+        assert all(torch.equal(a, b) for a, b in zip(images[epoch, 0], images[epoch, 2]))
+    assert len(pids[1]) == 2 and pids[1] == pids[2] == pids[3] and os.getpid() not in pids[1]
+    assert not any(torch.equal(a, b) for a, b in zip(images[1, 2], images[2, 2]))
+    # Training builds its DataLoaders so.
+    loop = _Loop(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "run", "data.num_workers=2",
+                                                  "data.loader=torch")), tmp_path / "run", None)
+    assert loop.train_loader.persistent_workers and all(v.persistent_workers for v in loop.eval_loaders.values())
+
+
+def test_many_short_epochs_on_two_processes_by_two_workers_end(tiny_imagefolder, tmp_path):
+    # The stress that hung (1 run of 3 at full size): a new epoch every few steps on 2 gloo processes with
+    # 2 DataLoader workers each and one torch thread. A hang fails on the timeout.
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+               str(Path(__file__).resolve().parents[1] / "train.py"), "--config", "configs/cifar10_cpu_quick.yaml",
+               *tiny_overrides(tiny_imagefolder, tmp_path / "run", "train.epochs=16", "train.batch_size=32",
+                               "data.loader=torch", "data.num_workers=2", "train.eval_every=8")]
+    env = {**launch_env(2), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=240,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "finished 16 epochs" in done.stdout
+
+
 # Two processes (gloo), launched as a user would. The signal and the kill come from outside, at a time
 # the test does not choose exactly: what is checked holds wherever they land.
 TWO = (*RANDOM, "train.epochs=3", "train.save_every_steps=2")  # 18 steps

@@ -50,15 +50,23 @@ class TensorImageDataset(Dataset):
     inside ``fork_rng`` (the caller's generator is left as it was): the augmentation of an image is a
     function of (seed, epoch, image), whichever worker or process loads it and wherever an epoch
     resumes. Without ``seed`` the transform draws from the global generator (evaluation draws nothing).
+
+    The epoch is held in shared memory, so DataLoader workers that live across epochs
+    (``persistent_workers``) read the one the main process set before the epoch's batches were asked for.
     """
 
     def __init__(self, data: ImageData, transform: v2.Transform | None = None, seed: int | None = None) -> None:
         self.data = data
         self.transform = transform
-        self.seed, self.epoch = seed, 0
+        self.seed = seed
+        self._epoch = torch.zeros((), dtype=torch.long).share_memory_()
+
+    @property
+    def epoch(self) -> int:
+        return int(self._epoch)
 
     def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+        self._epoch.fill_(epoch)
 
     def __len__(self) -> int:
         return len(self.data.labels)

@@ -290,9 +290,11 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         stored = tuple(train_data.images.shape[-2:]) if d.train_crop == "pad" else None
         transform = _train_transform(d, size, stored)
         train_set = TensorImageDataset(train_data, transform, seed=t.seed)
-        # Workers are not persistent: fresh ones each epoch get the dataset with its epoch set (each
-        # image's augmentation is seeded by (seed, epoch, image)).
-        loader_args: dict[str, Any] = dict(num_workers=d.num_workers, pin_memory=accelerator.device.type == "cuda")
+        # Workers live for the whole run: forking new ones every epoch from a process with live threads
+        # (gloo's, the last iterator's queue feeders) hung a 2-process run inside os.fork(). They read the
+        # epoch, which seeds each image's augmentation with (seed, epoch, image), from shared memory.
+        loader_args: dict[str, Any] = dict(num_workers=d.num_workers, pin_memory=accelerator.device.type == "cuda",
+                                           persistent_workers=d.num_workers > 0)
         train_loader = DataLoader(train_set, batch_size=micro_batch, shuffle=True, drop_last=True, **loader_args)
         crop_pct = d.crop_pct if d.train_crop == "rrc" else None
         eval_loaders = {name: DataLoader(eval_dataset(data, size, crop_pct), batch_size=micro_batch,
