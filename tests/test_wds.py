@@ -296,3 +296,95 @@ def test_a_corrupt_image_in_a_shard_stops_the_run_in_one_line_naming_sample_and_
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and done.stderr.count("\n") == 1, done.stderr[-2000:]
     assert done.stderr.startswith(f"error: cannot read image 'train017' of shard '{tmp_path}/train-000001.tar'")
+
+
+def _png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_a_shard_changed_at_its_old_size_is_listed_again_and_other_counts_than_listed_stop_in_one_line(tmp_path):
+    # tar pads to 10 KiB records: a shard that lost a small sample kept its size, was listed from its stale
+    # index, and gave short batches and KeyErrors in workers. A shard newer than its index is listed again;
+    # a shard that yields fewer or more samples than its listing stops the run in one line.
+    from vitlab.data.shard_stream import ShardStream
+    from vitlab.data.shards import index_shards, write_index
+
+    shard, index_file = tmp_path / "idx-000000.tar", tmp_path / "idx.json"
+    samples = [{"__key__": f"k{i}", "png": _png(), "cls": b"0"} for i in range(7)]
+    _tar(shard, samples[:6])
+    write_index([shard], [6], index_file)
+    (tmp_path / "classes.txt").write_text("one\n")
+    size = shard.stat().st_size
+    _tar(shard, samples[:5])  # one sample fewer, padded back to the size the index has
+    with open(shard, "ab") as f:
+        f.write(b"\0" * (size - shard.stat().st_size))
+    assert shard.stat().st_size == size
+    os.utime(index_file, ns=(shard.stat().st_mtime_ns - 10 ** 9,) * 2)  # written before the change
+    listed = index_shards(tmp_path, "idx")
+    assert listed.counts == [5] and listed.labels is not None  # read again, not trusted
+    for kept, holds in ((samples[:5], 5), (samples, 7)):  # dated before its index (a copy that kept dates)
+        _tar(shard, kept)
+        os.utime(shard, ns=(index_file.stat().st_mtime_ns - 10 ** 9,) * 2)
+        listed = index_shards(tmp_path, "idx")
+        assert listed.counts == [6] and listed.labels is None
+        message = (rf"shard '{shard}' holds {'5' if holds == 5 else 'more than 6'} samples, but it was listed with 6: "
+                   rf"it changed after it was listed; restore it, or remove its index {index_file.name} so that the "
+                   rf"shards are listed by reading them")
+        with pytest.raises(DataError, match=message):
+            list(ShardStream(listed, [(0, 0, 6)], None, 1, False, (8, 8)))
+
+
+def test_an_image_under_another_name_in_an_indexed_shard_is_one_line(tmp_path):
+    # 'k0.input.jpg' is the suffix 'input.jpg': no image. Without an index the listing says so; with one, a
+    # bare next() raised StopIteration inside a generator (a 55-line RuntimeError). Now the same line.
+    from vitlab.data.shard_stream import ShardStream
+    from vitlab.data.shards import index_shards, write_index
+
+    _tar(tmp_path / "odd-000000.tar", [{"__key__": "k0", "input.png": _png(), "cls": b"0"}])
+    write_index([tmp_path / "odd-000000.tar"], [1], tmp_path / "odd.json")
+    (tmp_path / "classes.txt").write_text("one\n")
+    listed = index_shards(tmp_path, "odd")
+    assert listed.labels is None
+    with pytest.raises(DataError, match=r"^sample 'k0' of shard '.*odd-000000.tar' has no image \(jpg, jpeg, png, "
+                                        r"webp\); its files: \['cls', 'input.png'\]$"):
+        list(ShardStream(listed, [(0, 0, 1)], None, 1, False, (8, 8)))
+
+
+def test_vitlab_shards_numbers_a_later_split_by_the_classes_written_and_keeps_class_names_as_they_are(tmp_path,
+                                                                                                         capsys):
+    # `--split test` after `--split train` replaced classes.txt with the test split's classes: a test split
+    # without a class shifted every label. And a class folder 'bird ' came back from the shards as 'bird'.
+    import shutil
+
+    from vitlab.cli import main
+    from vitlab.data.folder import index_imagefolder
+    from vitlab.data.shards import index_shards
+
+    src = make_imagefolder(tmp_path / "src", {"train": 2, "test": 2})
+    (src / "train/class_1").rename(src / "train/bird ")
+    (src / "test/class_1").rename(src / "test/bird ")
+    shutil.rmtree(src / "test/class_0")  # the test split lacks the first class
+    out = tmp_path / "shards"
+    main(["shards", str(src), str(out), "--split", "train"])
+    written = (out / "classes.txt").read_bytes()
+    main(["shards", str(src), str(out), "--split", "test"])
+    assert (out / "classes.txt").read_bytes() == written == b"bird \nclass_0\nclass_2\n"
+    train_classes = index_imagefolder(src, "train").classes
+    assert index_shards(out, "train").classes == train_classes == ["bird ", "class_0", "class_2"]
+    test = index_shards(tmp_path, f"pipe:cat {out}/test-000000.tar", train_classes)  # every cls read
+    folder = index_imagefolder(src, "test", train_classes)
+    assert sorted(test.labels.tolist()) == sorted(folder.labels.tolist()) == [0, 0, 2, 2]
+    (src / "test/class_3").mkdir()  # a class the written classes.txt does not have: one line, nothing written
+    shutil.copy(next((src / "test/class_2").iterdir()), src / "test/class_3/x.png")
+    (out / "test-000000.tar").unlink()
+    (out / "test.json").unlink()
+    with pytest.raises(SystemExit):
+        main(["shards", str(src), str(out), "--split", "test"])
+    assert "has class(es) ['class_3'] that the training split does not have" in capsys.readouterr().err
+    assert not list(out.glob("test-*")) and (out / "classes.txt").read_bytes() == written

@@ -14,7 +14,7 @@ from typing import Iterator
 from PIL import Image
 
 from ..errors import DataError
-from .shards import shuffled, write_shards
+from .shards import read_classes, shuffled, write_shards
 from .sources import index_split
 from .split import SplitIndex
 
@@ -46,7 +46,8 @@ def convert_to_shards(src: str | Path, out: str | Path, splits: list[str], shard
                       dataset: str = "", seed: int = 0, image_key: str = "", label_key: str = "") -> dict[str, list[Path]]:
     """Write each of ``splits`` of ``src`` as shards ``out/<split>-000000.tar``, ... of ``shard_size``
     samples, and ``out/classes.txt``; returns the shards written, by split. Every split is numbered by
-    the first split's classes (the training split's, as training numbers them).
+    the first split's classes (the training split's, as training numbers them), or by the
+    ``classes.txt`` already in ``out`` (a split written before), which is never overwritten.
 
     Args:
         src: An ImageFolder root (``src/<split>/<class>/<image>``), a ``DatasetDict.save_to_disk``
@@ -69,13 +70,15 @@ def convert_to_shards(src: str | Path, out: str | Path, splits: list[str], shard
     if existing:
         raise DataError(f"{str(out)!r} already holds shards {existing[:3]}; write into an empty folder, or remove them")
     keys = dict(image_key=image_key, label_key=label_key)
+    classes_file = out / "classes.txt"
+    written = read_classes(classes_file) if classes_file.is_file() else None  # a split written before: its numbering
     indexes: dict[str, SplitIndex] = {}
     for split in splits:  # every split listed (labels checked) before anything is written
         first = next(iter(indexes.values()), None)
-        indexes[split] = index_split(dataset, src, split, download=False, classes=first.classes if first else None,
-                                     **keys)
-    classes = next(iter(indexes.values())).classes
+        indexes[split] = index_split(dataset, src, split, download=False,
+                                     classes=first.classes if first else written, **keys)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "classes.txt").write_text("".join(f"{c}\n" for c in classes))
+    if written is None:
+        classes_file.write_text("".join(f"{c}\n" for c in next(iter(indexes.values())).classes))
     return {split: write_shards(_samples(index, shuffled(len(index), seed), split), out, split, shard_size, len(index))
             for split, index in indexes.items()}

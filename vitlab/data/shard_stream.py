@@ -145,7 +145,9 @@ class ShardStream(IterableDataset):
     def _read(self, start: int, stop: int) -> Iterator[tuple[int, dict[str, Any]]]:
         """``(sample id, raw sample)`` for positions ``start`` to ``stop`` of the epoch's sequence."""
         for shard, a, b in self._pieces(start, stop):
-            yield from zip(range(self.offsets[shard] + a, self.offsets[shard] + b), self.read(shard, a, b))
+            # The reader first: read to its shard's end, it checks there is no sample beyond the count listed.
+            yield from ((sid, sample) for sample, sid in zip(self.read(shard, a, b),
+                                                             range(self.offsets[shard] + a, self.offsets[shard] + b)))
 
     def _shuffled_from(self, reader: int, passed: int) -> Iterator[tuple[int, dict[str, Any]]]:
         """A training reader's samples through its shuffle buffer (seeded by (seed, epoch, reader)), from

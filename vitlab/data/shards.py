@@ -27,7 +27,7 @@ from ..progress import Progress
 from .decode import decode_image
 
 __all__ = ["IMAGE_SUFFIXES", "ShardIndex", "expand_shards", "index_shards", "read_samples", "decode_sample",
-           "write_shards"]
+           "write_shards", "read_classes"]
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp")
 _META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta: members it never yields
@@ -166,13 +166,19 @@ def _class_of(data: bytes, key: str, url: str) -> int:
     return value
 
 
+def read_classes(path: Path) -> list[str]:
+    """A ``classes.txt``: one name a line, line i naming class i, each name as written (a class folder
+    ``'bird '`` keeps its space, so a model trained on shards evaluates on the folder); blank lines skipped."""
+    return [line for line in path.read_text().splitlines() if line.strip()]
+
+
 def _classes_file(root: str | Path, urls: list[str]) -> list[str] | None:
-    """``classes.txt`` (one name a line, line i naming class i) beside the shards or in ``root``."""
+    """``classes.txt`` (:func:`read_classes`) beside the shards or in ``root``."""
     places = [Path(root).expanduser()] + [Path(u).parent for u in urls[:1] if not u.startswith(_REMOTE)]
     for place in places:
         f = place / "classes.txt"
         if f.is_file():
-            return [line.strip() for line in f.read_text().splitlines() if line.strip()]
+            return read_classes(f)
     return None
 
 
@@ -189,7 +195,8 @@ def _index_file(urls: list[str]) -> Path | None:
 
 def _indexed_counts(urls: list[str], path: Path | None) -> list[int] | None:
     """Each shard's sample count from its wids index at ``path``, if it lists every shard at its present
-    size (a shard rewritten since is listed again by reading it)."""
+    size and no shard was written after it (a shard rewritten since, even at its old size, as tar's 10 KiB
+    records allow, is listed again by reading it)."""
     if path is None or not path.is_file():
         return None
     try:
@@ -197,10 +204,10 @@ def _indexed_counts(urls: list[str], path: Path | None) -> list[int] | None:
         entries = {e["url"]: e for e in index["shardlist"]} if index.get("__kind__") == INDEX_KIND else {}
     except (ValueError, KeyError, TypeError):
         return None
-    counts = []
+    counts, written = [], path.stat().st_mtime_ns
     for url in urls:
-        entry = entries.get(Path(url).name)
-        if entry is None or entry.get("filesize") != Path(url).stat().st_size:
+        entry, stat = entries.get(Path(url).name), Path(url).stat()
+        if entry is None or entry.get("filesize") != stat.st_size or stat.st_mtime_ns > written:
             return None
         counts.append(int(entry["nsamples"]))
     return counts
@@ -235,7 +242,8 @@ def index_shards(root: str | Path, split: str, classes: list[str] | None = None)
         if sum(counts) == 0:
             raise DataError(f"{where} hold no samples")
         return ShardIndex(urls, counts, None, list(names), f"{where} (listed by {index_file.name})",
-                          read=functools.partial(_read_shard, tuple(urls)), decode=decode_sample,
+                          read=functools.partial(_read_shard, tuple(urls), tuple(counts), index_file.name),
+                          decode=decode_sample,
                           label=functools.partial(_sample_class, len(names)))
     per_shard: list[list[int]] = []
     with Progress(urls, total=len(urls), desc=f"listing {len(urls)} shards ({where})", unit="shards",
@@ -250,12 +258,31 @@ def index_shards(root: str | Path, split: str, classes: list[str] | None = None)
     if int(labels.max()) >= len(names):
         raise DataError(f"{where} have 'cls' {int(labels.max())}, but there are {len(names)} classes "
                         f"({'the training split' if classes is not None else 'classes.txt'}: {names[:10]}...)")
-    return ShardIndex(urls, [len(s) for s in per_shard], labels, list(names), where,
-                      read=functools.partial(_read_shard, tuple(urls)), decode=decode_sample)
+    counts = tuple(len(s) for s in per_shard)
+    return ShardIndex(urls, list(counts), labels, list(names), where,
+                      read=functools.partial(_read_shard, tuple(urls), counts, ""), decode=decode_sample)
 
 
-def _read_shard(urls: tuple[str, ...], shard: int, start: int, stop: int) -> Iterator[dict[str, Any]]:
-    return read_samples(urls[shard], start, stop)
+def _read_shard(urls: tuple[str, ...], counts: tuple[int, ...], index_name: str, shard: int, start: int,
+                stop: int) -> Iterator[dict[str, Any]]:
+    """Samples ``start`` to ``stop`` of ``shard``, checked against the count it was listed with: a shard
+    that holds fewer samples, or more when read to its end, stops the run in one line (never a short batch)."""
+    url, listed = urls[shard], counts[shard]
+    position = start
+    for sample in read_samples(url, start, stop + 1 if stop >= listed else stop):
+        if position >= listed:
+            raise _changed(url, f"more than {listed}", listed, index_name)
+        yield sample
+        position += 1
+    if position < stop:
+        raise _changed(url, str(position), listed, index_name)
+
+
+def _changed(url: str, holds: str, listed: int, index_name: str) -> DataError:
+    again = (f"remove its index {index_name} so that the shards are listed by reading them" if index_name else
+             "start the run again so that it is listed again")
+    return DataError(f"shard {url!r} holds {holds} samples, but it was listed with {listed}: it changed after it "
+                     f"was listed; restore it, or {again}")
 
 
 def _sample_class(num_classes: int, sample: dict[str, Any]) -> int:
@@ -289,7 +316,10 @@ def decode_sample(sample: dict[str, Any], size: tuple[int, int] | None = None) -
     Raises:
         DataError: naming the sample and its shard, if the image cannot be decoded.
     """
-    data = next(sample[s] for s in IMAGE_SUFFIXES if s in sample)
+    data = next((sample[s] for s in IMAGE_SUFFIXES if s in sample), None)
+    if data is None:  # listed by an index, a shard's samples are first seen here
+        raise DataError(f"sample {sample.get('__key__')!r} of shard {sample.get('__url__')!r} has no image "
+                        f"({', '.join(IMAGE_SUFFIXES)}); its files: {sorted(k for k in sample if not k.startswith('__'))}")
     return decode_image(data, f"{sample['__key__']!r} of shard {sample.get('__url__')!r}", size)
 
 
