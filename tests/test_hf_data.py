@@ -258,3 +258,14 @@ def test_hugging_face_runs_keep_their_decode_size_for_predict(tmp_path):
     from vitlab.data.images import decode_size
 
     assert decode_size(vitlab.load_model(tmp_path / "run")) == (24, 24)
+
+
+def test_streaming_with_a_datasets_too_old_for_it_is_one_line(tmp_path, monkeypatch):
+    # datasets 3.0.0 has no IterableDataset.shard: data.streaming=true died in an AttributeError.
+    from vitlab.data.hf import index_hf_stream
+
+    monkeypatch.delattr(datasets.IterableDataset, "shard")
+    monkeypatch.setattr(datasets, "__version__", "3.0.0")
+    with pytest.raises(DataError, match=r"^data.streaming=true needs datasets >= 3.1 \(this is 3.0.0\): "
+                                        r"pip install -U 'vitlab\[hf\]'$"):
+        index_hf_stream(str(tmp_path), "train")

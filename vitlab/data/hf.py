@@ -183,7 +183,10 @@ def index_hf_stream(root: str, split: str, *, image_key: str = "", label_key: st
     Raises:
         DataError: one line, as :func:`index_hf_split`.
     """
-    _open_datasets()
+    datasets = _open_datasets()
+    if not hasattr(datasets.IterableDataset, "shard"):  # new in 3.1: a split's data files are the shards
+        raise DataError(f"data.streaming=true needs datasets >= 3.1 (this is {datasets.__version__}): "
+                        f"pip install -U 'vitlab[hf]'")
     ds = _streamed(root, split)
     names = list(ds.features) if ds.features is not None else list(next(iter(ds)))
     image_key = _column(names, image_key, IMAGE_KEYS, "image")
