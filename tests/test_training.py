@@ -615,3 +615,25 @@ def test_processes_launched_on_the_cpu_do_not_see_the_gpus(monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_CPU", "false")  # launched on the GPUs: nothing hidden
     training.create_accelerator()
     assert seen == ["", None]
+
+
+def test_the_plain_model_of_a_compiled_ddp_model_leaves_ddp_in_the_training_path(tmp_path):
+    # The model is compiled after accelerator.prepare: compile(DDP(model)). Accelerate's unwrap_model, given
+    # that, writes the bare module into the compiled wrapper (compiled._orig_mod = model): every step after
+    # the first EMA update, save or seq2seq evaluation would run without DDP's gradient all-reduce.
+    import torch.distributed as dist
+    from accelerate import Accelerator
+    from torch.nn.parallel import DistributedDataParallel
+
+    from vitlab.tasks.base import bare_model
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(3, 2)
+        wrapped = DistributedDataParallel(model)
+        compiled = torch.compile(wrapped)
+        assert bare_model(compiled, Accelerator(cpu=True)) is model
+        assert compiled._orig_mod is wrapped  # DDP still runs the steps
+        assert bare_model(wrapped, Accelerator(cpu=True)) is model and bare_model(model, Accelerator(cpu=True)) is model
+    finally:
+        dist.destroy_process_group()

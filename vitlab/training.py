@@ -32,7 +32,7 @@ from .layers import expert_utilization, moe_aux_loss
 from .progress import Progress
 from .preemption import StopSignals, elastic_restart_advice, ignore_in_workers
 from .seeding import rng_state, seed_process, set_rng_state
-from .tasks import TaskSetup
+from .tasks import TaskSetup, bare_model
 
 __all__ = ["train", "summary_of", "interrupted_message", "resolve_resume", "set_epoch", "create_accelerator", "param_groups", "lr_multiplier", "plot_curves"]
 
@@ -72,11 +72,6 @@ def lr_multiplier(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
         return max(min_ratio, math.sqrt(warmup_steps / (step + 1)))
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def _plain(model: nn.Module) -> nn.Module:
-    """The module under a ``torch.compile`` wrapper (the same parameters)."""
-    return getattr(model, "_orig_mod", model)
 
 
 def _setup_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
@@ -391,7 +386,7 @@ class _Loop:
     @property
     def plain_model(self) -> nn.Module:
         """The model without DDP's and ``torch.compile``'s wrappers (the same parameters)."""
-        return _plain(self.accelerator.unwrap_model(self.model))
+        return bare_model(self.model, self.accelerator)
 
     def _load(self, resume_from: Path) -> int | None:
         """Restore weights, EMA, optimizer, schedule, scaler and position; returns how many lines of

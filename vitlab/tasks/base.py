@@ -15,7 +15,15 @@ from ..models import create_model
 if TYPE_CHECKING:
     from ..config import Config
 
-__all__ = ["TaskSetup", "build_model"]
+__all__ = ["TaskSetup", "build_model", "bare_model"]
+
+
+def bare_model(model: nn.Module, accelerator: Accelerator) -> nn.Module:
+    """The module under ``torch.compile``'s and DDP's wrappers (the same parameters), the wrappers left as
+    they are. Training compiles after ``accelerator.prepare``: ``compile(DDP(model))``, which Accelerate's
+    ``unwrap_model`` would mend by writing the bare module into the compiled wrapper, so that the steps
+    after it run without DDP's gradient all-reduce. So the compiled wrapper is looked under first."""
+    return accelerator.unwrap_model(getattr(model, "_orig_mod", model))
 
 
 def build_model(cfg: Config, **derived: Any) -> nn.Module:

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..data.text import BOS_ID, EOS_ID, PAD_ID, TokenBatchSampler, collate_pairs, load_tokenizer, read_lines, \
     synthetic_pairs, train_bpe
 from ..errors import ConfigError, DataError
-from .base import TaskSetup, build_model
+from .base import TaskSetup, bare_model, build_model
 
 if TYPE_CHECKING:
     from ..config import Config, TextDataConfig
@@ -97,7 +97,7 @@ def evaluate_seq2seq(model: nn.Module, loader: Any, accelerator: Accelerator, da
                      max_new_tokens: int = 0, label_smoothing: float = 0.0) -> dict[str, float]:
     """Loss and token accuracy under teacher forcing, then decoding: ``exact_match`` (no tokenizer)
     or ``bleu`` (sacreBLEU, detokenized hypotheses against ``dataset.references``)."""
-    net = accelerator.unwrap_model(model)
+    net = bare_model(model, accelerator)
     was_training = net.training
     net.eval()
     indices, hyps, losses, tokens, correct = [], [], [], [], []
