@@ -40,9 +40,17 @@ def parse_model(spec: str) -> tuple[str, dict[str, float | int | str]]:
     overrides: dict[str, float | int | str] = {}
     for pair in pairs:
         key, value = pair.split("=", 1)
-        overrides[key] = int(value) if value.lstrip("-").isdigit() else (
-            float(value) if value.replace(".", "", 1).replace("e-", "", 1).isdigit() else value)
+        overrides[key] = _number(value)
     return name, overrides
+
+
+def _number(value: str) -> float | int | str:
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
 
 
 def forward_flops(model: vitlab.VisionTransformer) -> float:
@@ -131,7 +139,7 @@ def main() -> None:
     print("-" * len(header))
     for key in args.models.split(","):
         name, overrides = parse_model(key)
-        label = key if key in PRESETS else key.split("/", 1)[-1] if "/" in key else key
+        label = key.split("/", 1)[-1]  # a preset's key, or the overrides
         for dtype_name in args.dtypes.split(","):
             dtype = {"fp32": None, "bf16": torch.bfloat16}[dtype_name]
             for mode in args.modes.split(","):

@@ -34,7 +34,7 @@ class FolderFiles:
         return self.files[i].read_bytes()
 
     def read(self, i: int) -> torch.Tensor:
-        return decode_image(self.files[i].read_bytes(), repr(str(self.files[i])))
+        return decode_image(self.encoded(i), repr(str(self.files[i])))
 
 
 class ArrayImages:

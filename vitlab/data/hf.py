@@ -108,7 +108,7 @@ def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str
     names = list(feature.names) if hasattr(feature, "names") else None  # a ClassLabel
     labels, classes = label_indices(ds[label_key], classes, where, names)  # without decoding any image
     images = ds.select_columns([image_key])
-    reader = DatasetImages(images, images.cast_column(image_key, datasets.Image(decode=False)), image_key, where)
+    reader = DatasetImages(images, image_key, where)
     return SplitIndex(labels, classes, reader.open, where, encoded=reader.encoded, read=reader.read)
 
 
@@ -117,8 +117,11 @@ class DatasetImages:
     its stored bytes (``encoded``) decoded by :func:`~vitlab.data.decode.decode_image` (``read``). A plain
     object holding the (memory-mapped) datasets, so it pickles for DataLoader workers of any start method."""
 
-    def __init__(self, images: Any, raw: Any, image_key: str, where: str) -> None:
-        self.images, self.raw, self.image_key, self.where = images, raw, image_key, where
+    def __init__(self, images: Any, image_key: str, where: str) -> None:
+        import datasets
+
+        self.images, self.image_key, self.where = images, image_key, where
+        self.raw = images.cast_column(image_key, datasets.Image(decode=False))  # the stored bytes, undecoded
 
     def open(self, i: int) -> Any:
         return to_rgb(self.images[i][self.image_key])
