@@ -558,3 +558,15 @@ def test_sigterm_to_the_whole_process_group_with_dataloader_workers_still_checkp
     code, out, err = _finish(process)
     assert code == 75, err[-3000:]
     assert "stopped by SIGTERM after step" in out and _state(run_dir)["global_step"] > 0
+
+
+def test_persistent_workers_train_the_weights_of_a_run_without_workers(tiny_imagefolder, tmp_path, on_cpu):
+    # Workers that live across epochs must not change what a run draws (crops, flips, mixup, drop path) from
+    # epoch 2 on: data.num_workers is result-neutral (train.resume=auto continues across it).
+    weights = {}
+    for workers in (0, 2):
+        train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / str(workers), "data.loader=torch",
+                                               f"data.num_workers={workers}", "train.epochs=3", *RANDOM[1:])))
+        reset_accelerate()
+        weights[workers] = load_file(str(tmp_path / str(workers) / "checkpoints/last/model.safetensors"))
+    assert all(torch.equal(weights[0][k], weights[2][k]) for k in weights[0])
