@@ -3,6 +3,7 @@ the next command, what an interruption kept and lost, and bad paths answered wit
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -122,3 +123,19 @@ def test_a_run_continued_by_several_commands_reports_the_whole_runs_time(tiny_im
     summary = json.loads((run_dir / "summary.json").read_text())
     assert 1000.0 < result["wall_time"] == summary["wall_time"] < 1000.0 + this_command
     assert capsys.readouterr().out.splitlines()[-1].startswith(f"finished 2 epochs in {summary['wall_time']:.0f} s")
+
+
+def test_the_last_line_gives_the_best_validation_value_not_the_last_one():
+    """The H100's char LM run (benchmarks/results/gpu_h100_s2/lm.summary.json): best 1.4398 at epoch 5,
+    last 1.4794 at epoch 10. The line said 'best validation 1.4794 at epoch 5'."""
+    from vitlab.training import _result_line
+
+    result = {"val_loss": 1.4793837870181268, "best_metric": 1.4397721314913534, "best_epoch": 5,
+              "epochs_done": 10, "wall_time": 166.46502017974854}
+    line = _result_line(result, "loss", has_val=True, run_dir=Path("runs/lm"))
+    assert "best validation loss 1.4398 at epoch 5 (runs/lm/checkpoints/best)" in line
+    result = {"val_top1": 0.81, "test_top1": 0.8, "best_metric": 0.8312, "best_epoch": 3, "epochs_done": 4,
+              "wall_time": 9.0}
+    line = _result_line(result, "top1", has_val=True, run_dir=Path("r"))
+    assert line.startswith("finished 4 epochs in 9 s: test top-1 80.00% at the final epoch, "
+                           "best validation top-1 83.12% at epoch 3 (r/checkpoints/best)")

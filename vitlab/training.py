@@ -762,19 +762,19 @@ _FRACTIONS = ("top1", "top5", "exact_match")  # metrics in [0, 1], said in perce
 
 def _result_line(result: dict[str, Any], select: str, has_val: bool, run_dir: Path) -> str:
     """The last line of a finished run: its result in words, where the model is and what to do next."""
-    def said(prefix: str) -> str:
-        value = result.get(f"{prefix}{select}")
+    def said(value: float | None) -> str:
         if value is None:
             return "not evaluated"
         name = {"top1": "top-1", "exact_match": "exact match"}.get(select, select)
         return f"{name} {100 * value:.2f}%" if select in _FRACTIONS else f"{name} {value:.4f}"
 
     prefix = "ema_" if "ema_test_" + select in result else ""
-    done = f"finished {result['epochs_done']} epochs in {result['wall_time']:.0f} s: test {said(prefix + 'test_')} " \
+    test = said(result.get(f"{prefix}test_{select}"))
+    done = f"finished {result['epochs_done']} epochs in {result['wall_time']:.0f} s: test {test} " \
            f"at the final epoch{' (EMA weights)' if prefix else ''}"
     if has_val and result.get("best_epoch") is not None:
         model = run_dir / "checkpoints" / "best"
-        done += f", best validation {said(prefix + 'val_').split(' ', 1)[1]} at epoch {result['best_epoch']} ({model})"
+        done += f", best validation {said(result['best_metric'])} at epoch {result['best_epoch']} ({model})"
     else:
         model = run_dir / "checkpoints" / "last"
     return f"{done} | model: {model} | next: vitlab eval --checkpoint {run_dir}"
