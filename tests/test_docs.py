@@ -20,6 +20,7 @@ The site itself is built with MkDocs, warnings as errors.
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import os
 import re
 import shlex
@@ -228,16 +229,21 @@ def _commands(code: str) -> list[str]:
     return [line for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
-def _needs_missing_data(block: Block, run: PageRun) -> str | None:
+def _what_is_missing(block: Block, run: PageRun) -> str | None:
+    """Why ``block`` cannot run here (real data or a tracker's package not installed, as on the GPU
+    machine without mlflow), or None."""
     # The block's own text and the configs it names (configs/multi30k_de_en.yaml reads shared/data/multi30k).
     configs = [ROOT / c for c in re.findall(r"configs/[\w.-]+\.yaml", block.code) if (ROOT / c).is_file()]
     text = "\n".join([block.code, *(c.read_text() for c in configs)])
-    for name, variable in (("cifar10", "VITLAB_CIFAR10_DIR"), ("multi30k", "VITLAB_MULTI30K_DIR"),
-                           ("tinyshakespeare", "VITLAB_TINYSHAKESPEARE")):
-        if f"shared/data/{name}" in text and not (run.shared / name).exists():
-            reason = f"real data not available: set {variable}"
-            run.unwritten.update({out: reason for out in re.findall(r"train\.output_dir=(\S+)", block.code)})
-            return reason
+    reasons = [f"real data not available: set {variable}" for name, variable in (
+        ("cifar10", "VITLAB_CIFAR10_DIR"), ("multi30k", "VITLAB_MULTI30K_DIR"),
+        ("tinyshakespeare", "VITLAB_TINYSHAKESPEARE")) if f"shared/data/{name}" in text and not (run.shared / name).exists()]
+    reasons += [f"the {tracker} package is not installed: pip install 'vitlab[{tracker}]'"
+                for tracker in re.findall(r"train\.log_with=(\w+)", block.code)
+                if tracker not in ("none", "all") and importlib.util.find_spec(tracker) is None]
+    if reasons:
+        run.unwritten.update({out: reasons[0] for out in re.findall(r"train\.output_dir=(\S+)", block.code)})
+        return reasons[0]
     # A block that reads what a skipped block would have written (its run directory) skips with it.
     return next((reason for out, reason in run.unwritten.items() if out in block.code), None)
 
@@ -264,12 +270,12 @@ def test_snippet_runs(block: Block, page_runs: dict[Path, PageRun], monkeypatch:
     blocks = [b for b in BLOCKS if b.page == block.page]
     index = blocks.index(block)
     for earlier in blocks[run.done:index]:  # what this block builds on, when it is run alone
-        if not earlier.skip and not _needs_missing_data(earlier, run):
+        if not earlier.skip and not _what_is_missing(earlier, run):
             _run_block(earlier, run, monkeypatch)
     run.done = max(run.done, index + 1)
     if block.skip:
         pytest.skip(block.skip)
-    missing = _needs_missing_data(block, run)
+    missing = _what_is_missing(block, run)
     if missing:
         pytest.skip(missing)
     _run_block(block, run, monkeypatch)
