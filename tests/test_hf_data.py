@@ -196,7 +196,8 @@ def test_an_unlabelled_test_split_is_one_line_before_any_image_is_decoded(tmp_pa
     def decoded(*args, **kwargs):
         raise AssertionError("an image was decoded before the labels were checked")
 
-    monkeypatch.setattr(hf, "to_rgb", decoded)
+    monkeypatch.setattr(hf, "open_image", decoded)
+    monkeypatch.setattr(hf, "decode_image", decoded)
     with pytest.raises(DataError) as e:
         _run(["data.dataset=hf", f"data.root={root}", "data.val_size=0"], tmp_path / "run")
     assert "\n" not in str(e.value)

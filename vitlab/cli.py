@@ -130,13 +130,14 @@ def _predict(args: argparse.Namespace) -> None:
 
     from .checkpoint import load_model
     from .data.decode import open_image
-    from .data.transforms import create_transform, decode_size
+    from .data.transforms import create_transform, decode_size, decode_upright
 
     model = load_model(args.checkpoint)
     transform = create_transform(model)
     names = model.pretrained_cfg["label_names"]
     # All read before any output, decoded as training decoded its files.
-    images = torch.stack([transform(open_image(path, decode_size(model))) for path in args.images])
+    images = torch.stack([transform(open_image(path, decode_size(model), decode_upright(model)))
+                          for path in args.images])
     with torch.no_grad():
         probs = model(images).softmax(-1)
     k = min(args.topk, len(names))
@@ -148,7 +149,7 @@ def _predict(args: argparse.Namespace) -> None:
 def _attention(args: argparse.Namespace) -> None:
     from .checkpoint import load_model
     from .data.decode import open_image
-    from .data.transforms import decode_size
+    from .data.transforms import decode_size, decode_upright
     from .errors import CheckpointError
     from .models import VisionTransformer
     from .visualize import plot_attention, plot_attention_grid, save_figure
@@ -170,7 +171,8 @@ def _attention(args: argparse.Namespace) -> None:
                           f"to zero")
     if args.grid and len(args.images) != 1:
         raise ConfigError(f"--grid draws every block x head of one image; got {len(args.images)} images")
-    images = [open_image(path, decode_size(model)) for path in args.images]  # all read before anything is written
+    # All read before anything is written, decoded as training decoded its files.
+    images = [open_image(path, decode_size(model), decode_upright(model)) for path in args.images]
     if args.grid:
         fig = plot_attention_grid(model, images[0])
     else:

@@ -84,6 +84,10 @@ class DataConfig:
     # input size); the loaders resize each batch to the model's input size (CIFAR-10 stays 32 x 32 in
     # memory while a fine-tuned ViT sees 224 x 224).
     decode_size: int = 0
+    # Photos upright: image files are turned by their EXIF orientation tag when decoded (as PIL's
+    # ImageOps.exif_transpose and Hugging Face datasets do), in training, eval, predict and attention
+    # alike; false: the stored pixels, as timm's loader reads them (a portrait phone photo lies on its side).
+    exif_transpose: bool = True
     # Where the decoded training and test images live: true, in memory (decoded once, before training);
     # false, streamed (each image decoded when a DataLoader worker reads it: data larger than memory);
     # auto, in memory when the decoded training split fits a quarter of the machine's memory shared by

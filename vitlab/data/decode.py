@@ -3,7 +3,9 @@
 The one decode rule of every source (ImageFolder files, Hugging Face columns, ``vitlab predict``):
 any mode becomes RGB, and images of more than 8 bits a channel are *scaled* to 8 bits, not clipped
 (PIL's ``convert("RGB")`` clips a 16-bit ``I;16`` image at 255, so a 0..65535 ramp would come out
-with 99.6% of its pixels white). Knows no model and no other module of vitlab's data.
+with 99.6% of its pixels white), and a photo is turned upright by its EXIF orientation tag, as
+``PIL.ImageOps.exif_transpose`` and Hugging Face ``datasets`` turn it (``exif_transpose=False``: the
+stored pixels, as timm's loader reads them). Knows no model and no other module of vitlab's data.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torch import Tensor
 
 from ..errors import DataError
@@ -26,6 +28,23 @@ except ImportError:  # a platform without its wheel: PIL decodes JPEGs too
 __all__ = ["to_rgb", "pil_to_tensor", "open_image", "decode_image", "read_image", "decode_all"]
 
 _WIDE_INTEGER_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
+_ORIENTATION = 0x0112  # EXIF's Orientation tag
+
+
+def _orientation(img: Image.Image) -> int:
+    """The EXIF orientation of an opened image: 1 (upright, or no tag) to 8."""
+    value = img.getexif().get(_ORIENTATION, 1)
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _turn(x: Tensor, orientation: int) -> Tensor:
+    """``(3, H, W)`` pixels stored with EXIF ``orientation``, upright: what ``ImageOps.exif_transpose``
+    does to the image (2 mirror, 3 half turn, 4 flip, 5 transpose, 6 quarter turn clockwise, 7 transverse,
+    8 quarter turn counter-clockwise). Lossless: only moves pixels (a transpose is a view, a flip one copy)."""
+    if orientation in (5, 6, 7, 8):
+        x = x.transpose(-1, -2)  # 5; then 6 = transpose + mirror, 7 = transpose + half turn, 8 = transpose + flip
+    flips = {2: (-1,), 3: (-2, -1), 4: (-2,), 6: (-1,), 7: (-2, -1), 8: (-2,)}.get(orientation)
+    return x.flip(flips) if flips else x
 
 
 def _to_8_bits(img: Image.Image) -> Image.Image:
@@ -40,9 +59,12 @@ def _to_8_bits(img: Image.Image) -> Image.Image:
     return Image.fromarray(np.rint(scaled).astype(np.uint8), mode="L")
 
 
-def to_rgb(img: Image.Image, size: tuple[int, int] | None = None) -> Image.Image:
-    """A PIL image of any mode (greyscale of 8, 16 or 32 bits, RGBA, palette, CMYK) as 8-bit RGB,
-    resized (PIL's bicubic) to ``size`` ``(H, W)`` if given."""
+def to_rgb(img: Image.Image, size: tuple[int, int] | None = None, exif_transpose: bool = False) -> Image.Image:
+    """A PIL image of any mode (greyscale of 8, 16 or 32 bits, RGBA, palette, CMYK) as 8-bit RGB, turned
+    upright by its EXIF orientation if ``exif_transpose``, then resized (PIL's bicubic) to ``size``
+    ``(H, W)`` if given."""
+    if exif_transpose and _orientation(img) != 1:
+        img = ImageOps.exif_transpose(img)
     if img.mode in _WIDE_INTEGER_MODES or img.mode == "F":
         img = _to_8_bits(img)
     img = img.convert("RGB")
@@ -51,30 +73,34 @@ def to_rgb(img: Image.Image, size: tuple[int, int] | None = None) -> Image.Image
     return img
 
 
-def pil_to_tensor(img: Image.Image, size: tuple[int, int] | None = None) -> Tensor:
-    """A PIL image of any mode as uint8 RGB ``(3, H, W)`` (:func:`to_rgb`), resized to ``size`` if given."""
-    return torch.from_numpy(np.asarray(to_rgb(img, size), dtype=np.uint8).copy()).permute(2, 0, 1)
+def pil_to_tensor(img: Image.Image, size: tuple[int, int] | None = None, exif_transpose: bool = False) -> Tensor:
+    """A PIL image of any mode as uint8 RGB ``(3, H, W)`` (:func:`to_rgb`: upright if ``exif_transpose``),
+    resized to ``size`` if given."""
+    return torch.from_numpy(np.asarray(to_rgb(img, size, exif_transpose), dtype=np.uint8).copy()).permute(2, 0, 1)
 
 
-def open_image(path: str | Path, size: tuple[int, int] | None = None) -> Image.Image:
-    """Decode one image file to an 8-bit RGB PIL image (:func:`to_rgb`), resized to ``size`` if given.
+def open_image(path: str | Path | io.BytesIO, size: tuple[int, int] | None = None,
+               exif_transpose: bool = True) -> Image.Image:
+    """Decode one image file (a path or a file object) to an 8-bit RGB PIL image (:func:`to_rgb`), upright
+    by its EXIF orientation unless ``exif_transpose=False``, resized to ``size`` if given.
 
     Raises:
         DataError: naming the file, if it cannot be read or decoded.
     """
     try:
         with Image.open(path) as img:
-            return to_rgb(img, size)
+            return to_rgb(img, size, exif_transpose)
     except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise DataError(f"cannot read image {str(path)!r}: {e}") from None
 
 
-def decode_image(data: bytes, where: str, size: tuple[int, int] | None = None) -> Tensor:
+def decode_image(data: bytes, where: str, size: tuple[int, int] | None = None, exif_transpose: bool = True) -> Tensor:
     """An encoded image (a file's bytes) as uint8 RGB ``(3, H, W)``, the pixels :func:`open_image` gives:
-    at ``size`` (PIL's bicubic) if given; at its own size decoded fastest, a JPEG by libjpeg-turbo through
-    ``simplejpeg`` (0.63 against PIL's 1.08 ms to a NumPy array, a ~400 x 370 photograph, one core: PIL
-    decodes into its own memory and copies out), anything else by PIL, and CMYK JPEGs too (whose
-    conversion to RGB differs from PIL's by a level).
+    upright by its EXIF orientation unless ``exif_transpose=False``, at ``size`` (PIL's bicubic) if given;
+    at its own size decoded fastest, a JPEG by libjpeg-turbo through ``simplejpeg`` (0.63 against PIL's
+    1.08 ms to a NumPy array, a ~400 x 370 photograph, one core: PIL decodes into its own memory and
+    copies out) and turned by moving its pixels (:func:`_turn`), anything else by PIL, and CMYK JPEGs too
+    (whose conversion to RGB differs from PIL's by a level).
 
     Raises:
         DataError: naming ``where`` (the file, the sample), if it cannot be decoded.
@@ -82,12 +108,16 @@ def decode_image(data: bytes, where: str, size: tuple[int, int] | None = None) -
     if size is None and simplejpeg is not None and data[:2] == b"\xff\xd8":
         try:
             if simplejpeg.decode_jpeg_header(data)[2] in ("Gray", "YCbCr", "RGB"):  # CMYK, YCCK: PIL's conversion
-                return torch.from_numpy(simplejpeg.decode_jpeg(data, colorspace="RGB")).permute(2, 0, 1)
-        except ValueError:
+                x = torch.from_numpy(simplejpeg.decode_jpeg(data, colorspace="RGB")).permute(2, 0, 1)
+                if not exif_transpose:
+                    return x
+                with Image.open(io.BytesIO(data)) as img:  # reads the headers only
+                    return _turn(x, _orientation(img))
+        except (ValueError, OSError):
             pass  # PIL decodes it, or says why not
     try:
         with Image.open(io.BytesIO(data)) as img:
-            return pil_to_tensor(img, size)
+            return pil_to_tensor(img, size, exif_transpose)
     except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise DataError(f"cannot read image {where}: {e}") from None
 

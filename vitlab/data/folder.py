@@ -21,20 +21,21 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".ppm", ".tif", ".
 
 
 class FolderFiles:
-    """A folder split's image files, read by position. A plain object (a list of paths), so it pickles:
-    DataLoader workers started by fork, forkserver or spawn all get it."""
+    """A folder split's image files, read by position, upright by their EXIF orientation unless
+    ``exif_transpose=False``. A plain object (a list of paths), so it pickles: DataLoader workers started
+    by fork, forkserver or spawn all get it."""
 
-    def __init__(self, files: list[Path]) -> None:
-        self.files = files
+    def __init__(self, files: list[Path], exif_transpose: bool = True) -> None:
+        self.files, self.exif_transpose = files, exif_transpose
 
     def open(self, i: int) -> Image.Image:
-        return open_image(self.files[i])
+        return open_image(self.files[i], exif_transpose=self.exif_transpose)
 
     def encoded(self, i: int) -> bytes:
         return self.files[i].read_bytes()
 
     def read(self, i: int) -> torch.Tensor:
-        return decode_image(self.encoded(i), repr(str(self.files[i])))
+        return decode_image(self.encoded(i), repr(str(self.files[i])), exif_transpose=self.exif_transpose)
 
 
 class ArrayImages:
@@ -47,9 +48,11 @@ class ArrayImages:
         return Image.fromarray(self.array[i])
 
 
-def index_imagefolder(root: Path, split: str, classes: list[str] | None = None) -> SplitIndex:
+def index_imagefolder(root: Path, split: str, classes: list[str] | None = None,
+                      exif_transpose: bool = True) -> SplitIndex:
     """List ``root/<split>/<class>/*`` (class folders sorted give the labels; with ``classes``, the
-    training split's, a split may lack some of them). Nothing is decoded.
+    training split's, a split may lack some of them), to be read upright by the files' EXIF orientation
+    unless ``exif_transpose=False``. Nothing is decoded.
 
     Raises:
         DataError: one line, if the folder, its class folders or its images are missing, or it has a
@@ -75,7 +78,7 @@ def index_imagefolder(root: Path, split: str, classes: list[str] | None = None) 
         raise DataError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {str(split_dir)!r}")
     where = f"split {split!r} of data.root={str(root)!r}"
     labels, classes = label_indices(names, classes if classes is not None else folders, where)
-    reader = FolderFiles(files)
+    reader = FolderFiles(files, exif_transpose)
     return SplitIndex(labels, classes, reader.open, where, encoded=reader.encoded, read=reader.read)
 
 

@@ -6,13 +6,14 @@ a folder of parquet files, listed as a :class:`~vitlab.data.split.SplitIndex`.
 from __future__ import annotations
 
 import functools
+import io
 from pathlib import Path
 from typing import Any, Iterator
 
 from torch import Tensor
 
 from ..errors import DataError
-from .decode import decode_image, to_rgb
+from .decode import decode_image, open_image
 from .images import ImageData
 from .shards import ShardIndex
 from .split import SplitIndex, label_indices
@@ -68,7 +69,7 @@ def _column(names: list[str], wanted: str, usual: tuple[str, ...], what: str) ->
 
 
 def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str = "",
-                   classes: list[str] | None = None) -> SplitIndex:
+                   classes: list[str] | None = None, exif_transpose: bool = True) -> SplitIndex:
     """List one split of a Hugging Face image-classification data set: its labels, without decoding
     an image.
 
@@ -78,6 +79,7 @@ def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str
         split: The split's name.
         image_key, label_key: Its columns; '' finds them among :data:`IMAGE_KEYS` / :data:`LABEL_KEYS`.
         classes: The training split's class names (None for the training split itself).
+        exif_transpose: Read images upright by their EXIF orientation, as ``datasets`` decodes them.
 
     Class names come from the label column's ``ClassLabel`` feature, else from the sorted label values.
     An image column of ``{bytes, path}`` structs (parquet written by pandas or pyarrow, without the
@@ -108,30 +110,32 @@ def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str
     names = list(feature.names) if hasattr(feature, "names") else None  # a ClassLabel
     labels, classes = label_indices(ds[label_key], classes, where, names)  # without decoding any image
     images = ds.select_columns([image_key])
-    reader = DatasetImages(images, image_key, where)
+    reader = DatasetImages(images, image_key, where, exif_transpose)
     return SplitIndex(labels, classes, reader.open, where, encoded=reader.encoded, read=reader.read)
 
 
 class DatasetImages:
-    """The image column of a Hugging Face split, read by position: decoded by ``datasets`` (``open``), or
-    its stored bytes (``encoded``) decoded by :func:`~vitlab.data.decode.decode_image` (``read``). A plain
-    object holding the (memory-mapped) datasets, so it pickles for DataLoader workers of any start method."""
+    """The image column of a Hugging Face split, read by position: its stored bytes (``encoded``) decoded
+    by PIL (``open``) or fastest (``read``, :func:`~vitlab.data.decode.decode_image`), upright by their EXIF
+    orientation as ``datasets`` decodes them, unless ``exif_transpose=False``: the pixels of the same files
+    in a folder. A plain object holding the (memory-mapped) data set, so it pickles for DataLoader workers
+    of any start method."""
 
-    def __init__(self, images: Any, image_key: str, where: str) -> None:
+    def __init__(self, images: Any, image_key: str, where: str, exif_transpose: bool = True) -> None:
         import datasets
 
-        self.images, self.image_key, self.where = images, image_key, where
+        self.image_key, self.where, self.exif_transpose = image_key, where, exif_transpose
         self.raw = images.cast_column(image_key, datasets.Image(decode=False))  # the stored bytes, undecoded
 
     def open(self, i: int) -> Any:
-        return to_rgb(self.images[i][self.image_key])
+        return open_image(io.BytesIO(self.encoded(i)), exif_transpose=self.exif_transpose)
 
     def encoded(self, i: int) -> bytes:
         value = self.raw[i][self.image_key]
         return value["bytes"] if value.get("bytes") is not None else Path(value["path"]).read_bytes()
 
     def read(self, i: int) -> Tensor:
-        return decode_image(self.encoded(i), f"{i} of {self.where}")
+        return decode_image(self.encoded(i), f"{i} of {self.where}", exif_transpose=self.exif_transpose)
 
 
 def _streamed(root: str, split: str, **kwargs: Any) -> Any:
@@ -171,14 +175,14 @@ class _HubShards:
             yield from ({k: v[i] for k, v in batch.items()} for i in range(len(batch[self.image_key])))
 
 
-def _decode_row(image_key: str, row: dict[str, Any], size: tuple[int, int] | None) -> Tensor:
+def _decode_row(image_key: str, exif_transpose: bool, row: dict[str, Any], size: tuple[int, int] | None) -> Tensor:
     value = row[image_key]
     data = value["bytes"] if value.get("bytes") is not None else Path(value["path"]).read_bytes()
-    return decode_image(data, repr(value.get("path") or "an image of the stream"), size)
+    return decode_image(data, repr(value.get("path") or "an image of the stream"), size, exif_transpose)
 
 
 def index_hf_stream(root: str, split: str, *, image_key: str = "", label_key: str = "",
-                    classes: list[str] | None = None) -> ShardIndex:
+                    classes: list[str] | None = None, exif_transpose: bool = True) -> ShardIndex:
     """List a split of a Hub id or a folder of parquet files to stream it (``data.streaming=true``): its
     data files are its shards, each sample's label is read (only the label column, where the files are
     parquet), no image. Streamed by :class:`~vitlab.data.shard_stream.ShardStream` as WebDataset shards are.
@@ -207,7 +211,7 @@ def index_hf_stream(root: str, split: str, *, image_key: str = "", label_key: st
     labels, classes = label_indices(values, classes, where, label_names)
     return ShardIndex([f"{root} {split} file {s}" for s in range(shards)], [len(s) for s in per_shard], labels,
                       classes, where, read=_HubShards(root, split, image_key, shards),
-                      decode=functools.partial(_decode_row, image_key))
+                      decode=functools.partial(_decode_row, image_key, exif_transpose))
 
 
 def load_hf_split(root: str, split: str, *, image_key: str = "", label_key: str = "", subset: int = 0,

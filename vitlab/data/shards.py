@@ -221,13 +221,15 @@ def write_index(paths: list[Path], counts: list[int], out: Path) -> None:
     tmp.rename(out)
 
 
-def index_shards(root: str | Path, split: str, classes: list[str] | None = None) -> ShardIndex:
+def index_shards(root: str | Path, split: str, classes: list[str] | None = None,
+                 exif_transpose: bool = True) -> ShardIndex:
     """List the shards of ``split`` (:func:`expand_shards`). With a wids index beside local shards
     (``<split>.json``, as ``vitlab shards`` writes) and class names, the counts are read from it and
     each label from its sample's ``cls`` when it is read. Otherwise every sample's label is read now,
     without decoding an image (local shards by seeking over the images, about 11,000 samples a second
     here; a ``pipe:`` or URL shard is read through once). Class names come from ``classes`` (the
     training split's), else ``classes.txt``, else ``'0'`` .. ``'K-1'`` for the largest ``cls`` K-1.
+    Images are decoded upright by their EXIF orientation unless ``exif_transpose=False``.
 
     Raises:
         DataError: one line, for no shards, a sample without an image or ``cls``, a ``cls`` outside the
@@ -243,7 +245,7 @@ def index_shards(root: str | Path, split: str, classes: list[str] | None = None)
             raise DataError(f"{where} hold no samples")
         return ShardIndex(urls, counts, None, list(names), f"{where} (listed by {index_file.name})",
                           read=functools.partial(_read_shard, tuple(urls), tuple(counts), index_file.name),
-                          decode=decode_sample,
+                          decode=functools.partial(decode_sample, exif_transpose=exif_transpose),
                           label=functools.partial(_sample_class, len(names)))
     per_shard: list[list[int]] = []
     with Progress(urls, total=len(urls), desc=f"listing {len(urls)} shards ({where})", unit="shards",
@@ -260,7 +262,8 @@ def index_shards(root: str | Path, split: str, classes: list[str] | None = None)
                         f"({'the training split' if classes is not None else 'classes.txt'}: {names[:10]}...)")
     counts = tuple(len(s) for s in per_shard)
     return ShardIndex(urls, list(counts), labels, list(names), where,
-                      read=functools.partial(_read_shard, tuple(urls), counts, ""), decode=decode_sample)
+                      read=functools.partial(_read_shard, tuple(urls), counts, ""),
+                      decode=functools.partial(decode_sample, exif_transpose=exif_transpose))
 
 
 def _read_shard(urls: tuple[str, ...], counts: tuple[int, ...], index_name: str, shard: int, start: int,
@@ -309,9 +312,10 @@ def read_samples(url: str, start: int = 0, stop: int | None = None) -> Iterator[
             yield sample
 
 
-def decode_sample(sample: dict[str, Any], size: tuple[int, int] | None = None) -> Tensor:
+def decode_sample(sample: dict[str, Any], size: tuple[int, int] | None = None, exif_transpose: bool = True) -> Tensor:
     """A sample's image as uint8 RGB ``(3, H, W)``: at its own size (:func:`~vitlab.data.decode.decode_image`),
-    or resized (PIL's bicubic) to ``size``, as an ImageFolder's file would be.
+    or resized (PIL's bicubic) to ``size``, upright by its EXIF orientation unless ``exif_transpose=False``,
+    as an ImageFolder's file would be.
 
     Raises:
         DataError: naming the sample and its shard, if the image cannot be decoded.
@@ -320,7 +324,7 @@ def decode_sample(sample: dict[str, Any], size: tuple[int, int] | None = None) -
     if data is None:  # listed by an index, a shard's samples are first seen here
         raise DataError(f"sample {sample.get('__key__')!r} of shard {sample.get('__url__')!r} has no image "
                         f"({', '.join(IMAGE_SUFFIXES)}); its files: {sorted(k for k in sample if not k.startswith('__'))}")
-    return decode_image(data, f"{sample['__key__']!r} of shard {sample.get('__url__')!r}", size)
+    return decode_image(data, f"{sample['__key__']!r} of shard {sample.get('__url__')!r}", size, exif_transpose)
 
 
 def write_shards(samples: Iterable[tuple[str, bytes, str, int]], out: str | Path, split: str, shard_size: int,

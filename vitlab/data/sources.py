@@ -13,7 +13,7 @@ __all__ = ["index_split", "load_split"]
 
 
 def index_split(dataset: str, root: str | Path, split: str, *, download: bool = False, image_key: str = "",
-                label_key: str = "", classes: list[str] | None = None) -> SplitIndex:
+                label_key: str = "", classes: list[str] | None = None, exif_transpose: bool = True) -> SplitIndex:
     """List one split without decoding it.
 
     Args:
@@ -26,15 +26,18 @@ def index_split(dataset: str, root: str | Path, split: str, *, download: bool = 
         image_key, label_key: The columns of a Hugging Face dataset ('' = found by name).
         classes: The training split's class names, which every other split's labels index (None for
             the training split itself).
+        exif_transpose: Read image files upright by their EXIF orientation (``data.exif_transpose``), as
+            ``PIL.ImageOps.exif_transpose`` and Hugging Face ``datasets`` do; False: the stored pixels.
     """
     if dataset == "hf":
         from .hf import index_hf_split
 
-        return index_hf_split(str(root), split, image_key=image_key, label_key=label_key, classes=classes)
+        return index_hf_split(str(root), split, image_key=image_key, label_key=label_key, classes=classes,
+                              exif_transpose=exif_transpose)
     root = Path(root).expanduser()
     if dataset == "cifar10":
         return index_cifar10(root, split, download)
-    return index_imagefolder(root, split, classes)
+    return index_imagefolder(root, split, classes, exif_transpose)
 
 
 def load_split(dataset: str, root: str | Path, split: str, *, download: bool = False, subset: int = 0,

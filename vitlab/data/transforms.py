@@ -30,7 +30,7 @@ from torchvision.transforms import v2
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "AUGMENTS", "resize_images", "normalize", "ModelInput", "train_transform",
            "eval_transform", "rrc_train_transform", "center_crop_transform", "image_transform", "model_view",
-           "create_transform", "decode_size"]
+           "create_transform", "decode_size", "decode_upright"]
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -172,6 +172,13 @@ def decode_size(model: object) -> tuple[int, int] | None:
     :func:`create_transform`, gives a file the pixels training and ``vitlab eval`` gave it."""
     size = (getattr(model, "pretrained_cfg", None) or {}).get("decode_size")
     return (size, size) if size else None
+
+
+def decode_upright(model: object) -> bool:
+    """Whether a model's training turned image files upright by their EXIF orientation
+    (``data.exif_transpose``, kept in its ``pretrained_cfg`` when off): :func:`vitlab.data.open_image`'s
+    ``exif_transpose`` for the same pixels."""
+    return (getattr(model, "pretrained_cfg", None) or {}).get("exif_transpose", True)
 
 
 def _pretrained_cfg(model: object) -> dict:

@@ -46,7 +46,7 @@ def _decode_size(d: DataConfig, size: tuple[int, int], keep_in_memory: bool = Tr
 def index_splits(d: DataConfig, classes: list[str] | None = None) -> tuple[SplitIndex, SplitIndex]:
     """List the training and test splits (nothing decoded), the test labels mapped through the training
     split's classes (or through ``classes``, a trained model's): bad labels fail here, before decoding."""
-    keys = dict(download=d.download, image_key=d.image_key, label_key=d.label_key)
+    keys = dict(download=d.download, image_key=d.image_key, label_key=d.label_key, exif_transpose=d.exif_transpose)
     train = index_split(d.dataset, d.root, d.train_split, **keys, classes=classes)
     return train, index_split(d.dataset, d.root, d.test_split, **keys, classes=train.classes)
 
@@ -181,10 +181,11 @@ def streamed_in_shards(d: DataConfig) -> bool:
 
 def _index_stream(d: DataConfig, split: str, classes: list[str] | None) -> ShardIndex:
     if d.dataset == "wds":
-        return index_shards(d.root, split, classes)
+        return index_shards(d.root, split, classes, d.exif_transpose)
     from ..data.hf import index_hf_stream
 
-    return index_hf_stream(d.root, split, image_key=d.image_key, label_key=d.label_key, classes=classes)
+    return index_hf_stream(d.root, split, image_key=d.image_key, label_key=d.label_key, classes=classes,
+                           exif_transpose=d.exif_transpose)
 
 
 def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: int, num_processes: int = 1,
@@ -362,7 +363,8 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
 
     meta = {"task": "classification", "classes": classes, "mean": list(mean), "std": list(std),
             **({"decode_size": d.decode_size} if d.decode_size and d.dataset != "cifar10" else {}),
-            **({"crop_pct": d.crop_pct} if d.train_crop == "rrc" else {})}
+            **({"crop_pct": d.crop_pct} if d.train_crop == "rrc" else {}),
+            **({"exif_transpose": False} if not d.exif_transpose else {})}
     return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=prepare,
                      eval_loaders=eval_loaders, prepare_eval_loaders=prepare, loss=loss, count=count,
                      evaluate=score, select="top1", meta=meta, train_size=train_size)
