@@ -56,6 +56,19 @@ def test_missing_root_and_split_are_named(tmp_path):
     (tmp_path / "train").mkdir()
     with pytest.raises(DataError, match=r"has no 'test' folder"):
         load_split("imagefolder", tmp_path, "test")
+    # An ImageNet-style config (test_split: val) on train/ and test/: the folders found, the key to set, the
+    # extensions read (issue 37, 4). It named train/ and test/ as expected and *.png only.
+    (tmp_path / "test").mkdir()
+    with pytest.raises(DataError) as e:
+        load_split("imagefolder", tmp_path, "val")
+    assert str(e.value) == (f"data.root={str(tmp_path)!r} has no 'val' folder; its folders: 'test', 'train'. Name "
+                            f"the folder of each split with data.train_split and data.test_split (here: "
+                            f"data.test_split=test); each holds one folder of images per class "
+                            f"(.png, .jpg, .jpeg, .bmp, .webp, .ppm, .tif, .tiff)")
+    with pytest.raises(DataError) as e:
+        load_split("imagefolder", tmp_path, "test")
+    assert str(e.value) == (f"no class folders in {str(tmp_path / 'test')!r}; it should hold one folder of images "
+                            f"per class (.png, .jpg, .jpeg, .bmp, .webp, .ppm, .tif, .tiff)")
     with pytest.raises(DataError, match=r"CIFAR-10 not found under data\.root=.*set data\.download=true"):
         load_split("cifar10", tmp_path, "train", download=False)
 

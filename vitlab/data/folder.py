@@ -62,12 +62,18 @@ def index_imagefolder(root: Path, split: str, classes: list[str] | None = None,
         raise DataError(f"data.root={str(root)!r} does not exist; point it at a folder with train/ and test/ "
                         f"class folders")
     split_dir = root / split
+    per_class = f"one folder of images per class ({', '.join(IMAGE_EXTENSIONS)})"
     if not split_dir.is_dir():
-        raise DataError(f"data.root={str(root)!r} has no {split!r} folder; data.dataset=imagefolder expects "
-                        f"{root}/train/<class>/*.png and {root}/test/<class>/*.png")
+        found = sorted(p.name for p in root.iterdir() if p.is_dir())
+        other = next((f for f in found if f != "train"), None)
+        raise DataError(f"data.root={str(root)!r} has no {split!r} folder; its folders: "
+                        f"{', '.join(map(repr, found)) or 'none'}. Name the folder of each split with "
+                        f"data.train_split and data.test_split"
+                        f"{f' (here: data.test_split={other})' if other and split in ('val', 'validation', 'test') else ''}; "
+                        f"each holds {per_class}")
     folders = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
     if not folders:
-        raise DataError(f"no class folders in {str(split_dir)!r}; expected {split_dir}/<class>/<image>.png")
+        raise DataError(f"no class folders in {str(split_dir)!r}; it should hold {per_class}")
     files, names = [], []
     for name in folders:
         for f in sorted((split_dir / name).iterdir()):
