@@ -66,11 +66,10 @@ def index_imagefolder(root: Path, split: str, classes: list[str] | None = None,
     if not split_dir.is_dir():
         found = sorted(p.name for p in root.iterdir() if p.is_dir())
         other = next((f for f in found if f != "train"), None)
+        hint = f" (here: data.test_split={other})" if other and split in ("val", "validation", "test") else ""
         raise DataError(f"data.root={str(root)!r} has no {split!r} folder; its folders: "
                         f"{', '.join(map(repr, found)) or 'none'}. Name the folder of each split with "
-                        f"data.train_split and data.test_split"
-                        f"{f' (here: data.test_split={other})' if other and split in ('val', 'validation', 'test') else ''}; "
-                        f"each holds {per_class}")
+                        f"data.train_split and data.test_split{hint}; each holds {per_class}")
     folders = sorted(p.name for p in split_dir.iterdir() if p.is_dir())
     if not folders:
         raise DataError(f"no class folders in {str(split_dir)!r}; it should hold {per_class}")
