@@ -4,10 +4,10 @@
 # other). Run from the repository root on the GPU machine: bash benchmarks/gpu_session.sh STEP.
 #   bench     throughput (bench_model: vit_small_patch16_224 at batch 256, the CIFAR candidates at 512)
 #             and the streamed JPEG pipeline at 224 (make_photos, bench_data, bench_gpu_decode)
-#   pipeline  started detached once CIFAR-10 is in /tmp/w/cifar10: the test suite and the proxy runs
-#             (data.val_size=5000, equal FLOPs) side by side; when both are done, the proxy with the
-#             best final validation top-1 is trained on the whole training set within ~10 minutes,
-#             alone on the GPU: its final-epoch test top-1 is the result
+#   pipeline  started detached once CIFAR-10 is in /tmp/w/cifar10 (and .gpu/text copied to /tmp/w/text):
+#             the test suite and the proxy runs (data.val_size=5000, PROXIES below) side by side; when
+#             both are done, the proxy with the best final validation top-1 is trained on the whole
+#             training set, alone on the GPU: its final-epoch test top-1 is the result; then the char LM
 #   collect   wait for the pipeline (at most $1 s), then copy its logs to $OUT
 # Logs: /tmp/w/logs, copied to $OUT. Python packages the image lacks come as wheels in .whl/.
 set -uo pipefail
@@ -91,7 +91,9 @@ for name in proxies:
 best = max(scores, key=scores.get)
 model, extra = proxies[best]
 # The shipped config's 231 epochs took 583 s start to finish alone (session 1); the chosen one gets as many
-# epochs as fit the same time at its cost per epoch against pA's, both measured side by side.
+# epochs as fit the same time at its cost per epoch against pA's, both measured side by side. Session 2
+# showed this rule's flaw: side by side RandAugment cost 1.13x, alone 1.7x (host-bound launches that the
+# other run hid), so its 204 epochs would have overrun. Next time: cost each candidate alone.
 epochs = int(231 * epoch_time["pA"] / epoch_time[best])
 print(f"chosen {best}: model {model} {extra}; {epochs} epochs (231 x {epoch_time['pA']:.2f} / {epoch_time[best]:.2f})")
 Path(logs / "final_args").write_text(f"{model}\n{epochs}\n{extra}\n")
