@@ -32,7 +32,7 @@ def _shard_loader(shards: str, size: int, images: int = 0, workers: int = 2):
     take = spread(images, index.counts) if images else index.counts
     stream = ShardStream(index, [(s, 0, n) for s, n in enumerate(take)], train_transform((size, size)), 64, True,
                          (size, size), num_workers=workers)
-    return ShardLoader(stream, workers)
+    return ShardLoader(stream)
 
 
 def one_epoch(data: str, images: int, size: int, shards: str | None) -> None:

@@ -40,6 +40,23 @@ def test_shuffling_is_seeded_by_epoch_and_covers_each_image_once():
     assert sorted(first.tolist()) == list(range(64))
 
 
+def test_the_global_batches_and_their_augmentation_are_the_same_on_any_number_of_processes():
+    # Elastic: crops, flips and RandAugment are drawn for the global batch, each process taking its part's;
+    # a run continued on other processes augments each image as the run would have.
+    data = _data()
+    args = dict(crop_padding=2, hflip=True, seed=5, augment="randaugment")
+    for start in (0, 2):
+        whole = list(DeviceImageLoader(data, 16, "cpu", **args).batches_from(start))
+        for processes in (2, 4):
+            parts = [list(DeviceImageLoader(data, 16, "cpu", num_processes=processes, process_index=r,
+                                            **args).batches_from(start)) for r in range(processes)]
+            for step, (images, labels) in enumerate(whole):
+                assert torch.equal(torch.cat([p[step][1] for p in parts]), labels)
+                assert torch.equal(torch.cat([p[step][0] for p in parts]), images), (processes, step)
+    plain = torch.cat([x for x, _ in DeviceImageLoader(data, 16, "cpu", seed=5, crop_padding=0, hflip=False)])
+    assert not torch.equal(torch.cat([x for x, _ in DeviceImageLoader(data, 16, "cpu", **args)]), plain)
+
+
 def test_evaluation_shards_are_exact_across_processes():
     data = _data(61)  # not a multiple of the batch or of the processes
     parts = [torch.cat([y for _, y in DeviceImageLoader(data, 16, "cpu", train=False, num_processes=3,

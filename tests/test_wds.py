@@ -1,23 +1,22 @@
 """WebDataset shards (data.dataset=wds): written by `vitlab shards` from an ImageFolder byte for byte,
-read back by the webdataset package; every sample once an epoch on processes x workers from an uneven
-number of shards; an epoch resumed inside it ends bit-identical; the same images give the same numbers
+read back by the webdataset package; the epoch's plan: the same global batches on any processes x
+workers from an uneven number of shards (resumed on another layout: tests/test_elastic.py); an epoch
+resumed inside it ends bit-identical; the same images give the same numbers
 as their folder; bad input in one line."""
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import launch_env, make_imagefolder, reset_accelerate, same_run_records, signal_at_step, tiny_overrides
+from conftest import make_imagefolder, reset_accelerate, same_run_records, signal_at_step, tiny_overrides
 from vitlab.config import load_config
 from vitlab.errors import ConfigError, DataError, Preempted
 from vitlab.training import train
@@ -93,50 +92,91 @@ def test_shards_read_through_a_pipe_command_give_what_the_files_give(tiny_shards
     local = index_shards(tmp_path, f"{tiny_shards}/test-*.tar")  # listed by test.json, labels read with samples
     piped = index_shards(tmp_path, f"pipe:cat {tiny_shards}/test-{{000000..000002}}.tar")  # every cls read now
     assert piped.counts == local.counts == [14, 14, 8] and local.labels is None and len(piped.labels) == 36
-    read = [[(x, int(y)) for x, y in ShardStream(ix, [(s, 0, n) for s, n in enumerate(ix.counts)], None, 4, False,
-                                                 (32, 32))] for ix in (local, piped)]
+    read = [[(x, int(y)) for xs, ys in ShardStream(ix, [(s, 0, n) for s, n in enumerate(ix.counts)], None, 4, False,
+                                                   (32, 32)) for x, y in zip(xs, ys)] for ix in (local, piped)]
     assert len(read[0]) == 36 and all(torch.equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(*read))
 
 
-def test_every_sample_once_an_epoch_on_two_processes_by_two_workers_from_seven_uneven_shards(tiny_shards):
-    # Each process's loader as a run builds it, with 2 DataLoader workers; the labels are the samples'
-    # ids. 96 samples, batches of 8 a process: 4 readers of 24 samples, parts that cross shard ends.
+def _global_batches(index, processes: int, workers: int, epoch: int, start: int = 0, partitions: int = 4,
+                    batch: int = 24, buffer: int = 5) -> list[list[int]]:
+    """The global batches of an epoch from step ``start`` on, as ``processes`` x ``workers`` read them: each
+    process's loader as a run builds it, the processes' batches joined in process order; the labels are
+    the samples' ids."""
     from vitlab.data.shard_stream import ShardLoader, ShardStream
+
+    per_process = []
+    for rank in range(processes):
+        stream = ShardStream(index, [(s, 0, n) for s, n in enumerate(index.counts)], None, batch // processes, True,
+                             (32, 32), seed=0, num_processes=processes, process_index=rank, num_workers=workers,
+                             shuffle_buffer=buffer, partitions=partitions)
+        loader = ShardLoader(stream)
+        loader.set_epoch(epoch)
+        per_process.append([labels.tolist() for _, labels in loader.batches_from(start)])
+        assert len(loader) == 96 // batch and all(len(b) == batch // processes for b in per_process[-1])
+    return [[i for p in per_process for i in p[step]] for step in range(len(per_process[0]))]
+
+
+def test_the_global_batches_of_streamed_shards_are_the_same_on_any_processes_and_workers_and_resume_so(tiny_shards):
+    # Elastic determinism (the epoch's plan, vitlab.data.plan): 96 samples in 7 uneven shards, 4
+    # partitions, global batches of 24. Every layout that divides the partitions gives the plan's global
+    # batches, from the start and from any step; every sample once an epoch; another order each epoch.
+    from vitlab.data.plan import EpochPlan
     from vitlab.data.shards import index_shards
 
     index = index_shards(tiny_shards, "train")
     assert index.counts == [14] * 6 + [12]
     index.labels = torch.arange(len(index))
-    segments = [(s, 0, n) for s, n in enumerate(index.counts)]
-    orders = []
+    plan = EpochPlan(tuple((s, 0, n) for s, n in enumerate(index.counts)), (0, 14, 28, 42, 56, 70, 84), 24, 4,
+                     shuffle_buffer=5)
     for epoch in (1, 2):
-        batches = {}
-        for rank in (0, 1):
-            stream = ShardStream(index, segments, None, 8, True, (32, 32), seed=0, num_processes=2,
-                                 process_index=rank, num_workers=2)
-            loader = ShardLoader(stream, num_workers=2)
-            loader.set_epoch(epoch)
-            batches[rank] = [labels.tolist() for _, labels in loader]
-            assert len(batches[rank]) == len(loader) == 6 and all(len(b) == 8 for b in batches[rank])
-        seen = [i for rank in (0, 1) for b in batches[rank] for i in b]
-        assert sorted(seen) == list(range(96))  # every sample once, none repeated, on equal ranks
-        orders.append(seen)
-    assert orders[0] != orders[1]
+        expected = [plan.batch_ids(epoch, step) for step in range(4)]
+        assert sorted(i for b in expected for i in b) == list(range(96))  # every sample once
+        for processes, workers in ((1, 0), (1, 2), (2, 2), (4, 1), (2, 3)):  # 3 workers: 2 partitions, 2 used
+            assert _global_batches(index, processes, workers, epoch) == expected, (processes, workers)
+        for start in (1, 3):  # resumed inside the epoch on another layout than the one that stopped
+            assert _global_batches(index, 1, 1, epoch, start) == expected[start:]
+            assert _global_batches(index, 2, 2, epoch, start) == expected[start:]
+    assert plan.batch_ids(1, 0) != plan.batch_ids(2, 0)
+    with pytest.raises(ConfigError, match=r"^this run reads its training shards as 4 partitions, fixed when it started "
+                                          r"\(data.partitions, else its processes x DataLoader workers then\); 3 processes "
+                                          r"cannot share them equally: launch 1, 2, 4 process\(es\)$"):
+        _global_batches(index, 3, 1, 1)
     # Evaluation: every sample once over the processes, nothing dropped, in parts that may differ by one.
+    from vitlab.data.shard_stream import ShardLoader, ShardStream
+
     eval_seen = []
     for rank in (0, 1):
         stream = ShardStream(index, [(s, 0, n) for s, n in enumerate(index.counts)][:5], None, 8, False, (32, 32),
                              num_processes=2, process_index=rank, num_workers=2)
-        eval_seen += [i for _, labels in ShardLoader(stream, num_workers=2) for i in labels.tolist()]
+        eval_seen += [i for _, labels in ShardLoader(stream) for i in labels.tolist()]
     assert sorted(eval_seen) == list(range(70))
+
+
+def test_shard_workers_live_across_epochs_and_read_each_epochs_plan(tiny_shards):
+    # Workers started once for the run (a fork each epoch, from a process with live threads, can hang):
+    # each epoch, and a start inside one, reaches them through shared memory.
+    from vitlab.data.shard_stream import ShardLoader, ShardStream
+    from vitlab.data.shards import index_shards
+
+    index = index_shards(tiny_shards, "train")
+    index.labels = torch.arange(len(index))
+    stream = ShardStream(index, [(s, 0, n) for s, n in enumerate(index.counts)], None, 24, True, (32, 32),
+                         num_workers=2, shuffle_buffer=5, partitions=4)
+    loader, pids = ShardLoader(stream), []
+    for epoch, start in ((1, 0), (2, 0), (3, 2), (2, 1)):
+        loader.set_epoch(epoch)
+        expected = [stream.plan.batch_ids(epoch, step) for step in range(start, 4)]
+        assert [labels.tolist() for _, labels in loader.batches_from(start)] == expected, (epoch, start)
+        pids.append(sorted(w.pid for w in loader._loader._iterator._workers))
+    assert len(pids[0]) == 2 and all(p == pids[0] for p in pids) and os.getpid() not in pids[0]
 
 
 @pytest.mark.parametrize("step,buffer", [(3, 1000), (4, 1000), (3, 5)])
 def test_a_signal_inside_an_epoch_of_streamed_shards_resumes_at_the_next_sample_bit_identical(
         tiny_shards, tmp_path, monkeypatch, on_cpu, step, buffer):
-    # 2 workers, 6 steps an epoch: stopping after step 3 resumes at the second worker's batch (the
-    # workers trade readers), after step 4 at the first's. A buffer of 5 holds a few of a reader's 42
-    # samples: the resumed reader reads again only what it still held.
+    # 2 workers, 2 partitions of 42 samples giving 7 to each of 6 steps: stopping after step 3 or 4
+    # resumes each partition at its sample 21 or 28. A buffer of 5 holds a few of them: the resumed
+    # partition reads again only what its buffer still held.
     extra = (*RANDOM, *wds(tiny_shards, "data.num_workers=2", "data.val_size=12", f"data.shuffle_buffer={buffer}"),
              "train.batch_size=14")
     whole, parts = tmp_path / "whole", tmp_path / "parts"
@@ -156,51 +196,7 @@ def test_a_signal_inside_an_epoch_of_streamed_shards_resumes_at_the_next_sample_
         assert all(torch.equal(a[k], b[k]) for k in a), name
     assert same_run_records(whole, parts)
     records = [json.loads(x) for x in (whole / "metrics.jsonl").read_text().splitlines()]
-    assert [r["train_samples"] for r in records if r["split"] == "eval"] == [84, 84]  # 2 readers x 3 batches of 14
-
-
-def test_two_gloo_processes_by_two_workers_stream_seven_shards_and_resume_after_sigterm_bit_identical(
-        tiny_shards, tmp_path):
-    env = {**launch_env(2, exact=True), "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-
-    def launch(run_dir: Path) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-                                 str(ROOT / "train.py"), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
-                                 *tiny_overrides(tiny_shards, run_dir, *RANDOM, *wds(tiny_shards, "data.num_workers=2"),
-                                                 "train.epochs=3", "train.log_every=1")],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-    whole, parts = tmp_path / "whole", tmp_path / "parts"
-    done = launch(whole)
-    out, err = done.communicate(timeout=300)
-    assert done.returncode == 0, err[-3000:]
-    records = [json.loads(x) for x in (whole / "metrics.jsonl").read_text().splitlines()]
-    assert [r["train_samples"] for r in records if r["split"] == "eval"] == [96] * 3  # 4 readers x 24, none left
-    assert "6 steps/epoch" in out
-    running = launch(parts)
-    metrics = parts / "metrics.jsonl"
-    while not (metrics.exists() and metrics.read_text().count('"split": "train"') >= 7):  # inside epoch 2
-        assert running.poll() is None, running.communicate()[1][-3000:]
-        time.sleep(0.02)
-    for proc in Path("/proc").iterdir():  # SIGTERM to the worker of rank 1 alone
-        try:
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == running.pid and b"RANK=1" in environ:
-            os.kill(int(proc.name), signal.SIGTERM)
-    running.communicate(timeout=300)
-    state = json.loads((parts / "checkpoints/last/trainer_state.json").read_text())
-    assert state["global_step"] < 18  # stopped inside epoch 2 (or, on a slow machine, later)
-    done = launch(parts)
-    out, err = done.communicate(timeout=300)
-    assert done.returncode == 0 and f"resumed at epoch {state['epoch'] + 1}, step {state['epoch_step']}" in out, \
-        err[-3000:]
-    for name in ("model.safetensors", "ema.safetensors"):
-        a, b = (load_file(str(run / "checkpoints/last" / name)) for run in (whole, parts))
-        assert all(torch.equal(a[k], b[k]) for k in a), name
-    assert same_run_records(whole, parts)
+    assert [r["train_samples"] for r in records if r["split"] == "eval"] == [84, 84]  # 6 global batches of 14
 
 
 @pytest.mark.parametrize("crop", ["pad", "rrc"])
@@ -269,8 +265,8 @@ def test_bad_shards_are_one_line_before_training(tiny_shards, tmp_path, monkeypa
         with pytest.raises(DataError, match=message):
             list(ShardStream(index, [segment], None, 1, False, (8, 8)))
     run = tmp_path / "run"
-    with pytest.raises(DataError, match=r"7 shard\(s\) for 1 process\(es\) x 8 DataLoader worker\(s\) = 8 readers; "
-                                        r"give each reader a shard of its own: lower data.num_workers"):
+    with pytest.raises(DataError, match=r"7 shard\(s\) for 8 partitions \(data.partitions, else processes x DataLoader "
+                                        r"workers\); give each partition a shard of its own: lower data.num_workers"):
         train(load_config(None, tiny_overrides(tiny_shards, run, *wds(tiny_shards, "data.num_workers=8"))))
     with pytest.raises(ConfigError, match=r"data.in_memory=True is invalid; expected auto or false with "
                                           r"data.dataset=wds"):

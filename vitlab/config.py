@@ -94,9 +94,14 @@ class DataConfig:
     # its processes, streamed otherwise (the run says which and why). The same images give the same
     # weights either way.
     in_memory: bool | Literal["auto"] = "auto"
-    # wds: each DataLoader worker shuffles the samples it reads through a buffer of this many (raw, encoded)
-    # samples, after the shards' order is shuffled each epoch.
+    # wds and streamed hf: each partition of the epoch's shards is shuffled through a buffer of this many
+    # (raw, encoded) samples, after the shards' order is shuffled each epoch.
     shuffle_buffer: int = 1000
+    # wds and streamed hf: the epoch's shards are cut into this many partitions, each giving its share
+    # of every global batch (0 = the processes x DataLoader workers of the run's first launch). Fixed
+    # for the run and kept in its checkpoint, so a resumed run may use any number of processes that
+    # divides it, with any number of workers, and trains on the same global batches.
+    partitions: int = 0
     # hf: read a Hub id or a folder of parquet files as an IterableDataset (streaming=True: never whole on
     # disk), its data files streamed as wds shards are (the same guarantees: every sample once an epoch,
     # resumable to the sample).
@@ -268,7 +273,8 @@ def _check_values(cfg: Config) -> None:
 
     d, o, t, g = cfg.data, cfg.optim, cfg.train, cfg.generate
     if isinstance(d, DataConfig):
-        for key in ("train_subset", "test_subset", "val_size", "crop_padding", "num_workers", "decode_size"):
+        for key in ("train_subset", "test_subset", "val_size", "crop_padding", "num_workers", "decode_size",
+                    "partitions"):
             need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "an integer >= 0")
         need(0 <= d.randaugment_magnitude <= 30, "data.randaugment_magnitude", d.randaugment_magnitude, "0..30")
         need(d.randaugment_ops >= 1, "data.randaugment_ops", d.randaugment_ops, "an integer >= 1")

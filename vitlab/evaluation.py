@@ -124,7 +124,7 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
                                          accelerator.process_index,
                                          classes=list(info["label_names"]), splits=(split,))
         data = None
-        loader: Any = ShardLoader(streams[split], d.num_workers, accelerator.device)
+        loader: Any = ShardLoader(streams[split], accelerator.device)
     else:
         train_index, test_index = index_splits(d, classes=list(info["label_names"]))
         keep, _ = in_memory(d, train_index, test_index, size)

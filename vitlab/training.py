@@ -325,7 +325,7 @@ class _Loop:
         self.has_moe = bool(expert_utilization(self.model))
         # epoch: epochs done; epoch_step: optimizer steps done in the next one (a checkpoint inside it).
         self.state: dict[str, Any] = {"epoch": 0, "epoch_step": 0, "global_step": 0, "best_metric": None,
-                                      "best_epoch": None}
+                                      "best_epoch": None, **({"data": task.data_state} if task.data_state else {})}
         self.process_state: dict[str, Any] | None = None  # this process's RNG and sums, inside an epoch
         self.meter = _Meter.start(acc.device)
         self.started = time.time()

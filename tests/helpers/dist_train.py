@@ -1,11 +1,13 @@
 """Launched by the tests under ``torchrun``: train a config (``key=value`` overrides), optionally
 stopping after an epoch as an interruption would, or recording each process's first random draws.
 
-    torchrun --nproc_per_node 2 dist_train.py [--stop-after-epoch N] [--record PREFIX] key=value ...
+    torchrun --nproc_per_node 2 dist_train.py [--stop-after-epoch N] [--record PREFIX] [--record-batches PREFIX]
+        key=value ...
 
 ``--record PREFIX`` writes ``PREFIX.<rank>.json`` at the first forward pass of training: the batch the
 model sees (augmented), then a draw from torch's, NumPy's and Python's global generators (the streams
-dropout, drop path and mixup use).
+dropout, drop path and mixup use). ``--record-batches PREFIX``: every training batch's image digests
+(:mod:`batch_record`).
 """
 from __future__ import annotations
 
@@ -23,8 +25,16 @@ from vitlab.models import VisionTransformer
 parser = argparse.ArgumentParser()
 parser.add_argument("--stop-after-epoch", type=int)
 parser.add_argument("--record")
+parser.add_argument("--record-batches")
 parser.add_argument("overrides", nargs="*")
 args = parser.parse_args()
+
+if args.record_batches:
+    from batch_record import recording
+
+    from vitlab.data.transforms import ModelInput
+
+    ModelInput.__call__ = recording(args.record_batches)
 
 if args.record:
     forward = VisionTransformer.forward

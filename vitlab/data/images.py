@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import Tensor
@@ -150,9 +150,21 @@ def _sharpen(x: Tensor, factor: float) -> Tensor:
     return output.clamp_(0, 255).to(x.dtype)
 
 
-def rand_augment(x: Tensor, num_ops: int = 2, magnitude: int = 9, generator: torch.Generator | None = None) -> Tensor:
+def _draws(draw: Callable[[int], Tensor], b: int, within: tuple[int, int] | None) -> Tensor:
+    """``draw(n)`` for the ``b`` images of a batch; with ``within = (start, total)`` they are images
+    ``start`` to ``start + b`` of a batch of ``total``, and get those images' draws of the whole batch's
+    (a batch split over processes is augmented as it would be whole)."""
+    if within is None:
+        return draw(b)
+    start, total = within
+    return draw(total)[start:start + b]
+
+
+def rand_augment(x: Tensor, num_ops: int = 2, magnitude: int = 9, generator: torch.Generator | None = None,
+                 within: tuple[int, int] | None = None) -> Tensor:
     """torchvision's ``v2.RandAugment(num_ops, magnitude)`` for a uint8 batch ``(b, C, H, W)``, each image
-    drawing its own ops and signs, without a host round trip.
+    drawing its own ops and signs, without a host round trip. ``within``: ``x`` is part of a larger
+    batch (:func:`_draws`).
 
     ``v2.RandAugment`` given a batch applies one draw to all of it. Here every image draws an op
     (uniform over torchvision's 14) and a sign per round from ``generator``; each (op, sign) is then
@@ -166,8 +178,8 @@ def rand_augment(x: Tensor, num_ops: int = 2, magnitude: int = 9, generator: tor
     space = reference._AUGMENTATION_SPACE  # name -> (magnitudes(bins, h, w), signed); torchvision's table
     b, (h, w) = x.shape[0], x.shape[-2:]
     for _ in range(num_ops):
-        op = torch.randint(len(space), (b,), device=x.device, generator=generator)
-        negative = torch.rand(b, device=x.device, generator=generator) <= 0.5  # torchvision's sign draw
+        op = _draws(lambda n: torch.randint(len(space), (n,), device=x.device, generator=generator), b, within)
+        negative = _draws(lambda n: torch.rand(n, device=x.device, generator=generator), b, within) <= 0.5
         out = x
         for i, (name, (magnitudes, signed)) in enumerate(space.items()):
             if name == "Identity":
@@ -198,11 +210,12 @@ class DeviceImageLoader:
     The technique of the fastest CIFAR-10 training runs: each epoch one ``randperm`` (seeded by
     ``seed + epoch``, identical on every process), then per batch a gather, a random crop with zero
     padding and a horizontal flip for the whole batch at once, RandAugment (``augment='randaugment'``,
-    :func:`rand_augment`), and normalization. The crops, flips and RandAugment draws come from a
-    generator of this process's own, seeded for each batch (:func:`vitlab.seeding.process_seed` of
-    ``seed``, ``process_index``, the epoch, the ``'augment'`` stream and the batch), so processes
-    augment independently, not with the numbers dropout draws, and :meth:`batches_from` starts an
-    epoch at any batch as if the ones before it had been drawn.
+    :func:`rand_augment`), and normalization. The crops, flips and RandAugment draws are the global
+    batch's, from a generator of the loader's own seeded for each batch (:func:`vitlab.seeding.process_seed`
+    of ``seed``, the epoch, the ``'augment'`` stream and the batch), each process taking its images'
+    draws: an image's augmentation does not depend on the number of processes (elastic, as
+    :class:`~vitlab.data.plan.EpochPlan`), dropout's numbers are left alone, and :meth:`batches_from`
+    starts an epoch at any batch as if the ones before it had been drawn.
 
     With ``size`` (the model's input) other than the stored images', each batch is resized there after
     the augmentation (:func:`resize_images`, the per-image transforms' rule), so small images stay small
@@ -243,25 +256,26 @@ class DeviceImageLoader:
         n = len(self.labels)
         return n // self.batch_size if self.train else -(-n // self.batch_size)
 
-    def _augment(self, x: Tensor) -> Tensor:
-        """Random crop with zero padding, flips and RandAugment for a uint8 batch ``(b, C, H, W)``, per image."""
+    def _augment(self, x: Tensor, within: tuple[int, int]) -> Tensor:
+        """Random crop with zero padding, flips and RandAugment for a uint8 batch ``(b, C, H, W)``, per image,
+        ``x`` being images ``within = (start, total)`` of the global batch (:func:`_draws`)."""
         b, _, h, w = x.shape
         g = self._generator
         if self.crop_padding:
             p = self.crop_padding
             padded = torch.nn.functional.pad(x, (p, p, p, p))
-            dy = torch.randint(0, 2 * p + 1, (b,), device=x.device, generator=g)
-            dx = torch.randint(0, 2 * p + 1, (b,), device=x.device, generator=g)
+            dy = _draws(lambda n: torch.randint(0, 2 * p + 1, (n,), device=x.device, generator=g), b, within)
+            dx = _draws(lambda n: torch.randint(0, 2 * p + 1, (n,), device=x.device, generator=g), b, within)
             rows = (dy[:, None] + torch.arange(h, device=x.device))[:, None, :, None]  # (b, 1, h, 1)
             cols = (dx[:, None] + torch.arange(w, device=x.device))[:, None, None, :]  # (b, 1, 1, w)
             batch = torch.arange(b, device=x.device)[:, None, None, None]
             chans = torch.arange(x.shape[1], device=x.device)[None, :, None, None]
             x = padded[batch, chans, rows, cols]
         if self.hflip:
-            flip = torch.rand(b, device=x.device, generator=g) < 0.5
+            flip = _draws(lambda n: torch.rand(n, device=x.device, generator=g), b, within) < 0.5
             x = torch.where(flip[:, None, None, None], x.flip(-1), x)
         if self.randaugment is not None:
-            x = rand_augment(x, *self.randaugment, generator=g)
+            x = rand_augment(x, *self.randaugment, generator=g, within=within)
         return x
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
@@ -279,9 +293,9 @@ class DeviceImageLoader:
             batch = order[i * self.batch_size:(i + 1) * self.batch_size]
             part = torch.tensor_split(batch, self.num_processes)[self.process_index]
             x = self.images[part]
-            if self.train:
-                self._generator.manual_seed(process_seed(self.seed, self.process_index, self.epoch, "augment", i))
-                x = self._augment(x)
+            if self.train:  # the global batch's draws, whichever process augments its part
+                self._generator.manual_seed(process_seed(self.seed, 0, self.epoch, "augment", i))
+                x = self._augment(x, (len(part) * self.process_index, len(batch)))
             if self.size is not None:
                 x = resize_images(x, self.size)
             yield x, self.labels[part]

@@ -65,6 +65,8 @@ class TaskSetup:
             ``config.json`` (class names and normalization; the task and languages).
         train_size: Training examples (for a language model: tokens) per epoch, for the logs.
         save_files: ``save_files(checkpoint_directory)`` writes the task's own files (a tokenizer).
+        data_state: What the data fixed when the run started and a resumed run must keep (the epoch
+            plan's partitions of streamed shards), saved as ``data`` in ``trainer_state.json``.
     """
 
     model: nn.Module
@@ -80,3 +82,4 @@ class TaskSetup:
     train_size: int
     save_files: Callable[[Path], None] = field(default=lambda directory: None)
     select_lower: bool = False
+    data_state: dict[str, Any] = field(default_factory=dict)

@@ -191,11 +191,12 @@ def _index_stream(d: DataConfig, split: str, classes: list[str] | None) -> Shard
 def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: int, num_processes: int = 1,
                   process_index: int = 0,
                   classes: list[str] | None = None, splits: tuple[str, ...] = ("train", "val", "test"),
-                  ) -> tuple[dict[str, ShardStream], list[str]]:
+                  partitions: int = 0) -> tuple[dict[str, ShardStream], list[str]]:
     """``data.dataset=wds`` or a streamed ``hf``: the streams of the ``splits`` asked for, and the class names. The
     validation images (``data.val_size``) are the heads of the training shards (:func:`spread`), read
     in order for evaluation and passed over by training; ``data.train_subset`` / ``test_subset`` take
-    the next ones likewise. Shards are listed (labels checked) before any image is decoded."""
+    the next ones likewise. Shards are listed (labels checked) before any image is decoded. ``batch_size``
+    is this process's; ``partitions``: the training plan's (0: ``data.partitions``, else processes x workers)."""
     stored = _decode_size(d, size, keep_in_memory=False)
     common = dict(seed=seed, num_processes=num_processes, process_index=process_index, num_workers=d.num_workers)
     streams: dict[str, ShardStream] = {}
@@ -210,7 +211,8 @@ def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: i
     if "train" in splits:
         streams["train"] = ShardStream(train, [(s, k, k + u) for s, (k, u) in enumerate(zip(held, used))],
                                        _train_transform(d, size, stored), batch_size, True, stored,
-                                       shuffle_buffer=d.shuffle_buffer, **common)
+                                       shuffle_buffer=d.shuffle_buffer, partitions=partitions or d.partitions,
+                                       **common)
     if "val" in splits and d.val_size:
         streams["val"] = ShardStream(train, [(s, 0, k) for s, k in enumerate(held)], evaluation, batch_size, False,
                                      stored, **common)
@@ -270,7 +272,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     mean, std = _normalization(cfg, model, resume_from)
     size = model.patch_embed.img_size
     if streamed_in_shards(d):
-        return _shards_task(cfg, accelerator, micro_batch, model, mean, std, size)
+        return _shards_task(cfg, accelerator, micro_batch, model, mean, std, size, resume_from)
     train_index, test_index = index_splits(d)  # labels checked before any image is decoded
     keep, where = in_memory(d, train_index, test_index, size)
     accelerator.print(where)
@@ -307,23 +309,32 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
 
 
 def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model: nn.Module, mean: tuple[float, ...],
-                 std: tuple[float, ...], size: tuple[int, int]) -> TaskSetup:
+                 std: tuple[float, ...], size: tuple[int, int], resume_from: Path | None) -> TaskSetup:
     """Shards (:func:`streamed_in_shards`) streamed (:func:`shard_streams`) by loaders that shard themselves
-    over the processes (not prepared by Accelerate)."""
+    over the processes (not prepared by Accelerate). A resumed run keeps the partitions it started with
+    (``data`` in ``trainer_state.json``), so its global batches do not depend on its processes or workers."""
     d = cfg.data
+    kept = read_json(resume_from / "trainer_state.json").get("data", {}) if resume_from is not None else {}
     streams, classes = shard_streams(d, cfg.train.seed, size, micro_batch // accelerator.num_processes,
-                                     accelerator.num_processes, accelerator.process_index)
+                                     accelerator.num_processes, accelerator.process_index,
+                                     partitions=kept.get("partitions", 0))
     _fit_head(cfg, model, classes)
     train = streams.pop("train")
-    accelerator.print(f"data: {train.total:,} training samples in {len(train.segments)} shards, streamed by "
-                      f"{max(d.num_workers, 1)} reader(s) a process ({d.num_workers} DataLoader worker(s)), "
-                      f"{train.samples_per_epoch:,} an epoch (whole batches on every reader); "
+    plan = train.plan
+    accelerator.print(f"data: {train.total:,} training samples in {len(train.segments)} shards, cut into "
+                      f"{plan.partitions} partitions, {len(plan.parts_of(0, accelerator.num_processes))} a process, "
+                      f"read by {train.loader_workers} DataLoader worker(s) a process"
+                      + (f" (data.num_workers={d.num_workers}: at most one a partition)"
+                         if train.loader_workers < d.num_workers else "")
+                      + f"; {train.samples_per_epoch:,} an epoch (whole global batches); "
                       + ", ".join(f"{k} {s.total:,}" for k, s in streams.items())
                       + f" (data.dataset={d.dataset}{', data.streaming=true' if d.streaming else ''})")
     pin = accelerator.device.type == "cuda"
-    loaders = {k: ShardLoader(s, d.num_workers, accelerator.device, pin) for k, s in streams.items()}
-    return _task(cfg, model, classes, mean, std, ShardLoader(train, d.num_workers, accelerator.device, pin), loaders,
+    loaders = {k: ShardLoader(s, accelerator.device, pin) for k, s in streams.items()}
+    task = _task(cfg, model, classes, mean, std, ShardLoader(train, accelerator.device, pin), loaders,
                  False, train.samples_per_epoch)
+    task.data_state = {"partitions": plan.partitions}
+    return task
 
 
 def _fit_head(cfg: Config, model: nn.Module, classes: list[str]) -> None:

@@ -1,0 +1,141 @@
+"""Elastic runs: a run stopped by SIGTERM inside epoch 2 continues, by the same command, on other numbers
+of processes and DataLoader workers (2 -> 1 workers; 2 processes x 2 workers -> 1 x 1), for shards and
+for a folder, and trains on the samples of the uninterrupted run, step by step, augmented alike; its
+weights are the uninterrupted run's bit for bit on as many processes, and within the float order of the
+gradient reduction on fewer."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from conftest import launch_env, max_weight_diff, reset_accelerate, signal_at_step, tiny_overrides
+from helpers.batch_record import global_batches, recording
+from vitlab.config import load_config
+from vitlab.data.transforms import ModelInput
+from vitlab.errors import Preempted
+from vitlab.training import train
+
+ROOT = Path(__file__).resolve().parents[1]
+HELPER = ROOT / "tests" / "helpers" / "dist_train.py"
+# Random where the data decides it (crops, flips, RandAugment, the order), none in the model: dropout,
+# drop path and mixup draw from each process's generator (docs/clusters.md).
+RUN = ("data.augment=randaugment", "train.ema_decay=0.9", "data.loader=torch", "train.log_every=1")
+PARTITIONS = {"shards": ("data.partitions=4",), "folder": ()}  # a folder's order needs none
+SOURCES = {"shards": lambda shards, folder: ("data.dataset=wds", f"data.root={shards}"),
+           "folder": lambda shards, folder: (f"data.root={folder}", "data.in_memory=false")}
+
+
+@pytest.fixture(scope="module")
+def tiny_shards(tiny_imagefolder, tmp_path_factory) -> Path:
+    pytest.importorskip("webdataset")
+    from vitlab.cli import main
+
+    out = tmp_path_factory.mktemp("shards")
+    main(["shards", str(tiny_imagefolder), str(out), "--shard-size", "14"])
+    return out
+
+
+def _overrides(source: str, data: tuple[Path, Path], run_dir: Path, *extra: str) -> list[str]:
+    return tiny_overrides(data[1], run_dir, *RUN, *SOURCES[source](*data), *extra)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_imagefolder, tiny_shards, tmp_path_factory) -> dict[str, tuple[Path, list[list[str]]]]:
+    """Each source's run whole, on 1 process without workers (4 partitions for the shards), and the
+    digests of its global batches."""
+    runs = {}
+    for source in SOURCES:
+        run_dir = tmp_path_factory.mktemp("whole") / source
+        prefix = run_dir.parent / "batches"
+        with pytest.MonkeyPatch.context() as m:
+            m.setenv("ACCELERATE_USE_CPU", "true")
+            m.setattr(ModelInput, "__call__", recording(prefix))
+            train(load_config(None, _overrides(source, (tiny_shards, tiny_imagefolder), run_dir, "data.num_workers=0",
+                                               *PARTITIONS[source])))
+        reset_accelerate()
+        runs[source] = run_dir, global_batches(prefix)
+    return runs
+
+
+def _weights(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
+    return {name: load_file(str(run_dir / "checkpoints/last" / name)) for name in ("model.safetensors",
+                                                                                  "ema.safetensors")}
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_two_workers_stopped_in_epoch_two_continue_on_one_with_the_same_batches_bit_for_bit(
+        source, uninterrupted, tiny_imagefolder, tiny_shards, tmp_path, monkeypatch, on_cpu):
+    whole, expected = uninterrupted[source]
+    run_dir, prefix = tmp_path / "run", tmp_path / "batches"
+    monkeypatch.setattr(ModelInput, "__call__", recording(prefix))
+    extra = PARTITIONS[source]
+    with monkeypatch.context() as m:
+        signal_at_step(m, 8)  # 6 steps an epoch
+        with pytest.raises(Preempted):
+            train(load_config(None, _overrides(source, (tiny_shards, tiny_imagefolder), run_dir, "data.num_workers=2",
+                                               *extra)))
+    reset_accelerate()
+    train(load_config(None, _overrides(source, (tiny_shards, tiny_imagefolder), run_dir, "data.num_workers=1",
+                                       *extra)))
+    assert global_batches(prefix) == expected  # 8 steps on 2 workers, 4 on 1: the whole run's 12
+    for name, tensors in _weights(run_dir).items():
+        reference = _weights(whole)[name]
+        assert all(torch.equal(tensors[k], reference[k]) for k in tensors), name
+
+
+def _launch(argv: list[str], processes: int, env: dict[str, str]) -> subprocess.Popen:
+    launcher = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--standalone"]
+                if processes > 1 else [sys.executable])
+    return subprocess.Popen([*launcher, str(HELPER), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+
+
+def _signal_rank_one(launcher: subprocess.Popen) -> None:
+    for proc in Path("/proc").iterdir():
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == launcher.pid and b"RANK=1" in environ:
+            os.kill(int(proc.name), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("source", list(SOURCES))
+def test_two_processes_by_two_workers_stopped_in_epoch_two_continue_on_one_by_one_with_the_same_batches(
+        source, uninterrupted, tiny_imagefolder, tiny_shards, tmp_path):
+    # The shards' partitions are left to the first launch (2 x 2 = 4) and kept in the checkpoint: the
+    # continued run on 1 x 1 reads the same 4.
+    whole, expected = uninterrupted[source]
+    run_dir, prefix = tmp_path / "run", tmp_path / "batches"
+    env = {**launch_env(2, exact=True), "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    argv = ["--record-batches", str(prefix), *_overrides(source, (tiny_shards, tiny_imagefolder), run_dir)]
+    running = _launch([*argv, "data.num_workers=2"], 2, env)
+    metrics = run_dir / "metrics.jsonl"
+    while not (metrics.exists() and metrics.read_text().count('"split": "train"') >= 7):  # inside epoch 2
+        assert running.poll() is None, running.communicate()[1][-3000:]
+        time.sleep(0.02)
+    _signal_rank_one(running)
+    running.communicate(timeout=300)
+    state = json.loads((run_dir / "checkpoints/last/trainer_state.json").read_text())
+    assert 6 < state["global_step"] < 12, state  # stopped inside epoch 2
+    assert state.get("data", {}).get("partitions") == (4 if source == "shards" else None)
+    stopped = global_batches(prefix)
+    for f in tmp_path.glob("batches.*.jsonl"):
+        f.unlink()
+    done = _launch([*argv, "data.num_workers=1"], 1, env)  # the same command, on 1 process x 1 worker
+    out, err = done.communicate(timeout=300)
+    assert done.returncode == 0 and f"resumed at epoch 2, step {state['epoch_step']}" in out, err[-3000:]
+    assert "continuing with keys that do not change the result changed: data.num_workers 2 -> 1" in out
+    assert stopped + global_batches(prefix) == expected  # every step's samples, augmented alike, in order
+    for name, tensors in _weights(run_dir).items():
+        assert max_weight_diff(tensors, _weights(whole)[name]) < 1e-5, name
