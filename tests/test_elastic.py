@@ -21,7 +21,7 @@ from conftest import launch_env, max_weight_diff, reset_accelerate, signal_at_st
 from helpers.batch_record import global_batches, recording
 from vitlab.config import load_config
 from vitlab.data.transforms import ModelInput
-from vitlab.errors import Preempted
+from vitlab.errors import ConfigError, Preempted
 from vitlab.training import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,6 +136,32 @@ def test_two_processes_by_two_workers_stopped_in_epoch_two_continue_on_one_by_on
     out, err = done.communicate(timeout=300)
     assert done.returncode == 0 and f"resumed at epoch 2, step {state['epoch_step']}" in out, err[-3000:]
     assert "continuing with keys that do not change the result changed: data.num_workers 2 -> 1" in out
+    assert "the checkpoint was written by 2 processes, not 1: the rest of epoch 2 reads the samples the run would have " \
+           "read, augmented alike" in out
     assert stopped + global_batches(prefix) == expected  # every step's samples, augmented alike, in order
     for name, tensors in _weights(run_dir).items():
         assert max_weight_diff(tensors, _weights(whole)[name]) < 1e-5, name
+
+
+def test_a_change_of_the_samples_inside_an_epoch_is_refused_in_one_line_and_allowed_at_its_end(
+        tiny_imagefolder, tmp_path, monkeypatch, on_cpu):
+    # --resume RUN key=value changes a run on purpose; another global batch from a checkpoint inside an
+    # epoch would continue that epoch on other samples than it began with: refused, naming the key.
+    run_dir = tmp_path / "run"
+    overrides = tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=3")
+    with monkeypatch.context() as m:
+        signal_at_step(m, 8)  # epoch 2, step 2
+        with pytest.raises(Preempted):
+            train(load_config(None, overrides))
+    reset_accelerate()
+    with pytest.raises(ConfigError) as e:
+        train(load_config(None, [*overrides, "train.batch_size=8"]), resume=run_dir)
+    assert str(e.value) == (f"--resume {run_dir}/checkpoints/last: train.batch_size 16 -> 8 inside epoch 2 (the "
+                            f"checkpoint is at its step 2) would continue that epoch on other samples than it began "
+                            f"with; finish epoch 2 as it was (--resume {run_dir}/checkpoints/last train.epochs=2), "
+                            f"then change it")
+    reset_accelerate()
+    train(load_config(None, [*overrides, "train.epochs=2"]), resume=run_dir)  # as the line says
+    reset_accelerate()
+    summary = train(load_config(None, [*overrides, "train.batch_size=8"]), resume=run_dir)
+    assert summary["epochs_done"] == 3

@@ -171,6 +171,30 @@ def test_shard_workers_live_across_epochs_and_read_each_epochs_plan(tiny_shards)
     assert len(pids[0]) == 2 and all(p == pids[0] for p in pids) and os.getpid() not in pids[0]
 
 
+def test_shards_without_an_index_are_listed_by_one_process_of_a_run_and_shared(tiny_shards, tmp_path):
+    # Listing shards without an index reads every sample's cls (minutes for ImageNet-1k): process 0 lists,
+    # the others get its listing, or its error, and read nothing.
+    import shutil
+    import socket
+
+    import torch.multiprocessing as mp
+
+    from helpers.listing import list_shards
+
+    for tar in tiny_shards.glob("*.tar"):
+        shutil.copy(tar, tmp_path)  # no <split>.json, no classes.txt: every shard read through
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = str(free.getsockname()[1])
+    mp.start_processes(list_shards, args=([str(tmp_path), str(tmp_path / "nothing")], port, str(tmp_path / "got")),
+                       nprocs=2, start_method="spawn")
+    listed, failed = zip(*(json.loads((tmp_path / f"got.{rank}.json").read_text()) for rank in (0, 1)))
+    assert [g.pop("scanned") for g in listed] == [10, 0] and listed[0] == listed[1]  # 7 + 3 shards, read once
+    assert len(listed[0]["labels"]) == 36 and listed[0]["total"] == 96
+    assert failed[0] == failed[1] and failed[0]["scanned"] == 0
+    assert failed[0]["error"].startswith("DataError: no WebDataset shards match")
+
+
 @pytest.mark.parametrize("step,buffer", [(3, 1000), (4, 1000), (3, 5)])
 def test_a_signal_inside_an_epoch_of_streamed_shards_resumes_at_the_next_sample_bit_identical(
         tiny_shards, tmp_path, monkeypatch, on_cpu, step, buffer):

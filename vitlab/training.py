@@ -176,6 +176,29 @@ def resolve_resume(path: str | Path) -> tuple[Path, Path]:
     return path, checkpoint
 
 
+# Keys that decide which samples each step of an epoch reads (with the processes' count, which the
+# epoch's plan makes irrelevant): changed inside an epoch, the rest of it could not be what it was.
+SAMPLE_KEYS = ("train.batch_size", "train.grad_accum_steps", "train.seed", "data.dataset", "data.root",
+               "data.train_split", "data.val_size", "data.train_subset", "data.partitions", "data.shuffle_buffer",
+               "data.streaming", "data.image_key", "data.label_key")
+
+
+def _refuse_other_samples(cfg: Config, checkpoint: Path) -> None:
+    """Refuse, in one line, ``--resume CHECKPOINT key=value`` that changes a key deciding the samples of an
+    epoch (:data:`SAMPLE_KEYS`) from a checkpoint written inside one: that epoch would continue on other
+    samples than it began with. At an epoch's end any change starts the next epoch cleanly."""
+    state = ckpt.read_json(checkpoint / "trainer_state.json")
+    if not state.get("epoch_step") or not (checkpoint / "run_config.yaml").is_file():
+        return
+    saved, wanted = _flat_hparams(load_config(checkpoint / "run_config.yaml")), _flat_hparams(cfg)
+    changed = [f"{k} {saved.get(k)} -> {wanted.get(k)}" for k in SAMPLE_KEYS if saved.get(k) != wanted.get(k)]
+    if changed:
+        epoch = state["epoch"] + 1
+        raise ConfigError(f"--resume {checkpoint}: {', '.join(changed)} inside epoch {epoch} (the checkpoint is at its "
+                          f"step {state['epoch_step']}) would continue that epoch on other samples than it began with; "
+                          f"finish epoch {epoch} as it was (--resume {checkpoint} train.epochs={epoch}), then change it")
+
+
 def _find_resume_point(cfg: Config, resume: str | Path | None) -> tuple[Path, Path | None, str]:
     """The run directory, the checkpoint to continue from (None: a new run) and a line to print about
     it (or ''), decided before any data is read.
@@ -190,6 +213,7 @@ def _find_resume_point(cfg: Config, resume: str | Path | None) -> tuple[Path, Pa
     if resume is not None:
         run_dir, checkpoint = resolve_resume(resume)
         cfg.train.output_dir = str(run_dir)
+        _refuse_other_samples(cfg, checkpoint)
         return run_dir, checkpoint, ""
     run_dir = Path(cfg.train.output_dir)
     checkpoint = _newest_checkpoint(run_dir)
@@ -409,8 +433,9 @@ class _Loop:
                 self.process_state = ckpt.read_json(resume_from / f"process_{acc.process_index}.json")
             else:
                 acc.print(f"the checkpoint was written by {num_processes} processes, not {acc.num_processes}: the rest "
-                          f"of epoch {self.state['epoch'] + 1} draws fresh random numbers (not what the run would have "
-                          f"drawn)")
+                          f"of epoch {self.state['epoch'] + 1} reads the samples the run would have read, augmented "
+                          f"alike, but what each process draws for the model (dropout, drop path, mixup) is drawn "
+                          f"afresh")
         return lines
 
     def log(self, record: dict[str, Any]) -> None:

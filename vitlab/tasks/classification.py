@@ -21,7 +21,7 @@ from ..data.shard_stream import ShardLoader, ShardStream, spread
 from ..data.shards import ShardIndex, index_shards
 from ..data.sources import index_split
 from ..data.split import SplitIndex
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..models.hub import read_json
 from ..models.pretrained import load_pretrained
 from .base import TaskSetup, build_model
@@ -179,6 +179,27 @@ def streamed_in_shards(d: DataConfig) -> bool:
     return d.dataset == "wds" or (d.dataset == "hf" and d.streaming)
 
 
+def _listed_once(list_split: Callable[[], ShardIndex], num_processes: int) -> ShardIndex:
+    """``list_split()`` run by process 0 alone, its listing (or its one-line error) given to every process:
+    shards without an index are read through to list them (about 2 minutes for ImageNet-1k), a streamed
+    Hub split's label column is read; once a run, not once a process."""
+    if num_processes == 1 or not torch.distributed.is_initialized():
+        return list_split()
+    box: list[Any] = [None]
+    if torch.distributed.get_rank() == 0:
+        try:
+            box = [list_split()]
+        except (DataError, ConfigError) as e:
+            box = [e]
+        except Exception as e:  # the others must not wait for a listing that never comes
+            torch.distributed.broadcast_object_list([DataError(f"process 0 could not list the data: {e}")], src=0)
+            raise
+    torch.distributed.broadcast_object_list(box, src=0)
+    if isinstance(box[0], Exception):
+        raise box[0]
+    return box[0]
+
+
 def _index_stream(d: DataConfig, split: str, classes: list[str] | None) -> ShardIndex:
     if d.dataset == "wds":
         return index_shards(d.root, split, classes, d.exif_transpose)
@@ -200,7 +221,7 @@ def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: i
     stored = _decode_size(d, size, keep_in_memory=False)
     common = dict(seed=seed, num_processes=num_processes, process_index=process_index, num_workers=d.num_workers)
     streams: dict[str, ShardStream] = {}
-    train = _index_stream(d, d.train_split, classes)
+    train = _listed_once(lambda: _index_stream(d, d.train_split, classes), num_processes)
     held = spread(d.val_size, train.counts)
     rest = [c - k for c, k in zip(train.counts, held)]
     used = spread(d.train_subset, rest) if d.train_subset else rest
@@ -217,7 +238,7 @@ def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: i
         streams["val"] = ShardStream(train, [(s, 0, k) for s, k in enumerate(held)], evaluation, batch_size, False,
                                      stored, **common)
     if "test" in splits:
-        test = _index_stream(d, d.test_split, train.classes)
+        test = _listed_once(lambda: _index_stream(d, d.test_split, train.classes), num_processes)
         take = spread(d.test_subset, test.counts) if d.test_subset else test.counts
         streams["test"] = ShardStream(test, [(s, 0, k) for s, k in enumerate(take)], evaluation, batch_size, False,
                                       stored, **common)
