@@ -188,7 +188,7 @@ def test_streamed_sources_train_with_workers_started_by_forkserver_and_spawn_as_
 
     from vitlab.training import train
 
-    keys = (*streamed_sources[source], "data.loader=torch", "data.num_workers=2", "train.epochs=1")
+    keys = (*streamed_sources[source], "data.loader=torch", "data.num_workers=1", "train.epochs=1")  # 1 pickles as 2 do
     previous = multiprocessing.get_start_method(allow_none=True)
     for start in ("fork", method) if source not in forked_results else (method,):
         multiprocessing.set_start_method(start, force=True)
