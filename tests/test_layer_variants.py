@@ -43,7 +43,14 @@ def test_swiglu_matches_timm():
     dict(mlp_layer=SwiGLU),                                # timm passes the block's GELU to the gate
     dict(mlp_layer=SwiGLU, act_layer=torch.nn.SiLU, norm_layer=RmsNorm),
     dict(class_token=False, global_pool="avg"),
-], ids=["rmsnorm", "swiglu-gelu", "swiglu-silu-rmsnorm", "no-cls-avg"])
+    dict(init_values=0.1),                                 # LayerScale (DeiT III, CaiT)
+    dict(qk_norm=True),
+    dict(qk_norm=True, norm_layer=RmsNorm),
+    dict(reg_tokens=4),                                    # registers (Darcet et al. 2024)
+    dict(reg_tokens=4, no_embed_class=True, global_pool="avg"),  # vit_*_reg4_gap
+    dict(no_embed_class=True, init_values=1e-5),           # DeiT III
+], ids=["rmsnorm", "swiglu-gelu", "swiglu-silu-rmsnorm", "no-cls-avg", "layerscale", "qk-norm", "qk-rmsnorm",
+        "reg4", "reg4-no-embed-class-avg", "deit3"])
 def test_timm_variants_convert_both_ways_with_equal_outputs(timm_kwargs):
     torch.manual_seed(0)
     theirs = TimmViT(**TINY, **timm_kwargs).eval()
@@ -54,6 +61,35 @@ def test_timm_variants_convert_both_ways_with_equal_outputs(timm_kwargs):
     assert type(back.blocks[0].norm1) is type(theirs.blocks[0].norm1)
     assert type(back.blocks[0].mlp) is type(theirs.blocks[0].mlp)
     torch.testing.assert_close(back(x), theirs(x), rtol=0, atol=1e-5)
+    theirs.train(), ours.train()  # no dropout: training mode gives the same numbers
+    torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["deit3_small_patch16_224", "vit_base_patch16_reg4_gap_256"])
+def test_timms_layerscale_and_register_models_convert_exactly_and_round_trip(name, tmp_path):
+    # The named models at random init (timm.create_model(name, pretrained=False), 2 of their blocks to keep
+    # it quick): vitlab's copy gives timm's outputs, converts back to equal state dicts, and saves and
+    # loads as itself.
+    import timm
+
+    torch.manual_seed(0)
+    theirs = timm.create_model(name, pretrained=False, depth=2).eval()
+    x = torch.randn(2, 3, *theirs.patch_embed.img_size)
+    ours = from_timm(theirs)
+    torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=1e-5)
+    back = to_timm(ours).state_dict()
+    assert back.keys() == theirs.state_dict().keys()
+    assert all(torch.equal(back[k], v) for k, v in theirs.state_dict().items())
+    ours.save_pretrained(tmp_path / "model")
+    torch.testing.assert_close(load_model(tmp_path / "model").eval()(x), theirs(x), rtol=0, atol=1e-5)
+
+
+def test_layerscale_starts_at_init_values_and_registers_take_no_position_of_their_own_with_no_embed_class():
+    model = vitlab.create_model("vit_cifar_tiny_patch4_32", init_values=1e-4, reg_tokens=2, no_embed_class=True)
+    assert torch.equal(model.blocks[0].ls1.gamma, torch.full((model.embed_dim,), 1e-4))
+    assert model.num_prefix_tokens == 3 and model.pos_embed.shape[1] == model.patch_embed.num_patches
+    assert model.forward_features(torch.randn(1, 3, 32, 32)).shape[1] == 3 + model.patch_embed.num_patches
+    assert "reg_token" in {n for n, _ in model.named_parameters()} and "reg_token" not in model.no_weight_decay()
 
 
 @pytest.mark.parametrize("kwargs", [dict(norm_layer="rmsnorm"), dict(mlp_layer="swiglu")])

@@ -27,17 +27,20 @@ def test_each_stream_has_its_own_seed_for_every_process_and_epoch():
 
 def test_device_loader_augmentation_does_not_draw_what_dropout_draws():
     # After seed_process (what the loop does at each epoch), dropout and drop path draw from torch's
-    # global generator; the device loader's crops, flips and RandAugment from its own generator.
+    # global generator; the device loader's crops, flips and RandAugment from its own generator, seeded
+    # for the global batch (the same on every process, so that an image's augmentation does not depend
+    # on the number of processes).
     data = ImageData(torch.zeros(64, 3, 8, 8, dtype=torch.uint8), torch.zeros(64, dtype=torch.long), [])
     loader = DeviceImageLoader(data, 16, "cpu", seed=0, num_processes=2, process_index=1)
     loader.set_epoch(3)
-    seed_process(0, 1, 3)
     next(iter(loader))
-    assert loader._generator.initial_seed() == process_seed(0, 1, 3, "augment", 0)  # batch 0's
-    global_draws = torch.rand(10_000)  # dropout's first draws on that process and epoch
+    assert loader._generator.initial_seed() == process_seed(0, 0, 3, "augment", 0)  # batch 0's, any process
     augment_draws = torch.rand(10_000, generator=torch.Generator().manual_seed(loader._generator.initial_seed()))
-    assert not torch.equal(augment_draws, global_draws)
-    assert abs(_correlation(augment_draws, global_draws)) < 0.05
+    for process in (0, 1):
+        seed_process(0, process, 3)
+        global_draws = torch.rand(10_000)  # dropout's first draws on that process and epoch
+        assert not torch.equal(augment_draws, global_draws)
+        assert abs(_correlation(augment_draws, global_draws)) < 0.05
 
 
 def test_language_model_windows_do_not_draw_what_process_0_dropout_draws():

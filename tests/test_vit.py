@@ -81,10 +81,10 @@ def test_fc_norm_choice_round_trips_through_timm():
 
 
 def test_from_timm_names_the_unsupported_feature():
-    with pytest.raises(ValueError, match="register tokens"):
-        from_timm(_timm_model(32, 4, 3, 10, 32, 1, 2, 2.0, True, "token", reg_tokens=4))
-    with pytest.raises(ValueError, match="layer scale"):
-        from_timm(_timm_model(32, 4, 3, 10, 32, 1, 2, 2.0, True, "token", init_values=1e-5))
+    with pytest.raises(ValueError, match="pre_norm"):
+        from_timm(_timm_model(32, 4, 3, 10, 32, 1, 2, 2.0, True, "token", pre_norm=True))
+    with pytest.raises(ValueError, match="dynamic_img_size"):
+        from_timm(_timm_model(32, 4, 3, 10, 32, 1, 2, 2.0, True, "token", dynamic_img_size=True))
 
 
 @pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"])

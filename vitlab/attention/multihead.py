@@ -87,6 +87,8 @@ class MultiHeadAttention(nn.Module):
         score: ``'dot'``, ``'general'`` or ``'additive'`` (see the module docstring).
         kernel: ``'softmax'``, ``'streaming'``, ``'argmax'`` or ``'linear'``.
         block_size: Key block of the streaming kernel.
+        qk_norm: Normalize each head's queries and keys before the scores (``q_norm``, ``k_norm``: timm's
+            ``qk_norm``, as ViT-22B and recent ViTs): ``'layernorm'`` or ``'rmsnorm'`` (eps 1e-6), or None.
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class MultiHeadAttention(nn.Module):
         score: ScoreName = "dot",
         kernel: KernelName = "softmax",
         block_size: int = 128,
+        qk_norm: Literal["layernorm", "rmsnorm"] | None = None,
     ) -> None:
         super().__init__()
         if num_heads <= 0 or embed_dim % num_heads != 0:
@@ -113,6 +116,11 @@ class MultiHeadAttention(nn.Module):
         self.head_dim = embed_dim // num_heads
         self.score_type, self.kernel, self.block_size = score, kernel, block_size
         self.qkv = nn.Linear(embed_dim, 3 * embed_dim, bias=qkv_bias)
+        norm = {"layernorm": nn.LayerNorm, "rmsnorm": nn.RMSNorm}.get(qk_norm) if qk_norm else None
+        if qk_norm and norm is None:
+            raise ValueError(f"qk_norm={qk_norm!r}: expected 'layernorm', 'rmsnorm' or None")
+        self.q_norm = norm(self.head_dim, eps=1e-6) if norm else nn.Identity()
+        self.k_norm = norm(self.head_dim, eps=1e-6) if norm else nn.Identity()
         self.score: nn.Module | None = (GeneralScore(num_heads, self.head_dim) if score == "general" else
                                         AdditiveScore(num_heads, self.head_dim) if score == "additive" else None)
         self.attn_drop = attn_drop
@@ -128,7 +136,7 @@ class MultiHeadAttention(nn.Module):
         else:  # cross-attention: queries from x, keys and values from context
             q = F.linear(x, *self._qkv_params(0, 1))
             k, v = F.linear(context, *self._qkv_params(1, 3)).chunk(2, dim=-1)
-        return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+        return self.q_norm(self._split_heads(q)), self.k_norm(self._split_heads(k)), self._split_heads(v)
 
     def forward(
         self,
@@ -183,7 +191,7 @@ class MultiHeadAttention(nn.Module):
 
     def _cached_qkv(self, x: Tensor, context: Tensor | None, cache: KVCache | None) -> tuple[Tensor, Tensor, Tensor]:
         if cache is not None and cache.static and cache.filled:
-            return self._split_heads(F.linear(x, *self._qkv_params(0, 1))), cache.key, cache.value
+            return self.q_norm(self._split_heads(F.linear(x, *self._qkv_params(0, 1)))), cache.key, cache.value
         q, k, v = self._project(x, context)
         if cache is not None:
             if not cache.static and cache.key is not None:
@@ -207,7 +215,7 @@ class MultiHeadAttention(nn.Module):
             if need_weights:
                 raise ValueError("need_weights with a filled linear cross-attention cache: the keys are no longer "
                                  "kept; ask for weights without a cache")
-            return cache.state.readout(self._split_heads(F.linear(x, *self._qkv_params(0, 1))))
+            return cache.state.readout(self.q_norm(self._split_heads(F.linear(x, *self._qkv_params(0, 1)))))
         q, k, v = self._project(x, context)
         past = cache.length if cache is not None and not cache.static else 0
         if key_mask is not None:

@@ -97,10 +97,10 @@ def open_image(path: str | Path | io.BytesIO, size: tuple[int, int] | None = Non
 def decode_image(data: bytes, where: str, size: tuple[int, int] | None = None, exif_transpose: bool = True) -> Tensor:
     """An encoded image (a file's bytes) as uint8 RGB ``(3, H, W)``, the pixels :func:`open_image` gives:
     upright by its EXIF orientation unless ``exif_transpose=False``, at ``size`` (PIL's bicubic) if given;
-    at its own size decoded fastest, a JPEG by libjpeg-turbo through ``simplejpeg`` (0.63 against PIL's
-    1.08 ms to a NumPy array, a ~400 x 370 photograph, one core: PIL decodes into its own memory and
-    copies out) and turned by moving its pixels (:func:`_turn`), anything else by PIL, and CMYK JPEGs too
-    (whose conversion to RGB differs from PIL's by a level).
+    at its own size decoded fastest, a JPEG by libjpeg-turbo through ``simplejpeg`` (PIL decodes into its
+    own memory and copies out; measured in benchmarks/RESULTS.md) and turned by moving its pixels
+    (:func:`_turn`), anything else by PIL, and CMYK JPEGs too (whose conversion to RGB differs from PIL's
+    by a level).
 
     Raises:
         DataError: naming ``where`` (the file, the sample), if it cannot be decoded.

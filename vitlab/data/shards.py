@@ -226,8 +226,8 @@ def index_shards(root: str | Path, split: str, classes: list[str] | None = None,
     """List the shards of ``split`` (:func:`expand_shards`). With a wids index beside local shards
     (``<split>.json``, as ``vitlab shards`` writes) and class names, the counts are read from it and
     each label from its sample's ``cls`` when it is read. Otherwise every sample's label is read now,
-    without decoding an image (local shards by seeking over the images, about 11,000 samples a second
-    here; a ``pipe:`` or URL shard is read through once). Class names come from ``classes`` (the
+    without decoding an image (local shards by seeking over the images; a ``pipe:`` or URL shard is
+    read through once), by process 0 of a run alone (the training task shares its listing). Class names come from ``classes`` (the
     training split's), else ``classes.txt``, else ``'0'`` .. ``'K-1'`` for the largest ``cls`` K-1.
     Images are decoded upright by their EXIF orientation unless ``exif_transpose=False``.
 

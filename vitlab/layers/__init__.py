@@ -1,6 +1,6 @@
 """The parts every model is built from: norms, MLPs (SwiGLU, mixture of experts), positional encodings,
 stochastic depth, gradient checkpointing, and the encoder and decoder blocks. Imports only :mod:`vitlab.attention` and torch."""
-from .block import Block, DecoderBlock, DecoderCache
+from .block import Block, DecoderBlock, DecoderCache, LayerScale
 from .drop import DropPath, drop_path_rates
 from .ffn import MLPS, MlpName, create_mlp
 from .mlp import ACTIVATIONS, Mlp, SwiGLU, create_dense_mlp, get_activation
@@ -10,7 +10,7 @@ from .recompute import GradCheckpointing, checkpointed
 from .pos_embed import (POS_EMBEDS, PosEmbedName, resample_pos_embed, sincos_2d_position_encoding,
                         sinusoidal_position_encoding)
 
-__all__ = ["Block", "DecoderBlock", "DecoderCache", "DropPath", "drop_path_rates", "Mlp", "SwiGLU", "MoE",
+__all__ = ["Block", "DecoderBlock", "DecoderCache", "LayerScale", "DropPath", "drop_path_rates", "Mlp", "SwiGLU", "MoE",
            "create_mlp", "create_dense_mlp", "get_activation", "moe_aux_loss", "expert_utilization", "LayerNorm", "RmsNorm", "create_norm",
            "resample_pos_embed", "sincos_2d_position_encoding", "sinusoidal_position_encoding", "NormName", "MlpName",
            "PosEmbedName", "NORMS", "MLPS", "POS_EMBEDS", "ACTIVATIONS", "GradCheckpointing", "checkpointed"]

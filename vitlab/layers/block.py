@@ -4,13 +4,14 @@ decoder block (causal self-attention + cross-attention).
 Parameter names follow timm (``norm1``, ``attn``, ``norm2``, ``mlp.fc1``, ``mlp.fc2``) so that a timm ViT
 checkpoint maps onto vitlab one key to one key. Every variant is an option of the same block:
 ``norm_layer`` (layernorm | rmsnorm), ``mlp_layer`` (mlp | swiglu | moe, with ``num_experts``,
-``moe_top_k``, ``moe_expert_layer``, ``moe_aux_loss_weight``), and the attention's ``score`` and
-``kernel`` (:class:`~vitlab.attention.MultiHeadAttention`).
+``moe_top_k``, ``moe_expert_layer``, ``moe_aux_loss_weight``), the attention's ``score``, ``kernel`` and
+``qk_norm`` (:class:`~vitlab.attention.MultiHeadAttention`), and LayerScale (``init_values``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor, nn
 
 from ..attention import KVCache, MultiHeadAttention, attention_dropout
@@ -18,7 +19,23 @@ from .drop import DropPath
 from .ffn import create_mlp
 from .norm import create_norm
 
-__all__ = ["Block", "DecoderBlock", "DecoderCache"]
+__all__ = ["Block", "DecoderBlock", "DecoderCache", "LayerScale"]
+
+
+class LayerScale(nn.Module):
+    """A learned per-channel scale of a residual branch, ``x * gamma`` on ``(..., dim)``, ``gamma``
+    starting at ``init_values`` (Touvron et al. 2021, CaiT; DeiT III): timm's ``LayerScale``, its name."""
+
+    def __init__(self, dim: int, init_values: float = 1e-5) -> None:
+        super().__init__()
+        self.init_values = init_values
+        self.gamma = nn.Parameter(torch.full((dim,), float(init_values)))
+
+    def init_weights(self) -> None:
+        nn.init.constant_(self.gamma, self.init_values)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return x * self.gamma
 
 
 class Block(nn.Module):
@@ -45,6 +62,8 @@ class Block(nn.Module):
         num_experts, moe_top_k, moe_expert_layer, moe_aux_loss_weight: The mixture of experts
             (``mlp_layer='moe'``), see :class:`~vitlab.layers.MoE`.
         score, kernel: The attention's score function and kernel.
+        init_values: LayerScale on both residual branches (``ls1``, ``ls2``), starting at this value; None: none.
+        qk_norm: Normalize queries and keys per head with the block's norm (timm's ``qk_norm``).
     """
 
     def __init__(
@@ -68,16 +87,20 @@ class Block(nn.Module):
         moe_aux_loss_weight: float = 0.01,
         score: str = "dot",
         kernel: str = "softmax",
+        init_values: float | None = None,
+        qk_norm: bool = False,
     ) -> None:
         super().__init__()
         self.norm_first = norm_first
         self.norm1 = create_norm(norm_layer, dim, norm_eps)
         self.attn = MultiHeadAttention(dim, num_heads, qkv_bias=qkv_bias, attn_drop=attn_drop, proj_drop=proj_drop,
-                                       score=score, kernel=kernel)
+                                       score=score, kernel=kernel, qk_norm=norm_layer if qk_norm else None)
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = create_norm(norm_layer, dim, norm_eps)
         self.mlp = create_mlp(mlp_layer, dim, mlp_hidden_dim or int(dim * mlp_ratio), act, proj_drop, num_experts,
                               moe_top_k, moe_expert_layer, moe_aux_loss_weight)
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path)
 
     def forward(self, x: Tensor, mask: Tensor | None = None, key_mask: Tensor | None = None,
@@ -91,11 +114,11 @@ class Block(nn.Module):
                          kv_cache=kv_cache)
         attn, weights = attn if need_weights else (attn, None)
         if self.norm_first:
-            x = x + self.drop_path1(attn)
-            x = x + self.drop_path2(self.mlp(self.norm2(x)))
+            x = x + self.drop_path1(self.ls1(attn))
+            x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         else:
-            x = self.norm1(x + self.drop_path1(attn))
-            x = self.norm2(x + self.drop_path2(self.mlp(x)))
+            x = self.norm1(x + self.drop_path1(self.ls1(attn)))
+            x = self.norm2(x + self.drop_path2(self.ls2(self.mlp(x))))
         return (x, weights) if need_weights else x
 
 

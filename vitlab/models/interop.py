@@ -38,8 +38,6 @@ def _timm_vit_args(model: nn.Module) -> dict:
     if not isinstance(model, TimmViT):
         raise ValueError(f"expected a timm.models.vision_transformer.VisionTransformer, got {type(model).__name__}")
     unsupported = {
-        "register tokens": model.reg_token is not None,
-        "no_embed_class": model.no_embed_class,
         "no positional embedding": model.pos_embed is None,
         "dynamic_img_size": model.dynamic_img_size,
         "pre_norm": not isinstance(model.norm_pre, nn.Identity),
@@ -55,9 +53,10 @@ def _timm_vit_args(model: nn.Module) -> dict:
         mlp_layer = "swiglu" if type(mlp) is SwiGLU else "mlp" if type(mlp) is Mlp else type(mlp).__name__
         act_name = type(mlp.act).__name__
         act = _TIMM_ACTS.get(act_name)
+        qk_norm = not isinstance(block.attn.q_norm, nn.Identity)
         unsupported.update({
-            "layer scale (init_values)": not isinstance(block.ls1, nn.Identity),
-            "qk_norm": not isinstance(block.attn.q_norm, nn.Identity),
+            "qk_norm other than the blocks' norm": qk_norm and (
+                _norm_name(block.attn.q_norm) != _norm_name(block.norm1)),
             "attention/MLP scale norms": not (isinstance(block.attn.norm, nn.Identity)
                                               and isinstance(mlp.norm, nn.Identity)),
             f"MLP {mlp_layer}": mlp_layer not in ("mlp", "swiglu"),
@@ -87,6 +86,11 @@ def _timm_vit_args(model: nn.Module) -> dict:
         norm_layer=_norm_name(blocks[0].norm1) if blocks else "layernorm",
         mlp_layer=mlp_layer,
         act_layer=act,
+        # LayerScale's starting value is not kept by timm; the weights loaded next hold its learned gamma.
+        init_values=float(blocks[0].ls1.init_values) if blocks and not isinstance(blocks[0].ls1, nn.Identity) else None,
+        qk_norm=bool(blocks) and not isinstance(blocks[0].attn.q_norm, nn.Identity),
+        reg_tokens=model.num_reg_tokens,
+        no_embed_class=model.no_embed_class,
     )
 
 
@@ -94,7 +98,8 @@ def from_timm(model: nn.Module) -> VisionTransformer:
     """A vitlab ``VisionTransformer`` with the architecture and weights of a timm ViT.
 
     Covers timm ViTs with LayerNorm or ``timm.layers.RmsNorm``, ``Mlp`` or ``timm.layers.SwiGLU``
-    (GELU, SiLU or ReLU), with or without a class token. Dropout rates are not carried over (they
+    (GELU, SiLU or ReLU), with or without a class token, LayerScale, qk-norm, register tokens and
+    ``no_embed_class`` (DeiT III, the ``reg4`` models). Dropout rates are not carried over (they
     do not change eval outputs); pass them to ``VisionTransformer`` yourself if you fine-tune.
     """
     vit = VisionTransformer(**_timm_vit_args(model))
@@ -131,6 +136,8 @@ def to_timm(model: VisionTransformer) -> nn.Module:
         norm_layer=partial(RmsNorm, eps=1e-6) if cfg["norm_layer"] == "rmsnorm" else None,
         mlp_layer=SwiGLU if cfg["mlp_layer"] == "swiglu" else Mlp,
         act_layer={"gelu": nn.GELU, "silu": nn.SiLU, "relu": nn.ReLU}[act],
+        init_values=cfg.get("init_values"), qk_norm=cfg.get("qk_norm", False), reg_tokens=cfg.get("reg_tokens", 0),
+        no_embed_class=cfg.get("no_embed_class", False),
     )
     timm_model.load_state_dict(model.state_dict(), strict=True)
     return timm_model.train(model.training)

@@ -101,6 +101,11 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         moe_aux_loss_weight: Weight of the load-balancing loss.
         score: Attention score, ``'dot'``, ``'general'`` or ``'additive'``.
         kernel: Attention kernel, ``'softmax'``, ``'streaming'``, ``'argmax'`` or ``'linear'``.
+        init_values: LayerScale in every block, starting at this value (DeiT III, CaiT); None: none.
+        qk_norm: Normalize each head's queries and keys (with ``norm_layer``), as timm's ``qk_norm``.
+        reg_tokens: Register tokens after the CLS token (Darcet et al. 2024), left out of pooling.
+        no_embed_class: Positions for the patches only, added before the prefix tokens are joined
+            (DeiT III, big_vision); default: the prefix tokens have positions too.
     """
 
     def __init__(
@@ -132,6 +137,10 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         moe_aux_loss_weight: float = 0.01,
         score: ScoreName = "dot",
         kernel: KernelName = "softmax",
+        init_values: float | None = None,
+        qk_norm: bool = False,
+        reg_tokens: int = 0,
+        no_embed_class: bool = False,
     ) -> None:
         super().__init__()
         if global_pool not in ("token", "avg"):
@@ -151,25 +160,30 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
             attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate, global_pool=global_pool,
             fc_norm=fc_norm, class_token=class_token, pos_embed=pos_embed, norm_layer=norm_layer, mlp_layer=mlp_layer,
             act_layer=act_layer, num_experts=num_experts, moe_top_k=moe_top_k, moe_expert_layer=moe_expert_layer,
-            moe_aux_loss_weight=moe_aux_loss_weight, score=score, kernel=kernel)
+            moe_aux_loss_weight=moe_aux_loss_weight, score=score, kernel=kernel, init_values=init_values,
+            qk_norm=qk_norm, reg_tokens=reg_tokens, no_embed_class=no_embed_class)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.embed_dim = embed_dim
-        self.num_prefix_tokens = 1 if class_token else 0
+        self.num_prefix_tokens = (1 if class_token else 0) + reg_tokens
+        self.num_reg_tokens = reg_tokens
+        self.no_embed_class = no_embed_class
         self.pos_embed_type = pos_embed
 
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
-        if pos_embed == "learn":  # prefix tokens have a learned position too, as in timm
-            self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + self.patch_embed.num_patches,
+        self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
+        if pos_embed == "learn":  # prefix tokens have a learned position too, as in timm, unless no_embed_class
+            self.pos_embed = nn.Parameter(torch.zeros(1, self._embedded_prefix + self.patch_embed.num_patches,
                                                       embed_dim))
         else:  # fixed (a buffer, recomputed, not saved) or none
             self.register_buffer("pos_embed", self._fixed_pos_embed(), persistent=False)
         self.pos_drop = nn.Dropout(pos_drop_rate)
         block_args = dict(norm_layer=norm_layer, mlp_layer=mlp_layer, act=act_layer, num_experts=num_experts,
                           moe_top_k=moe_top_k, moe_expert_layer=moe_expert_layer,
-                          moe_aux_loss_weight=moe_aux_loss_weight, score=score, kernel=kernel)
+                          moe_aux_loss_weight=moe_aux_loss_weight, score=score, kernel=kernel,
+                          init_values=init_values, qk_norm=qk_norm)
         self.blocks = nn.Sequential(*[
             Block(embed_dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop_rate,
                   attn_drop=attn_drop_rate, drop_path=rate, **block_args)
@@ -181,20 +195,26 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
 
+    @property
+    def _embedded_prefix(self) -> int:
+        """The prefix tokens (CLS, registers) that have a position of their own: none with ``no_embed_class``."""
+        return 0 if self.no_embed_class else self.num_prefix_tokens
+
     def _fixed_pos_embed(self) -> Tensor:
-        """The sin-cos table ``(1, prefix + N, E)`` (zeros at the CLS token), or an empty one for ``'none'``."""
+        """The sin-cos table ``(1, prefix + N, E)`` (zeros at the prefix tokens), or an empty one for ``'none'``."""
         if self.pos_embed_type == "none":
             return torch.zeros(0)
         grid = sincos_2d_position_encoding(self.patch_embed.grid_size, self.embed_dim)
-        return torch.cat([grid.new_zeros(self.num_prefix_tokens, self.embed_dim), grid])[None]
+        return torch.cat([grid.new_zeros(self._embedded_prefix, self.embed_dim), grid])[None]
 
     def init_weights(self) -> None:
         """timm's default ViT initialisation: truncated normal (std 0.02) for linears and pos_embed,
         then each part's own (a SwiGLU gate starts open, as in timm)."""
         if isinstance(self.pos_embed, nn.Parameter):
             trunc_normal_(self.pos_embed, std=0.02)
-        if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, std=1e-6)
+        for token in (self.cls_token, self.reg_token):
+            if token is not None:
+                nn.init.normal_(token, std=1e-6)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 trunc_normal_(m.weight, std=0.02)
@@ -213,7 +233,7 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """timm's parameter groups by depth (for ``timm.optim.param_groups_layer_decay``): the stem, each
         block, then the final norm with the last."""
-        return dict(stem=r"^cls_token|pos_embed|patch_embed",
+        return dict(stem=r"^cls_token|pos_embed|patch_embed|reg_token",
                     blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
 
     def get_classifier(self) -> nn.Module:
@@ -240,17 +260,22 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         self.patch_embed.set_input_size(img_size)
         if isinstance(self.pos_embed, nn.Parameter):
             new_pos = resample_pos_embed(self.pos_embed.data, self.patch_embed.grid_size, old_grid,
-                                         self.num_prefix_tokens)
+                                         self._embedded_prefix)
             self.pos_embed = nn.Parameter(new_pos, requires_grad=self.pos_embed.requires_grad)
         else:
             self.pos_embed = self._fixed_pos_embed().to(self.pos_embed.device)
         self.config["img_size"] = self.patch_embed.img_size
 
     def _embed(self, x: Tensor) -> Tensor:
+        """Patches, then the prefix tokens (CLS, registers) before them and the positions: added after the
+        prefix is joined (timm's original ViT, DeiT), or before it with ``no_embed_class`` (DeiT III)."""
         x = self.patch_embed(x)  # (B, N, E)
-        if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)  # (B, 1 + N, E)
-        if self.pos_embed.numel():
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        if self.no_embed_class and self.pos_embed.numel():
+            x = x + self.pos_embed.to(x.dtype)
+        if prefix:
+            x = torch.cat([*prefix, x], dim=1)  # (B, prefix + N, E)
+        if not self.no_embed_class and self.pos_embed.numel():
             x = x + self.pos_embed.to(x.dtype)
         return self.pos_drop(x)
 
@@ -293,12 +318,12 @@ def checkpoint_filter_fn(state_dict: dict[str, Tensor], model: VisionTransformer
     state_dict = dict(state_dict)
     pos = state_dict.get("pos_embed")
     if pos is not None and isinstance(model.pos_embed, nn.Parameter) and pos.shape != model.pos_embed.shape:
-        old_n = pos.shape[1] - model.num_prefix_tokens
+        old_n = pos.shape[1] - model._embedded_prefix
         side = int(round(old_n ** 0.5))
         if side * side != old_n:
             raise ValueError(
                 f"cannot infer the patch grid of a pos_embed with {old_n} grid positions (not square); "
                 f"build the model at the checkpoint's img_size and call model.set_input_size(...) instead")
         state_dict["pos_embed"] = resample_pos_embed(pos, model.patch_embed.grid_size, (side, side),
-                                                     model.num_prefix_tokens)
+                                                     model._embedded_prefix)
     return state_dict

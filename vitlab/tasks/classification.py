@@ -262,9 +262,7 @@ def resolve_loader(loader: str, augment: str, device: torch.device, streamed: bo
                    train_crop: str = "pad") -> str:
     """``data.loader`` made concrete: ``'auto'`` is the device-resident loader on a CUDA device unless
     the transforms need the DataLoader (AutoAugment, TrivialAugment, random resized crops) or the images
-    are streamed, else ``'torch'``.
-    (On an H100 a DataLoader with 2 workers delivered 9,400 CIFAR-10 images/s; the fast config's model
-    trains on ~20,000.)
+    are streamed, else ``'torch'`` (why: docs/performance.md, measured on an H100).
 
     Raises:
         ConfigError: if ``'gpu'`` is asked for images that ``data.in_memory=auto`` chose to stream.
