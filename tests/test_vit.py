@@ -87,7 +87,9 @@ def test_from_timm_names_the_unsupported_feature():
         from_timm(_timm_model(32, 4, 3, 10, 32, 1, 2, 2.0, True, "token", dynamic_img_size=True))
 
 
-@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224"])
+@pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224",
+                                  "deit3_small_patch16_224", "deit3_base_patch16_224", "vit_base_patch16_reg4_gap_256",
+                                  "vit_small_patch14_reg4_dinov2"])
 def test_imagenet_presets_have_timms_shapes_and_parameter_counts(name):
     ours = vitlab.create_model(name)
     ref = timm.create_model(name, pretrained=False)

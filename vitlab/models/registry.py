@@ -28,6 +28,15 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "vit_tiny_patch16_224": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
     "vit_small_patch16_224": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
     "vit_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
+    # DeiT III (LayerScale, positions for the patches only) and registers, as timm defines them.
+    "deit3_small_patch16_224": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, no_embed_class=True,
+                                    init_values=1e-6),
+    "deit3_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, no_embed_class=True,
+                                   init_values=1e-6),
+    "vit_base_patch16_reg4_gap_256": dict(img_size=256, patch_size=16, embed_dim=768, depth=12, num_heads=12,
+                                          class_token=False, no_embed_class=True, global_pool="avg", reg_tokens=4),
+    "vit_small_patch14_reg4_dinov2": dict(img_size=518, patch_size=14, embed_dim=384, depth=12, num_heads=6,
+                                          init_values=1e-5, reg_tokens=4, no_embed_class=True, num_classes=0),
     # CIFAR-sized ViTs (32x32, 4x4 patches, 10 classes).
     "vit_cifar_tiny_patch4_32": dict(img_size=32, patch_size=4, num_classes=10, embed_dim=96, depth=4,
                                      num_heads=3, mlp_ratio=2.0),
