@@ -65,6 +65,35 @@ def test_timm_variants_convert_both_ways_with_equal_outputs(timm_kwargs):
     torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("kwargs", [{}, dict(init_values=1e-5)], ids=["deit", "layerscale"])
+def test_the_distillation_token_and_head_equal_timms_distilled_deit_both_ways(kwargs):
+    # timm's VisionTransformerDistilled: a second token (dist_token) read by a second head (head_dist);
+    # the two heads' logits averaged, or both returned in distilled training. (timm's distilled model
+    # sizes pos_embed for its prefix tokens always, so no_embed_class does not run there.)
+    from timm.models.deit import VisionTransformerDistilled
+
+    torch.manual_seed(0)
+    theirs = VisionTransformerDistilled(**TINY, **kwargs).eval()
+    x = torch.randn(4, 3, 32, 32)
+    ours = from_timm(theirs)
+    assert ours.distilled and ours.num_prefix_tokens == 2 and "dist_token" in ours.no_weight_decay()
+    torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=1e-5)
+    torch.testing.assert_close(ours.forward_head(ours.forward_features(x), pre_logits=True),
+                               theirs.forward_head(theirs.forward_features(x), pre_logits=True), rtol=0, atol=1e-5)
+    for model in (ours, theirs):
+        model.train()
+        model.set_distilled_training(True)
+    (a, a_dist), (b, b_dist) = ours(x), theirs(x)
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    torch.testing.assert_close(a_dist, b_dist, rtol=0, atol=1e-5)
+    assert not torch.allclose(a, a_dist)  # two heads
+    back = to_timm(ours)
+    assert type(back) is VisionTransformerDistilled
+    assert all(torch.equal(back.state_dict()[k], v) for k, v in theirs.state_dict().items())
+    ours.set_distilled_training(False)
+    torch.testing.assert_close(ours(x), (a + a_dist) / 2, rtol=0, atol=1e-6)  # fine-tuned as a plain ViT
+
+
 @pytest.mark.parametrize("name", ["deit3_small_patch16_224", "vit_base_patch16_reg4_gap_256"])
 def test_timms_layerscale_and_register_models_convert_exactly_and_round_trip(name, tmp_path):
     # The named models at random init (timm.create_model(name, pretrained=False), 2 of their blocks to keep

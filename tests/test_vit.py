@@ -89,7 +89,8 @@ def test_from_timm_names_the_unsupported_feature():
 
 @pytest.mark.parametrize("name", ["vit_tiny_patch16_224", "vit_small_patch16_224", "vit_base_patch16_224",
                                   "deit3_small_patch16_224", "deit3_base_patch16_224", "vit_base_patch16_reg4_gap_256",
-                                  "vit_small_patch14_reg4_dinov2"])
+                                  "vit_small_patch14_reg4_dinov2", "deit_tiny_distilled_patch16_224",
+                                  "deit_small_distilled_patch16_224", "deit_base_distilled_patch16_224"])
 def test_imagenet_presets_have_timms_shapes_and_parameter_counts(name):
     ours = vitlab.create_model(name)
     ref = timm.create_model(name, pretrained=False)

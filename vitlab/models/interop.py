@@ -30,6 +30,12 @@ def _norm_name(norm: nn.Module) -> str | None:
     return None
 
 
+def _is_distilled(model: nn.Module) -> bool:
+    from timm.models.deit import VisionTransformerDistilled
+
+    return isinstance(model, VisionTransformerDistilled)
+
+
 def _timm_vit_args(model: nn.Module) -> dict:
     """vitlab ``VisionTransformer`` arguments equivalent to a timm ViT; raise on what vitlab lacks."""
     from timm.layers import Mlp, SwiGLU
@@ -91,6 +97,7 @@ def _timm_vit_args(model: nn.Module) -> dict:
         qk_norm=bool(blocks) and not isinstance(blocks[0].attn.q_norm, nn.Identity),
         reg_tokens=model.num_reg_tokens,
         no_embed_class=model.no_embed_class,
+        distilled=_is_distilled(model),
     )
 
 
@@ -99,11 +106,13 @@ def from_timm(model: nn.Module) -> VisionTransformer:
 
     Covers timm ViTs with LayerNorm or ``timm.layers.RmsNorm``, ``Mlp`` or ``timm.layers.SwiGLU``
     (GELU, SiLU or ReLU), with or without a class token, LayerScale, qk-norm, register tokens and
-    ``no_embed_class`` (DeiT III, the ``reg4`` models). Dropout rates are not carried over (they
+    ``no_embed_class`` (DeiT III, the ``reg4`` models), and DeiT's distillation token
+    (``VisionTransformerDistilled``). Dropout rates are not carried over (they
     do not change eval outputs); pass them to ``VisionTransformer`` yourself if you fine-tune.
     """
     vit = VisionTransformer(**_timm_vit_args(model))
     vit.load_state_dict(model.state_dict(), strict=True)
+    vit.distilled_training = getattr(model, "distilled_training", False)
     return vit.train(model.training)
 
 
@@ -126,7 +135,9 @@ def to_timm(model: VisionTransformer) -> nn.Module:
         raise ValueError(f"timm's VisionTransformer has no {', '.join(missing)}; only vitlab runs this model")
     act = cfg["act_layer"] or ("silu" if cfg["mlp_layer"] == "swiglu" else "gelu")
     use_fc_norm = not isinstance(model.fc_norm, nn.Identity)
-    timm_model = TimmViT(
+    from timm.models.deit import VisionTransformerDistilled
+
+    timm_model = (VisionTransformerDistilled if cfg.get("distilled") else TimmViT)(
         img_size=model.patch_embed.img_size, patch_size=model.patch_embed.patch_size, in_chans=cfg["in_chans"],
         num_classes=cfg["num_classes"], global_pool=cfg["global_pool"], embed_dim=cfg["embed_dim"],
         depth=cfg["depth"], num_heads=cfg["num_heads"], mlp_ratio=cfg["mlp_ratio"], qkv_bias=cfg["qkv_bias"],
@@ -140,6 +151,8 @@ def to_timm(model: VisionTransformer) -> nn.Module:
         no_embed_class=cfg.get("no_embed_class", False),
     )
     timm_model.load_state_dict(model.state_dict(), strict=True)
+    if model.distilled:
+        timm_model.set_distilled_training(model.distilled_training)
     return timm_model.train(model.training)
 
 

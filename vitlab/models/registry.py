@@ -28,7 +28,11 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "vit_tiny_patch16_224": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3),
     "vit_small_patch16_224": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6),
     "vit_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12),
-    # DeiT III (LayerScale, positions for the patches only) and registers, as timm defines them.
+    # DeiT's distilled models (a distillation token and head), DeiT III (LayerScale, positions for the
+    # patches only) and registers, as timm defines them.
+    "deit_tiny_distilled_patch16_224": dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, distilled=True),
+    "deit_small_distilled_patch16_224": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, distilled=True),
+    "deit_base_distilled_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, distilled=True),
     "deit3_small_patch16_224": dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, no_embed_class=True,
                                     init_values=1e-6),
     "deit3_base_patch16_224": dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, no_embed_class=True,

@@ -106,6 +106,9 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         reg_tokens: Register tokens after the CLS token (Darcet et al. 2024), left out of pooling.
         no_embed_class: Positions for the patches only, added before the prefix tokens are joined
             (DeiT III, big_vision); default: the prefix tokens have positions too.
+        distilled: A distillation token after the CLS token and its own head (``dist_token``, ``head_dist``:
+            DeiT, timm's ``VisionTransformerDistilled``). The logits are the two heads' average, or both
+            ``(head, head_dist)`` in training after :meth:`set_distilled_training` (distillation).
     """
 
     def __init__(
@@ -141,8 +144,12 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         qk_norm: bool = False,
         reg_tokens: int = 0,
         no_embed_class: bool = False,
+        distilled: bool = False,
     ) -> None:
         super().__init__()
+        if distilled and (global_pool != "token" or not class_token or fc_norm):
+            raise ValueError("distilled=True reads the CLS and distillation tokens: it needs class_token=True, "
+                             "global_pool='token' and no fc_norm")
         if global_pool not in ("token", "avg"):
             raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
         if not class_token and global_pool == "token":
@@ -161,18 +168,20 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
             fc_norm=fc_norm, class_token=class_token, pos_embed=pos_embed, norm_layer=norm_layer, mlp_layer=mlp_layer,
             act_layer=act_layer, num_experts=num_experts, moe_top_k=moe_top_k, moe_expert_layer=moe_expert_layer,
             moe_aux_loss_weight=moe_aux_loss_weight, score=score, kernel=kernel, init_values=init_values,
-            qk_norm=qk_norm, reg_tokens=reg_tokens, no_embed_class=no_embed_class)
+            qk_norm=qk_norm, reg_tokens=reg_tokens, no_embed_class=no_embed_class, distilled=distilled)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.embed_dim = embed_dim
-        self.num_prefix_tokens = (1 if class_token else 0) + reg_tokens
+        self.num_prefix_tokens = (1 if class_token else 0) + int(distilled) + reg_tokens
         self.num_reg_tokens = reg_tokens
+        self.distilled, self.distilled_training = distilled, False
         self.no_embed_class = no_embed_class
         self.pos_embed_type = pos_embed
 
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
         if pos_embed == "learn":  # prefix tokens have a learned position too, as in timm, unless no_embed_class
             self.pos_embed = nn.Parameter(torch.zeros(1, self._embedded_prefix + self.patch_embed.num_patches,
@@ -193,6 +202,8 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         self.fc_norm = create_norm(norm_layer, embed_dim) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        if distilled:
+            self.head_dist = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
 
     @property
@@ -215,6 +226,8 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         for token in (self.cls_token, self.reg_token):
             if token is not None:
                 nn.init.normal_(token, std=1e-6)
+        if self.dist_token is not None:
+            trunc_normal_(self.dist_token, std=0.02)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 trunc_normal_(m.weight, std=0.02)
@@ -227,17 +240,23 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Parameter names that the optimizer should not decay (besides norms and biases)."""
-        return {n for n in ("pos_embed", "cls_token") if isinstance(getattr(self, n), nn.Parameter)}
+        return {n for n in ("pos_embed", "cls_token", "dist_token") if isinstance(getattr(self, n), nn.Parameter)}
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         """timm's parameter groups by depth (for ``timm.optim.param_groups_layer_decay``): the stem, each
         block, then the final norm with the last."""
-        return dict(stem=r"^cls_token|pos_embed|patch_embed|reg_token",
+        return dict(stem=r"^cls_token|pos_embed|patch_embed|reg_token|dist_token",
                     blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))])
 
-    def get_classifier(self) -> nn.Module:
-        return self.head
+    def get_classifier(self) -> nn.Module | tuple[nn.Module, nn.Module]:
+        """The head; with a distillation token ``(head, head_dist)``, as timm."""
+        return (self.head, self.head_dist) if self.distilled else self.head
+
+    @torch.jit.ignore
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """In training, return both heads' logits ``(head, head_dist)`` (distillation) instead of their average."""
+        self.distilled_training = enable
 
     def reset_classifier(self, num_classes: int, global_pool: Literal["token", "avg"] | None = None) -> None:
         """A new head for ``num_classes`` classes (0: none), initialised as in :meth:`init_weights`
@@ -246,11 +265,15 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
             if global_pool not in ("token", "avg") or (global_pool == "token" and self.cls_token is None):
                 raise ValueError(f"global_pool={global_pool!r} is not available for this model")
             self.global_pool = self.config["global_pool"] = global_pool
+        if self.distilled and global_pool not in (None, "token"):
+            raise ValueError("a distilled model reads the CLS and distillation tokens: global_pool='token'")
         device = next(self.parameters()).device
-        self.head = nn.Linear(self.embed_dim, num_classes, device=device) if num_classes > 0 else nn.Identity()
-        if num_classes > 0:
-            trunc_normal_(self.head.weight, std=0.02)
-            nn.init.zeros_(self.head.bias)
+        for name in ("head", "head_dist") if self.distilled else ("head",):
+            head = nn.Linear(self.embed_dim, num_classes, device=device) if num_classes > 0 else nn.Identity()
+            if num_classes > 0:
+                trunc_normal_(head.weight, std=0.02)
+                nn.init.zeros_(head.bias)
+            setattr(self, name, head)
         self.num_classes = self.config["num_classes"] = num_classes
 
     def set_input_size(self, img_size: int | tuple[int, int]) -> None:
@@ -270,7 +293,8 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         """Patches, then the prefix tokens (CLS, registers) before them and the positions: added after the
         prefix is joined (timm's original ViT, DeiT), or before it with ``no_embed_class`` (DeiT III)."""
         x = self.patch_embed(x)  # (B, N, E)
-        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.reg_token) if t is not None]
+        prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token)
+                  if t is not None]
         if self.no_embed_class and self.pos_embed.numel():
             x = x + self.pos_embed.to(x.dtype)
         if prefix:
@@ -286,8 +310,15 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
             x = checkpointed(self.grad_checkpointing, block, x)
         return self.norm(x)
 
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        """Tokens ``(B, 1 + N, E)`` to logits ``(B, num_classes)`` (or pooled ``(B, E)`` if ``pre_logits``)."""
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+        """Tokens ``(B, prefix + N, E)`` to logits ``(B, num_classes)`` (or pooled ``(B, E)`` if ``pre_logits``);
+        with a distillation token, both heads' logits in distilled training (:meth:`set_distilled_training`)."""
+        if self.distilled:
+            x, x_dist = self.head_drop(x[:, 0]), self.head_drop(x[:, 1])
+            if pre_logits:
+                return (x + x_dist) / 2
+            x, x_dist = self.head(x), self.head_dist(x_dist)
+            return (x, x_dist) if self.distilled_training and self.training else (x + x_dist) / 2
         x = x[:, self.num_prefix_tokens:].mean(dim=1) if self.global_pool == "avg" else x[:, 0]
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
