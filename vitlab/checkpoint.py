@@ -30,8 +30,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from .errors import CheckpointError
-from .models import model_class
-from .models.hub import OLD_SUFFIX, load_model_dir, load_tensors, load_weights, read_json, resolve_checkpoint, \
+from .models.hub import OLD_SUFFIX, load_model, load_model_dir, load_tensors, load_weights, read_json, resolve_checkpoint, \
     write_json, write_model_files
 
 __all__ = ["resolve_checkpoint", "replace_dir", "save_model", "load_model", "save_optimizer", "load_optimizer",
@@ -79,32 +78,6 @@ def save_model(model: nn.Module, directory: Path, preset: str, meta: dict[str, A
     a ViT; the task for a text model).
     """
     write_model_files(model, directory, meta, preset, ema)
-
-
-def load_model(path: str | Path, use_ema: bool = True, map_location: str | torch.device = "cpu") -> nn.Module:
-    """Load a trained model from a run directory (its best checkpoint), a checkpoint directory or a
-    ``save_pretrained`` directory.
-
-    The model comes back in eval mode with ``model.pretrained_cfg`` describing its input: for a ViT
-    the input size, normalization and class names (``vitlab.create_transform(model)`` gives the
-    preprocessing); for a text model the task and tokenizer file. For a model on the Hugging Face
-    Hub use its class: ``vitlab.models.VisionTransformer.from_pretrained("user/repo")``.
-
-    Args:
-        path: Run directory, checkpoint directory or ``save_pretrained`` directory.
-        use_ema: Load the EMA weights when the run kept them.
-        map_location: Device for the weights.
-
-    Raises:
-        CheckpointError: if the checkpoint is missing, incomplete or corrupt.
-    """
-    directory = resolve_checkpoint(path)
-    meta = read_json(directory / "config.json")
-    try:
-        cls = model_class(meta.get("architecture", ""))
-    except (ValueError, AttributeError):
-        raise CheckpointError(f"{str(directory / 'config.json')!r} does not describe a vitlab model") from None
-    return load_model_dir(cls, directory, meta, use_ema=use_ema, map_location=map_location)
 
 
 def save_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:

@@ -196,6 +196,19 @@ class TrainConfig:
 
 
 @dataclass
+class DistillConfig:
+    """Knowledge distillation (DeiT, Touvron et al. 2021) of a classification run from a frozen teacher."""
+
+    type: Literal["none", "soft", "hard"] = "none"  # soft: KL to the teacher's tempered softmax; hard: its argmax
+    # timm:<name> (timm's pretrained weights; distill.teacher_file: a local copy of them), or a vitlab run,
+    # checkpoint or save_pretrained directory (any vitlab image classifier).
+    teacher: str = ""
+    teacher_file: str = ""
+    alpha: float = 0.5        # loss = (1 - alpha) * the task's loss + alpha * the distillation loss
+    tau: float = 1.0          # soft: the temperature
+
+
+@dataclass
 class Config:
     """A run: ``task`` picks image classification (a ViT) or sequence-to-sequence (a text Transformer)."""
 
@@ -205,11 +218,12 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
 
-_SECTIONS = ("model", "data", "optim", "train", "generate")
+_SECTIONS = ("model", "data", "optim", "train", "generate", "distill")
 _SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig,
-                  "generate": GenerateConfig}
+                  "generate": GenerateConfig, "distill": DistillConfig}
 # Set by the data and tokenizer, not by the config.
 _DERIVED_MODEL_ARGS = {"src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "vocab_size", "block_size"}
 
@@ -272,6 +286,14 @@ def _check_values(cfg: Config) -> None:
             raise ConfigError(f"{key}={value!r} is invalid; expected {allowed}")
 
     d, o, t, g = cfg.data, cfg.optim, cfg.train, cfg.generate
+    k = cfg.distill
+    if k.type != "none":
+        need(cfg.task == "classification", "distill.type", k.type, "'none' unless task: classification")
+        if not k.teacher:
+            raise ConfigError(f"distill.type={k.type} needs distill.teacher: timm:<name>, or a vitlab run, checkpoint "
+                              f"or save_pretrained directory")
+        need(0 <= k.alpha <= 1, "distill.alpha", k.alpha, "a number in [0, 1]")
+        need(k.tau > 0, "distill.tau", k.tau, "a number > 0")
     if isinstance(d, DataConfig):
         for key in ("train_subset", "test_subset", "val_size", "crop_padding", "num_workers", "decode_size",
                     "partitions"):

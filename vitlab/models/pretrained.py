@@ -27,12 +27,12 @@ from .hub import CONFIG_NAME, load_model_dir, read_json, resolve_checkpoint
 from .interop import from_timm
 from .vit import VisionTransformer, checkpoint_filter_fn
 
-__all__ = ["load_pretrained"]
+__all__ = ["load_pretrained", "timm_model"]
 
 _HEAD = ("head.weight", "head.bias")
 
 
-def _timm_model(name: str, file: str) -> nn.Module:
+def timm_model(name: str, file: str, key: str = "model.pretrained_file") -> nn.Module:
     """timm's ``name`` with its pretrained weights: fetched by timm, or read from ``file`` (offline).
 
     A file is loaded here the way timm's ``load_pretrained`` loads a local file (its ``load_state_dict``,
@@ -47,26 +47,26 @@ def _timm_model(name: str, file: str) -> nn.Module:
         return timm.create_model(name, pretrained=True)
     path = Path(file).expanduser()
     if not path.is_file():
-        raise CheckpointError(f"model.pretrained_file={file!r} does not exist")
+        raise CheckpointError(f"{key}={file!r} does not exist")
     model = timm.create_model(name, pretrained=False)  # the pretrained_cfg of name's tag all the same
     try:
         state = load_state_dict(str(path))
     except Exception as e:  # noqa: BLE001 (a corrupt file raises whatever its reader raises)
-        raise CheckpointError(f"cannot read model.pretrained_file={file!r}: {type(e).__name__}: {e}") from None
+        raise CheckpointError(f"cannot read {key}={file!r}: {type(e).__name__}: {e}") from None
     filter_fn = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
     if filter_fn is not None:
         state = filter_fn(state, model)
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
-        raise CheckpointError(f"model.pretrained_file={file!r} does not hold timm's {name!r}: "
+        raise CheckpointError(f"{key}={file!r} does not hold timm's {name!r}: "
                               f"{str(e).splitlines()[0]}") from None
     return model
 
 
 def _from_timm(name: str, file: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
     try:
-        reference = _timm_model(name, file)
+        reference = timm_model(name, file)
     except RuntimeError as e:
         if "Unknown model" in str(e):
             raise CheckpointError(f"model.pretrained=timm:{name}: timm has no model {name!r}") from None

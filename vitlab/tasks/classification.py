@@ -25,6 +25,7 @@ from ..errors import ConfigError, DataError
 from ..models.hub import read_json
 from ..models.pretrained import load_pretrained
 from .base import TaskSetup, build_model
+from .distill import DistillationLoss, load_teacher
 
 if TYPE_CHECKING:
     from ..config import Config, DataConfig
@@ -293,6 +294,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     if streamed_in_shards(d):
         return _shards_task(cfg, accelerator, micro_batch, model, mean, std, size, resume_from)
     train_index, test_index = index_splits(d)  # labels checked before any image is decoded
+    teacher = _teacher(cfg, len(train_index.classes), accelerator)  # before any image is decoded too
     keep, where = in_memory(d, train_index, test_index, size)
     accelerator.print(where)
     train_data, val_data = load_train_val_data(d, t.seed, size, train_index, keep)
@@ -324,7 +326,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     if len(train_loader) == 0:
         raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(train_data.labels)} training images")
     return _task(cfg, model, train_data.classes, mean, std, train_loader, eval_loaders, not on_device,
-                 len(train_data.labels))
+                 len(train_data.labels), accelerator, teacher)
 
 
 def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model: nn.Module, mean: tuple[float, ...],
@@ -338,6 +340,7 @@ def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model:
                                      accelerator.num_processes, accelerator.process_index,
                                      partitions=kept.get("partitions", 0))
     _fit_head(cfg, model, classes)
+    teacher = _teacher(cfg, len(classes), accelerator)
     train = streams.pop("train")
     plan = train.plan
     accelerator.print(f"data: {train.total:,} training samples in {len(train.segments)} shards, cut into "
@@ -351,7 +354,7 @@ def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model:
     pin = accelerator.device.type == "cuda"
     loaders = {k: ShardLoader(s, accelerator.device, pin) for k, s in streams.items()}
     task = _task(cfg, model, classes, mean, std, ShardLoader(train, accelerator.device, pin), loaders,
-                 False, train.samples_per_epoch)
+                 False, train.samples_per_epoch, accelerator, teacher)
     task.data_state = {"partitions": plan.partitions}
     return task
 
@@ -366,22 +369,40 @@ def _fit_head(cfg: Config, model: nn.Module, classes: list[str]) -> None:
         model.reset_classifier(len(classes))  # the data decides: a new head, initialised as the model's own
 
 
+def _teacher(cfg: Config, num_classes: int, accelerator: Accelerator) -> nn.Module | None:
+    """The frozen teacher of ``distill`` (None without distillation), read before any image is decoded."""
+    k = cfg.distill
+    if k.type == "none":
+        return None
+    return load_teacher(k.teacher, k.teacher_file, num_classes, accelerator.device)
+
+
 def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, ...], std: tuple[float, ...],
-          train_loader: Any, eval_loaders: dict[str, Any], prepare: bool, train_size: int) -> TaskSetup:
-    """The task around its loaders: mixup/cutmix, the loss, evaluation and the checkpoint's metadata."""
+          train_loader: Any, eval_loaders: dict[str, Any], prepare: bool, train_size: int, accelerator: Accelerator,
+          teacher: nn.Module | None = None) -> TaskSetup:
+    """The task around its loaders: mixup/cutmix, the loss (distilled from ``teacher``, if given),
+    evaluation and the checkpoint's metadata."""
     d, t = cfg.data, cfg.train
     num_classes = len(classes)
     mixing = d.mixup_alpha > 0 or d.cutmix_alpha > 0
     mixup = Mixup(mixup_alpha=d.mixup_alpha, cutmix_alpha=d.cutmix_alpha, label_smoothing=t.label_smoothing,
                   num_classes=num_classes) if mixing else None
-    criterion = SoftTargetCrossEntropy() if mixing else nn.CrossEntropyLoss(label_smoothing=t.label_smoothing)
+    criterion: Callable[..., Tensor] = (SoftTargetCrossEntropy() if mixing else
+                                        nn.CrossEntropyLoss(label_smoothing=t.label_smoothing))
     model_input = ModelInput(mean, std, d.reprob if d.train_crop == "rrc" else 0.0)
+    if teacher is not None:
+        distill = DistillationLoss(criterion, teacher, cfg.distill.type, cfg.distill.alpha, cfg.distill.tau,
+                                   accelerator.autocast)
+        if getattr(model, "distilled", False):
+            model.set_distilled_training(True)  # both heads' logits in training: the class head's and the distillation head's
 
     def loss(net: nn.Module, batch: Any) -> torch.Tensor:
         images, labels = batch
         images = model_input(images, train=True)
         if mixup is not None:
             images, labels = mixup(images, labels)
+        if teacher is not None:
+            return distill(net(images), images, labels)
         return criterion(net(images), labels)
 
     def count(batch: Any) -> int:
@@ -394,7 +415,8 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
     meta = {"task": "classification", "classes": classes, "mean": list(mean), "std": list(std),
             **({"decode_size": d.decode_size} if d.decode_size and d.dataset != "cifar10" else {}),
             **({"crop_pct": d.crop_pct} if d.train_crop == "rrc" else {}),
-            **({"exif_transpose": False} if not d.exif_transpose else {})}
+            **({"exif_transpose": False} if not d.exif_transpose else {}),
+            **({"distill": cfg.distill.type, "distilled_from": cfg.distill.teacher} if teacher is not None else {})}
     return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=prepare,
                      eval_loaders=eval_loaders, prepare_eval_loaders=prepare, loss=loss, count=count,
                      evaluate=score, select="top1", meta=meta, train_size=train_size)

@@ -1,0 +1,104 @@
+"""Distillation (DeiT): the loss against DeiT's formula written out here, on random tensors; a student
+hard-distilled from a teacher vitlab trained, whose checkpoints hold no teacher and resume exactly; a
+bad teacher in one line before any data is read."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+
+from conftest import reset_accelerate, signal_at_step, tiny_overrides
+from vitlab.config import load_config
+from vitlab.errors import ConfigError, Preempted
+from vitlab.tasks.distill import DistillationLoss
+from vitlab.training import train
+
+
+class _Teacher(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(12, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.proj(x)
+
+
+@pytest.mark.parametrize("kind", ["soft", "hard"])
+@pytest.mark.parametrize("two_heads", [True, False])
+def test_the_loss_is_deits_formula(kind, two_heads):
+    # DeiT's losses.py: (1 - alpha) * base + alpha * distill; soft: KL of the temperature-scaled
+    # log-softmaxes (log_target) summed, times tau^2, over the number of elements; hard: cross-entropy
+    # to the teacher's argmax. The distillation head is the second output, or the one head.
+    torch.manual_seed(0)
+    teacher, inputs = _Teacher().eval(), torch.randn(8, 12)
+    logits, logits_dist = torch.randn(8, 5, requires_grad=True), torch.randn(8, 5, requires_grad=True)
+    labels = torch.randint(0, 5, (8,))
+    alpha, tau = 0.3, 2.5
+    loss = DistillationLoss(torch.nn.CrossEntropyLoss(), teacher, kind, alpha, tau)
+    got = loss((logits, logits_dist) if two_heads else logits, inputs, labels)
+    student = logits_dist if two_heads else logits
+    with torch.no_grad():
+        t = teacher(inputs)
+    if kind == "soft":
+        log_p, log_q = F.log_softmax(student / tau, dim=1), F.log_softmax(t / tau, dim=1)
+        distill = (log_q.exp() * (log_q - log_p)).sum() * tau * tau / student.numel()
+    else:
+        distill = F.cross_entropy(student, t.argmax(dim=1))
+    expected = (1 - alpha) * F.cross_entropy(logits, labels) + alpha * distill
+    torch.testing.assert_close(got, expected)
+    got.backward()
+    assert all(p.grad is None for p in teacher.parameters())  # the teacher is frozen, no gradients
+
+
+@pytest.fixture(scope="module")
+def teacher_run(tiny_imagefolder, tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("teacher") / "run"
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("ACCELERATE_USE_CPU", "true")
+        train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=1")))
+    reset_accelerate()
+    return run_dir
+
+
+def test_a_student_distilled_from_a_vitlab_run_keeps_no_teacher_and_resumes_bit_identical(
+        teacher_run, tiny_imagefolder, tmp_path, monkeypatch, on_cpu):
+    keys = ("model.distilled=true", "distill.type=hard", f"distill.teacher={teacher_run}",
+            "train.epochs=2", "data.augment=randaugment", "data.mixup_alpha=0.2")
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    summary = train(load_config(None, tiny_overrides(tiny_imagefolder, whole, *keys)))
+    reset_accelerate()
+    assert summary["epochs_done"] == 2
+    weights = load_file(str(whole / "checkpoints/last/model.safetensors"))
+    assert "dist_token" in weights and "head_dist.weight" in weights
+    assert not any(k.startswith(("teacher", "_teacher")) for k in weights)
+    card = json.loads((whole / "checkpoints/last/config.json").read_text())
+    assert card["distilled_from"] == str(teacher_run) and card["distill"] == "hard"
+    cfg = load_config(None, tiny_overrides(tiny_imagefolder, parts, *keys))
+    with monkeypatch.context() as m:
+        signal_at_step(m, 8)
+        with pytest.raises(Preempted):
+            train(cfg)
+    reset_accelerate()
+    train(cfg)
+    resumed = load_file(str(parts / "checkpoints/last/model.safetensors"))
+    assert all(torch.equal(weights[k], resumed[k]) for k in weights)
+
+
+def test_a_bad_teacher_is_one_line_before_any_data_is_read(tiny_imagefolder, tmp_path, teacher_run):
+    with pytest.raises(ConfigError, match=r"^distill.type=hard needs distill.teacher"):
+        load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "a", "distill.type=hard"))
+    with pytest.raises(ConfigError, match=r"^distill.teacher='/nowhere' is neither timm:<name> nor a vitlab run"):
+        train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "b", "distill.type=soft",
+                                               "distill.teacher=/nowhere")))
+    reset_accelerate()
+    import vitlab
+
+    five = tmp_path / "five"
+    vitlab.create_model("vit_cifar_tiny_patch4_32", num_classes=5).save_pretrained(five)
+    with pytest.raises(ConfigError, match=r"^distill.teacher=.*five' gives 5 classes, the data 3: a teacher is trained "
+                                          r"on the student's classes"):
+        train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "c", "distill.type=soft",
+                                               f"distill.teacher={five}")))

@@ -1,0 +1,99 @@
+"""Knowledge distillation of an image classifier (DeiT, Touvron et al. 2021): the loss, and the frozen
+teacher it asks.
+
+:class:`DistillationLoss` is DeiT's ``DistillationLoss``: ``(1 - alpha) * base + alpha * distill`` on the
+batch the student sees (augmented and mixed), with the distillation term on the student's distillation
+head (a model with ``distilled=True`` returns ``(head, head_dist)`` in training) or on its one head
+(logit distillation, as timm's). :func:`load_teacher` reads the teacher once, frozen, in evaluation mode.
+"""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Callable, ContextManager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ..errors import CheckpointError, ConfigError
+
+__all__ = ["DistillationLoss", "load_teacher"]
+
+
+class DistillationLoss(nn.Module):
+    """DeiT's loss: ``(1 - alpha) * base_criterion(head, labels) + alpha * distill``.
+
+    ``distill`` is, for ``kind='soft'``, the KL divergence of the student's distillation logits from the
+    teacher's, both softened by ``tau`` (log-softmaxes, summed, times ``tau**2``, over the number of
+    elements); for ``kind='hard'``, the cross-entropy to the teacher's argmax. The teacher sees
+    ``inputs``, without gradients, inside ``autocast`` (the run's mixed precision).
+
+    Args:
+        base_criterion: The task's loss of the student's class head.
+        teacher: The teacher, frozen (:func:`load_teacher`).
+        kind: ``'soft'`` or ``'hard'``.
+        alpha: The distillation term's weight.
+        tau: The soft term's temperature.
+        autocast: A context for the teacher's forward pass (default: none).
+    """
+
+    def __init__(self, base_criterion: Callable[[Tensor, Tensor], Tensor], teacher: nn.Module, kind: str,
+                 alpha: float = 0.5, tau: float = 1.0,
+                 autocast: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> None:
+        super().__init__()
+        if kind not in ("soft", "hard"):
+            raise ValueError(f"kind={kind!r}: expected 'soft' or 'hard'")
+        self.base_criterion, self.kind, self.alpha, self.tau, self.autocast = base_criterion, kind, alpha, tau, autocast
+        self._teacher = [teacher]  # a list: not a submodule of the loss (never saved, never given to an optimizer)
+
+    def forward(self, outputs: Tensor | tuple[Tensor, Tensor], inputs: Tensor, labels: Tensor) -> Tensor:
+        """``outputs``: the student's logits ``(B, K)``, or ``(head, head_dist)``; ``inputs``: the batch it saw;
+        ``labels``: class indices ``(B,)`` or soft targets ``(B, K)`` (mixup)."""
+        logits, logits_dist = outputs if isinstance(outputs, tuple) else (outputs, outputs)
+        base = self.base_criterion(logits, labels)
+        with torch.no_grad(), self.autocast():
+            teacher = self._teacher[0](inputs).float()
+        if self.kind == "soft":
+            tau = self.tau
+            distill = F.kl_div(F.log_softmax(logits_dist.float() / tau, dim=1), F.log_softmax(teacher / tau, dim=1),
+                               reduction="sum", log_target=True) * (tau * tau) / logits_dist.numel()
+        else:
+            distill = F.cross_entropy(logits_dist, teacher.argmax(dim=1))
+        return base * (1 - self.alpha) + distill * self.alpha
+
+
+def load_teacher(source: str, file: str, num_classes: int, device: torch.device | str) -> nn.Module:
+    """The teacher ``source`` names (``distill.teacher``), frozen in evaluation mode on ``device``:
+    ``timm:<name>`` (timm's pretrained weights, or ``file``: a local copy of them), or a vitlab run,
+    checkpoint or ``save_pretrained`` directory (its EMA weights where it kept them).
+
+    Raises:
+        ConfigError: one line, if the teacher cannot be had, or gives other than ``num_classes`` classes.
+    """
+    from ..models.hub import load_model
+
+    where = f"distill.teacher={source!r}"
+    if source.startswith("timm:"):
+        from ..models.pretrained import timm_model
+
+        try:
+            teacher = timm_model(source.removeprefix("timm:"), file, "distill.teacher_file")
+        except (CheckpointError, OSError, RuntimeError) as e:
+            raise ConfigError(f"{where}: {str(e).splitlines()[0]}; without network, set distill.teacher_file to a "
+                              f"local copy of its weights") from None
+    elif Path(source).expanduser().is_dir():
+        try:
+            teacher = load_model(Path(source).expanduser())
+        except CheckpointError as e:
+            raise ConfigError(f"{where}: {e}") from None
+    else:
+        raise ConfigError(f"{where} is neither timm:<name> nor a vitlab run, checkpoint or save_pretrained "
+                          f"directory")
+    classes = getattr(teacher, "num_classes", None)
+    if classes != num_classes:
+        raise ConfigError(f"{where} gives {classes} classes, the data {num_classes}: a teacher is trained on the "
+                          f"student's classes")
+    if getattr(teacher, "distilled", False):
+        teacher.set_distilled_training(False)
+    return teacher.to(device).eval().requires_grad_(False)
