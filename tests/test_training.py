@@ -637,3 +637,21 @@ def test_the_plain_model_of_a_compiled_ddp_model_leaves_ddp_in_the_training_path
         assert bare_model(wrapped, Accelerator(cpu=True)) is model and bare_model(model, Accelerator(cpu=True)) is model
     finally:
         dist.destroy_process_group()
+
+
+def test_lr_base_scales_the_learning_rate_by_the_global_batch_as_timm_and_deit_do(tiny_imagefolder, tmp_path):
+    # lr = lr_base * global batch / lr_base_size (DeiT: 5e-4 * batch / 512), or its square root (timm's
+    # rule for Adam-like optimizers), so a recipe keeps its meaning on another number of GPUs.
+    from vitlab.training import _Loop
+
+    for batch, scale, expected in ((16, "linear", 5e-4 * 16 / 512), (32, "linear", 5e-4 * 32 / 512),
+                                   (32, "sqrt", 5e-4 * (32 / 512) ** 0.5)):
+        cfg = load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / f"{batch}{scale}", f"train.batch_size={batch}",
+                                               "optim.lr_base=5e-4", "optim.lr_base_size=512",
+                                               f"optim.lr_base_scale={scale}", "optim.min_lr=0"))
+        loop = _Loop(cfg, tmp_path / f"{batch}{scale}", None)
+        reset_accelerate()
+        assert loop.scheduler.base_lrs == pytest.approx([expected] * len(loop.scheduler.base_lrs))
+    with pytest.raises(ConfigError, match=r"optim.min_lr=0.001 is invalid; expected a number in \[0, the peak "
+                                          r"learning rate 1.5625e-05\]"):
+        load_config(None, ["train.batch_size=16", "optim.lr_base=5e-4", "optim.lr_base_size=512", "optim.min_lr=1e-3"])

@@ -169,6 +169,18 @@ class OptimConfig:
     grad_clip: float = 1.0    # max global grad norm; 0 = no clipping
     layer_decay: float = 0.0  # layer-wise lr decay (BEiT / timm): block i of n gets lr * layer_decay ** (n + 1 - i);
                               # 0 = off (a ViT only)
+    # The learning rate from a recipe's base (timm's, DeiT's): lr_base * global batch / lr_base_size (linear),
+    # or its square root (sqrt: timm's rule for Adam-like optimizers); 0 = off, optim.lr is the peak.
+    lr_base: float = 0.0
+    lr_base_size: int = 256
+    lr_base_scale: Literal["linear", "sqrt"] = "linear"
+
+    def peak_lr(self, batch_size: int) -> float:
+        """The peak learning rate for a global batch of ``batch_size``: ``lr``, or scaled from ``lr_base``."""
+        if not self.lr_base:
+            return self.lr
+        ratio = batch_size / self.lr_base_size
+        return self.lr_base * (ratio ** 0.5 if self.lr_base_scale == "sqrt" else ratio)
 
 
 @dataclass
@@ -348,7 +360,11 @@ def _check_values(cfg: Config) -> None:
     need(g.max_new_tokens >= 0, "generate.max_new_tokens", g.max_new_tokens, "an integer >= 0 (0 = source + 50)")
     need(g.eval_subset >= 0, "generate.eval_subset", g.eval_subset, "an integer >= 0 (0 = all)")
     need(o.lr > 0, "optim.lr", o.lr, "a number > 0")
-    need(0 <= o.min_lr <= o.lr, "optim.min_lr", o.min_lr, f"a number in [0, optim.lr={o.lr}]")
+    need(o.lr_base >= 0, "optim.lr_base", o.lr_base, "a number >= 0 (0 = off)")
+    need(o.lr_base_size >= 1, "optim.lr_base_size", o.lr_base_size, "a batch size >= 1")
+    peak = o.peak_lr(t.batch_size)
+    need(0 <= o.min_lr <= peak, "optim.min_lr", o.min_lr, f"a number in [0, optim.lr={o.lr}]" if not o.lr_base else
+         f"a number in [0, the peak learning rate {peak:.5g}] (optim.lr_base x train.batch_size / optim.lr_base_size)")
     need(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "a number >= 0")
     need(all(0 <= b < 1 for b in o.betas), "optim.betas", list(o.betas), "two numbers in [0, 1)")
     need(o.warmup_epochs >= 0, "optim.warmup_epochs", o.warmup_epochs, "a number >= 0")

@@ -324,8 +324,9 @@ class _Loop:
         for loader in (task.train_loader, *task.eval_loaders.values()):
             ignore_in_workers(loader, t.stop_signals)  # before Accelerate copies them
         model = task.model
-        optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay, cfg.optim.lr, cfg.optim.layer_decay),
-                                      lr=cfg.optim.lr, betas=cfg.optim.betas, fused=acc.device.type == "cuda" or None)
+        lr = cfg.optim.peak_lr(t.batch_size)  # optim.lr, or scaled from optim.lr_base by the global batch
+        optimizer = torch.optim.AdamW(param_groups(model, cfg.optim.weight_decay, lr, cfg.optim.layer_decay),
+                                      lr=lr, betas=cfg.optim.betas, fused=acc.device.type == "cuda" or None)
         self.model, self.optimizer = acc.prepare(model, optimizer)
         if t.compile:  # after prepare: DDP's buckets are compiled with the model (checkpoints strip the wrapper)
             self.model = torch.compile(self.model)
@@ -343,7 +344,7 @@ class _Loop:
         total_steps, warmup_steps = self.steps_per_epoch * t.epochs, max(1, round(cfg.optim.warmup_epochs
                                                                                * self.steps_per_epoch))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer.optimizer, lambda s: lr_multiplier(
-            s, warmup_steps, total_steps, cfg.optim.min_lr / cfg.optim.lr, cfg.optim.schedule))
+            s, warmup_steps, total_steps, cfg.optim.min_lr / lr, cfg.optim.schedule))
         self.ema = ModelEmaV3(self.plain_model, decay=t.ema_decay) if t.ema_decay > 0 else None
         self.scaler = acc.scaler  # fp16 only
         self.has_moe = bool(expert_utilization(self.model))
