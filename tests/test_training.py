@@ -655,3 +655,25 @@ def test_lr_base_scales_the_learning_rate_by_the_global_batch_as_timm_and_deit_d
     with pytest.raises(ConfigError, match=r"optim.min_lr=0.001 is invalid; expected a number in \[0, the peak "
                                           r"learning rate 1.5625e-05\]"):
         load_config(None, ["train.batch_size=16", "optim.lr_base=5e-4", "optim.lr_base_size=512", "optim.min_lr=1e-3"])
+
+
+@pytest.mark.parametrize("mixing", [False, True])
+@pytest.mark.parametrize("thresh", [None, 0.2])
+def test_the_bce_loss_is_binary_cross_entropy_on_smoothed_or_mixed_targets_as_timms_recipe(mixing, thresh):
+    # train.loss=bce (DeiT III; timm's train.py with --bce-loss): without mixup, one-hot targets smoothed
+    # (off = s / K, on = 1 - s + off); with mixup, its soft targets; binarized above bce_target_thresh.
+    import torch.nn.functional as F
+
+    from vitlab.tasks.classification import classification_criterion
+
+    torch.manual_seed(0)
+    logits, k, s = torch.randn(6, 5), 5, 0.1
+    labels = torch.randint(0, k, (6,))
+    soft = torch.softmax(torch.randn(6, k), -1)  # what Mixup gives (it applies the smoothing itself)
+    targets = soft if mixing else torch.full((6, k), s / k).scatter_(1, labels[:, None], 1 - s + s / k)
+    if thresh is not None:
+        targets = (targets > thresh).float()
+    got = classification_criterion(mixing, s, "bce", thresh)(logits, soft if mixing else labels)
+    torch.testing.assert_close(got, F.binary_cross_entropy_with_logits(logits, targets))
+    ce = classification_criterion(mixing, s, "ce", None)
+    assert type(ce).__name__ == ("SoftTargetCrossEntropy" if mixing else "CrossEntropyLoss")

@@ -190,6 +190,10 @@ class TrainConfig:
     grad_accum_steps: int = 1
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     label_smoothing: float = 0.1
+    # ce: cross-entropy; bce: binary cross-entropy per class (DeiT III; timm's BinaryCrossEntropy), its targets
+    # binarized above bce_target_thresh if set (timm's --bce-target-thresh).
+    loss: Literal["ce", "bce"] = "ce"
+    bce_target_thresh: float | None = None
     ema_decay: float = 0.0    # 0 = no EMA; else timm ModelEmaV3 with this decay
     save_every: int = 1       # epochs between checkpoints
     save_every_steps: int = 0  # also write last/ every N optimizer steps, inside epochs (0 = at epoch ends only)
@@ -360,6 +364,9 @@ def _check_values(cfg: Config) -> None:
     need(g.max_new_tokens >= 0, "generate.max_new_tokens", g.max_new_tokens, "an integer >= 0 (0 = source + 50)")
     need(g.eval_subset >= 0, "generate.eval_subset", g.eval_subset, "an integer >= 0 (0 = all)")
     need(o.lr > 0, "optim.lr", o.lr, "a number > 0")
+    need(t.loss == "ce" or cfg.task == "classification", "train.loss", t.loss, "'ce' unless task: classification")
+    need(t.bce_target_thresh is None or 0 <= t.bce_target_thresh < 1, "train.bce_target_thresh", t.bce_target_thresh,
+         "null or a number in [0, 1)")
     need(o.lr_base >= 0, "optim.lr_base", o.lr_base, "a number >= 0 (0 = off)")
     need(o.lr_base_size >= 1, "optim.lr_base_size", o.lr_base_size, "a batch size >= 1")
     peak = o.peak_lr(t.batch_size)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 from timm.data import Mixup
-from timm.loss import SoftTargetCrossEntropy
+from timm.loss import BinaryCrossEntropy, SoftTargetCrossEntropy
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
@@ -369,6 +369,17 @@ def _fit_head(cfg: Config, model: nn.Module, classes: list[str]) -> None:
         model.reset_classifier(len(classes))  # the data decides: a new head, initialised as the model's own
 
 
+def classification_criterion(mixing: bool, label_smoothing: float, loss: str = "ce",
+                             bce_target_thresh: float | None = None) -> Callable[[Tensor, Tensor], Tensor]:
+    """The training loss, chosen as timm's ``train.py`` chooses it: with mixup/cutmix (which smooth the
+    targets themselves) soft-target cross-entropy, or binary cross-entropy on the soft targets
+    (``loss='bce'``, DeiT III); without, cross-entropy with ``label_smoothing``, or binary cross-entropy on
+    the smoothed one-hot targets. ``bce_target_thresh`` binarizes BCE's targets above it (timm's)."""
+    if loss == "bce":
+        return BinaryCrossEntropy(smoothing=0.0 if mixing else label_smoothing, target_threshold=bce_target_thresh)
+    return SoftTargetCrossEntropy() if mixing else nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+
+
 def _teacher(cfg: Config, num_classes: int, accelerator: Accelerator) -> nn.Module | None:
     """The frozen teacher of ``distill`` (None without distillation), read before any image is decoded."""
     k = cfg.distill
@@ -387,8 +398,7 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
     mixing = d.mixup_alpha > 0 or d.cutmix_alpha > 0
     mixup = Mixup(mixup_alpha=d.mixup_alpha, cutmix_alpha=d.cutmix_alpha, label_smoothing=t.label_smoothing,
                   num_classes=num_classes) if mixing else None
-    criterion: Callable[..., Tensor] = (SoftTargetCrossEntropy() if mixing else
-                                        nn.CrossEntropyLoss(label_smoothing=t.label_smoothing))
+    criterion = classification_criterion(mixing, t.label_smoothing, t.loss, t.bce_target_thresh)
     model_input = ModelInput(mean, std, d.reprob if d.train_crop == "rrc" else 0.0)
     if teacher is not None:
         distill = DistillationLoss(criterion, teacher, cfg.distill.type, cfg.distill.alpha, cfg.distill.tau,
