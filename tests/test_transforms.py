@@ -185,3 +185,61 @@ def test_random_erasing_erases_normalized_batches_as_timms_prefetcher_does():
     erased = erasing(batch, train=True)
     changed = (erased != reference).flatten(1).float().mean(1)
     assert (changed > 0.01).all() and (changed < 0.5).all()  # every image, a rectangle of 2-33% of it (timm's)
+
+
+@pytest.mark.parametrize("spec", ["rand-m9-mstd0.5-inc1", "rand-m7-n3", "original-mstd0.5", "3a", "augmix-m5-w3"])
+def test_timm_augment_strings_are_timms_own_transforms_with_draws_seeded_per_image(spec):
+    # data.augment as timm writes it (DeiT: rand-m9-mstd0.5-inc1; DeiT III's 3-Augment: 3a). The ops are
+    # timm's, on a PIL image, with timm's hparams; their Python and NumPy draws come from a seed drawn
+    # from torch's generator, so an image's augmentation stays a function of (seed, epoch, image).
+    import random
+
+    from timm.data.auto_augment import augment_and_mix_transform, auto_augment_transform, rand_augment_transform
+
+    from vitlab.data.images import seeded_transform
+    from vitlab.data.transforms import timm_augment_hparams, train_transform
+
+    image = torch.from_numpy(np.array(Image.open(PHOTO).convert("RGB").resize((64, 64)))).permute(2, 0, 1)
+    hparams = timm_augment_hparams((64, 64), CIFAR_MEAN)
+    assert hparams["translate_const"] == int(64 * 0.45) and hparams["img_mean"] == (125, 123, 114)
+    ours = train_transform((64, 64), crop_padding=0, hflip=False, augment=spec, mean=CIFAR_MEAN)
+    factory = (rand_augment_transform if spec.startswith("rand") else
+               augment_and_mix_transform if spec.startswith("augmix") else auto_augment_transform)
+    theirs = factory(spec, dict(hparams))
+    outputs = []
+    for i in range(6):
+        got = seeded_transform(ours, image, 0, 1, i)
+        with torch.random.fork_rng(devices=[]):  # the seed the transform drew, then timm's transform under it
+            from vitlab.seeding import process_seed
+
+            torch.random.default_generator.manual_seed(process_seed(0, 0, 1, "samples", i))
+            seed = int(torch.randint(0, 2 ** 31 - 1, ()))
+        random.seed(seed), np.random.seed(seed)
+        expected = torch.from_numpy(np.asarray(theirs(v1.functional.to_pil_image(image)))).permute(2, 0, 1)
+        assert torch.equal(got, expected), (spec, i)
+        assert torch.equal(seeded_transform(ours, image, 0, 1, i), got)  # the same draw again
+        outputs.append(got)
+    assert any(not torch.equal(a, outputs[0]) for a in outputs[1:])  # images draw differently
+    state = (random.getstate(), np.random.get_state()[1].copy())
+    seeded_transform(ours, image, 0, 2, 0)
+    assert random.getstate() == state[0] and np.array_equal(np.random.get_state()[1], state[1])  # left as they were
+
+
+CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+
+
+def test_timms_increasing_posterize_at_magnitude_10_gives_the_black_image_not_pillows_error():
+    # timm's PosterizeIncreasing keeps 0 bits at magnitude 10 (m9 plus noise reaches it); Pillow 11 refuses
+    # 0 bits, older ones gave a black image: vitlab keeps the black image, so a run does not die.
+    from vitlab.data.images import seeded_transform
+    from vitlab.data.transforms import TimmAugment, timm_augment_hparams
+
+    image = torch.from_numpy(np.array(Image.open(PHOTO).convert("RGB").resize((32, 32)))).permute(2, 0, 1)
+    augment = TimmAugment("rand-m10-n1-mstd0-inc1", timm_augment_hparams((32, 32), CIFAR_MEAN))
+    posterize = [op for op in augment.transform.ops if op.name == "PosterizeIncreasing"]
+    assert len(posterize) == 1
+    posterize[0].prob = 1.0
+    black = posterize[0](v1.functional.to_pil_image(image))
+    assert np.array(black).max() == 0
+    outputs = [seeded_transform(augment, image, 0, 1, i) for i in range(40)]  # every op drawn, none fails
+    assert sum(int(x.max() == 0) for x in outputs) >= 1

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import yaml
 
+from .data.transforms import AUGMENTS, is_timm_augment
 from .errors import ConfigError
 from .models import list_models, preset_class
 
@@ -67,7 +68,9 @@ class DataConfig:
     crop_pct: float = 0.875   # rrc: evaluation's center crop (timm's default)
     reprob: float = 0.0       # rrc: random erasing probability (per-pixel noise, as timm's mode='pixel')
     hflip: bool = True
-    augment: Literal["none", "randaugment", "trivialaugment", "autoaugment"] = "none"
+    # none, randaugment, trivialaugment, autoaugment (torchvision's), or a timm spec string: rand-m9-mstd0.5-inc1
+    # (DeiT's RandAugment), augmix-m5-w3, original-mstd0.5, 3a (DeiT III's 3-Augment): timm's own ops.
+    augment: str = "none"
     autoaugment_policy: Literal["cifar10", "imagenet", "svhn"] = "cifar10"
     randaugment_ops: int = 2
     randaugment_magnitude: int = 9
@@ -316,6 +319,8 @@ def _check_values(cfg: Config) -> None:
             need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "an integer >= 0")
         need(0 <= d.randaugment_magnitude <= 30, "data.randaugment_magnitude", d.randaugment_magnitude, "0..30")
         need(d.randaugment_ops >= 1, "data.randaugment_ops", d.randaugment_ops, "an integer >= 1")
+        need(d.augment in AUGMENTS or is_timm_augment(d.augment), "data.augment", d.augment,
+             f"one of {', '.join(AUGMENTS)}, or a timm spec (rand-m9-mstd0.5-inc1, augmix-m5-w3, original, 3a)")
         for key in ("mixup_alpha", "cutmix_alpha"):
             need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "a number >= 0 (0 = off)")
         need(d.loader != "gpu" or d.augment in ("none", "randaugment"), "data.augment", d.augment,

@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torchvision.transforms import v2
 
-__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "AUGMENTS", "resize_images", "normalize", "ModelInput", "train_transform",
+__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "AUGMENTS", "TIMM_AUGMENTS", "is_timm_augment", "timm_augment_hparams",
+           "TimmAugment", "resize_images", "normalize", "ModelInput", "train_transform",
            "eval_transform", "rrc_train_transform", "center_crop_transform", "image_transform", "model_view",
            "create_transform", "decode_size", "decode_upright"]
 
@@ -93,8 +94,79 @@ def _resize(out_size: tuple[int, int] | None) -> list[v2.Transform]:
     return [v2.Resize(out_size, **_RESIZE)] if out_size else []
 
 
+# timm's augmentation specs by their first part (timm.data.auto_augment): RandAugment, AugMix, and the
+# AutoAugment policies (3a: DeiT III's 3-Augment).
+TIMM_AUGMENTS = ("rand", "augmix", "v0", "v0r", "original", "originalr", "3a")
+
+
+def is_timm_augment(augment: str) -> bool:
+    """Whether ``augment`` is a timm spec string (``rand-m9-mstd0.5-inc1``, ``augmix-m5-w3``, ``original``, ``3a``)."""
+    return augment.split("-")[0] in TIMM_AUGMENTS
+
+
+def timm_augment_hparams(size: tuple[int, int], mean: tuple[float, ...]) -> dict[str, Any]:
+    """The hparams timm's ``create_transform`` gives its auto-augmentations: translations up to 45% of the
+    shorter side, fills of the mean colour (0-255), bicubic resampling (timm's ViT recipes' interpolation)."""
+    from PIL import Image
+
+    return dict(translate_const=int(min(size) * 0.45), img_mean=tuple(min(255, round(255 * x)) for x in mean),
+                interpolation=Image.BICUBIC)
+
+
+class TimmAugment:
+    """timm's RandAugment, AugMix or AutoAugment from a spec string, on a uint8 ``(C, H, W)`` image (through
+    PIL, as timm), uint8 out. timm's ops draw from Python's and NumPy's generators: here both are seeded,
+    for each image, from a number drawn from torch's generator, and left as they were after, so the
+    per-image seeding of :func:`~vitlab.data.images.seeded_transform` holds for them too."""
+
+    def __init__(self, spec: str, hparams: dict[str, Any]) -> None:
+        from timm.data.auto_augment import augment_and_mix_transform, auto_augment_transform, rand_augment_transform
+
+        kind = spec.split("-")[0]
+        factory = (rand_augment_transform if kind == "rand" else augment_and_mix_transform if kind == "augmix"
+                   else auto_augment_transform)
+        self.spec, self.transform = spec, factory(spec, dict(hparams))
+        for op in [*getattr(self.transform, "ops", []), *(o for sub in getattr(self.transform, "policy", []) for o in sub)]:
+            if op.name.startswith("Posterize"):
+                op.aug_fn = _posterize
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        import random
+
+        import numpy as np
+
+        seed = int(torch.randint(0, 2 ** 31 - 1, ()))
+        python_state, numpy_state = random.getstate(), np.random.get_state()
+        random.seed(seed)
+        np.random.seed(seed)
+        try:
+            out = self.transform(v2.functional.to_pil_image(image.as_subclass(torch.Tensor)))
+        finally:
+            random.setstate(python_state)
+            np.random.set_state(numpy_state)
+        return torch.from_numpy(np.array(out, dtype=np.uint8)).permute(2, 0, 1).contiguous()
+
+    def __repr__(self) -> str:
+        return f"TimmAugment({self.spec!r})"
+
+
+def _posterize(image: Any, bits_to_keep: int, **_: Any) -> Any:
+    """timm's posterize, also at 0 bits: the black image Pillow gave there before 11 (Pillow 11 refuses 0
+    bits, which timm's increasing posterize reaches at magnitude 10, e.g. RandAugment m9 plus noise)."""
+    from PIL import Image, ImageOps
+
+    if bits_to_keep >= 8:
+        return image
+    if bits_to_keep <= 0:
+        return Image.new(image.mode, image.size)
+    return ImageOps.posterize(image, bits_to_keep)
+
+
 def _augment(augment: str, randaugment_ops: int, randaugment_magnitude: int,
-             autoaugment_policy: str) -> list[v2.Transform]:
+             autoaugment_policy: str, size: tuple[int, int] = (224, 224),
+             mean: tuple[float, ...] = CIFAR10_MEAN) -> list[Any]:
+    if is_timm_augment(augment):
+        return [TimmAugment(augment, timm_augment_hparams(size, mean))]
     if augment == "randaugment":
         return [v2.RandAugment(num_ops=randaugment_ops, magnitude=randaugment_magnitude)]
     if augment == "trivialaugment":
@@ -102,29 +174,31 @@ def _augment(augment: str, randaugment_ops: int, randaugment_magnitude: int,
     if augment == "autoaugment":
         return [v2.AutoAugment(v2.AutoAugmentPolicy(autoaugment_policy))]
     if augment != "none":
-        raise ValueError(f"augment={augment!r}; expected one of {', '.join(AUGMENTS)}")
+        raise ValueError(f"augment={augment!r}; expected one of {', '.join(AUGMENTS)}, or a timm spec "
+                         f"(rand-m9-mstd0.5-inc1, augmix-m5-w3, original, 3a)")
     return []
 
 
 def train_transform(size: tuple[int, int], crop_padding: int = 4, hflip: bool = True, augment: str = "none",
                     randaugment_ops: int = 2, randaugment_magnitude: int = 9, out_size: tuple[int, int] | None = None,
-                    autoaugment_policy: str = "cifar10") -> v2.Compose:
+                    autoaugment_policy: str = "cifar10", mean: tuple[float, ...] = CIFAR10_MEAN) -> v2.Compose:
     """``'pad'``: random crop of ``size`` with zero padding, horizontal flip, ``augment``, a bicubic
     resize to ``out_size`` (the model's input, if it differs from the stored images); uint8 ``(C, H, W)``
-    in and out (:class:`ModelInput` normalizes the batch)."""
+    in and out (:class:`ModelInput` normalizes the batch). ``mean``: the normalization's, the fill colour
+    of timm's augmentations (:func:`timm_augment_hparams`)."""
     ops: list[v2.Transform] = []
     if crop_padding > 0:
         ops.append(v2.RandomCrop(size, padding=crop_padding))
     if hflip:
         ops.append(v2.RandomHorizontalFlip())
-    ops += _augment(augment, randaugment_ops, randaugment_magnitude, autoaugment_policy)
+    ops += _augment(augment, randaugment_ops, randaugment_magnitude, autoaugment_policy, size, mean)
     return v2.Compose(ops + _resize(out_size) + [v2.ToPureTensor()])
 
 
 def rrc_train_transform(size: tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
                         ratio: tuple[float, float] = (3 / 4, 4 / 3), hflip: bool = True, augment: str = "none",
                         randaugment_ops: int = 2, randaugment_magnitude: int = 9,
-                        autoaugment_policy: str = "imagenet") -> v2.Compose:
+                        autoaugment_policy: str = "imagenet", mean: tuple[float, ...] = CIFAR10_MEAN) -> v2.Compose:
     """``'rrc'``: a random resized crop to ``size`` (an area of ``scale`` of the image, an aspect ratio in
     ``ratio``, bicubic), horizontal flip, ``augment``; a PIL image or uint8 ``(C, H, W)`` of any size in,
     uint8 ``(C, *size)`` out (:class:`ModelInput` normalizes the batch and erases at random). A PIL image
@@ -133,7 +207,7 @@ def rrc_train_transform(size: tuple[int, int], scale: tuple[float, float] = (0.0
     ops: list[v2.Transform] = [v2.ToImage(), v2.RandomResizedCrop(size, scale=scale, ratio=ratio, **_RESIZE)]
     if hflip:
         ops.append(v2.RandomHorizontalFlip())
-    ops += _augment(augment, randaugment_ops, randaugment_magnitude, autoaugment_policy)
+    ops += _augment(augment, randaugment_ops, randaugment_magnitude, autoaugment_policy, size, mean)
     return v2.Compose(ops + [v2.ToPureTensor()])
 
 

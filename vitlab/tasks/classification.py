@@ -158,11 +158,12 @@ def _eval_transform(size: tuple[int, int], stored: tuple[int, int] | None, crop_
     return eval_transform(tuple(size) if stored != tuple(size) else None)
 
 
-def _train_transform(d: DataConfig, size: tuple[int, int], stored: tuple[int, int] | None) -> v2.Transform:
+def _train_transform(d: DataConfig, size: tuple[int, int], stored: tuple[int, int] | None,
+                     mean: tuple[float, ...] = CIFAR10_MEAN) -> v2.Transform:
     """Training's per-image transform for images ``stored`` at a size (``'pad'``) or their own (``'rrc'``);
-    uint8 out."""
+    uint8 out. ``mean``: the run's normalization (timm's augmentations fill with it)."""
     augment = dict(hflip=d.hflip, augment=d.augment, randaugment_ops=d.randaugment_ops,
-                   randaugment_magnitude=d.randaugment_magnitude, autoaugment_policy=d.autoaugment_policy)
+                   randaugment_magnitude=d.randaugment_magnitude, autoaugment_policy=d.autoaugment_policy, mean=mean)
     if d.train_crop == "rrc":
         return rrc_train_transform(tuple(size), d.scale, d.ratio, **augment)
     return train_transform(stored, d.crop_padding, out_size=size if stored != tuple(size) else None, **augment)
@@ -213,7 +214,7 @@ def _index_stream(d: DataConfig, split: str, classes: list[str] | None) -> Shard
 def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: int, num_processes: int = 1,
                   process_index: int = 0,
                   classes: list[str] | None = None, splits: tuple[str, ...] = ("train", "val", "test"),
-                  partitions: int = 0) -> tuple[dict[str, ShardStream], list[str]]:
+                  partitions: int = 0, mean: tuple[float, ...] = CIFAR10_MEAN) -> tuple[dict[str, ShardStream], list[str]]:
     """``data.dataset=wds`` or a streamed ``hf``: the streams of the ``splits`` asked for, and the class names. The
     validation images (``data.val_size``) are the heads of the training shards (:func:`spread`), read
     in order for evaluation and passed over by training; ``data.train_subset`` / ``test_subset`` take
@@ -232,7 +233,7 @@ def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: i
     evaluation = _eval_transform(size, stored, crop_pct)
     if "train" in splits:
         streams["train"] = ShardStream(train, [(s, k, k + u) for s, (k, u) in enumerate(zip(held, used))],
-                                       _train_transform(d, size, stored), batch_size, True, stored,
+                                       _train_transform(d, size, stored, mean), batch_size, True, stored,
                                        shuffle_buffer=d.shuffle_buffer, partitions=partitions or d.partitions,
                                        **common)
     if "val" in splits and d.val_size:
@@ -312,7 +313,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                         for name, data in eval_sets.items()}
     else:
         stored = tuple(train_data.images.shape[-2:]) if d.train_crop == "pad" else None
-        transform = _train_transform(d, size, stored)
+        transform = _train_transform(d, size, stored, mean)
         train_set = TensorImageDataset(train_data, transform, seed=t.seed)
         # Workers live for the whole run: forking new ones every epoch from a process with live threads
         # (gloo's, the last iterator's queue feeders) hung a 2-process run inside os.fork(). They read the
@@ -338,7 +339,7 @@ def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model:
     kept = read_json(resume_from / "trainer_state.json").get("data", {}) if resume_from is not None else {}
     streams, classes = shard_streams(d, cfg.train.seed, size, micro_batch // accelerator.num_processes,
                                      accelerator.num_processes, accelerator.process_index,
-                                     partitions=kept.get("partitions", 0))
+                                     partitions=kept.get("partitions", 0), mean=mean)
     _fit_head(cfg, model, classes)
     teacher = _teacher(cfg, len(classes), accelerator)
     train = streams.pop("train")
