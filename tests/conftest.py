@@ -142,3 +142,16 @@ def same_run_records(a: Path, b: Path) -> bool:
     read = lambda run: [{k: v for k, v in json.loads(line).items() if k not in timings}
                         for line in (run / "metrics.jsonl").read_text().splitlines()]
     return read(a) == read(b)
+
+
+def torchrun_worker(launcher: "subprocess.Popen", rank: int) -> int:
+    """The pid of the worker of ``rank`` that ``launcher`` (torchrun) started."""
+    for proc in Path("/proc").iterdir():
+        try:
+            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == launcher.pid and f"RANK={rank}".encode() in environ:
+            return int(proc.name)
+    raise AssertionError(f"no worker of rank {rank}")

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import launch_env, max_weight_diff, reset_accelerate, signal_at_step, tiny_overrides
+from conftest import launch_env, max_weight_diff, reset_accelerate, signal_at_step, tiny_overrides, torchrun_worker
 from helpers.batch_record import global_batches, recording
 from vitlab.config import load_config
 from vitlab.data.transforms import ModelInput
@@ -99,17 +99,6 @@ def _launch(argv: list[str], processes: int, env: dict[str, str]) -> subprocess.
                             text=True, env=env)
 
 
-def _signal_rank_one(launcher: subprocess.Popen) -> None:
-    for proc in Path("/proc").iterdir():
-        try:
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == launcher.pid and b"RANK=1" in environ:
-            os.kill(int(proc.name), signal.SIGTERM)
-
-
 @pytest.mark.parametrize("source", list(SOURCES))
 def test_two_processes_by_two_workers_stopped_in_epoch_two_continue_on_one_by_one_with_the_same_batches(
         source, uninterrupted, tiny_imagefolder, tiny_shards, tmp_path):
@@ -124,7 +113,7 @@ def test_two_processes_by_two_workers_stopped_in_epoch_two_continue_on_one_by_on
     while not (metrics.exists() and metrics.read_text().count('"split": "train"') >= 7):  # inside epoch 2
         assert running.poll() is None, running.communicate()[1][-3000:]
         time.sleep(0.02)
-    _signal_rank_one(running)
+    os.kill(torchrun_worker(running, 1), signal.SIGTERM)  # rank 1 alone
     running.communicate(timeout=300)
     state = json.loads((run_dir / "checkpoints/last/trainer_state.json").read_text())
     assert 6 < state["global_step"] < 12, state  # stopped inside epoch 2

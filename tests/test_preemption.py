@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import launch_env, reset_accelerate, same_run_records, signal_at_step, tiny_overrides
+from conftest import launch_env, reset_accelerate, same_run_records, signal_at_step, tiny_overrides, torchrun_worker
 from vitlab import checkpoint as ckpt
 from vitlab.config import load_config
 from vitlab.data.images import ImageData, TensorImageDataset, train_transform
@@ -474,19 +474,6 @@ def _launch(run_dir: Path, data: Path, *torchrun: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def _worker(launcher: subprocess.Popen, rank: int) -> int:
-    """The pid of the worker of ``rank`` that ``launcher`` (torchrun) started."""
-    for proc in Path("/proc").iterdir():
-        try:
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            environ = (proc / "environ").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        if ppid == launcher.pid and f"RANK={rank}".encode() in environ:
-            return int(proc.name)
-    raise AssertionError(f"no worker of rank {rank}")
-
-
 def _wait_for(condition, launcher: subprocess.Popen, timeout: float = 120) -> None:
     deadline = time.time() + timeout
     while not condition():
@@ -514,7 +501,7 @@ def test_sigterm_to_one_of_two_processes_stops_both_after_one_step_and_the_same_
     launcher = _launch(run_dir, tiny_imagefolder)
     metrics = run_dir / "metrics.jsonl"
     _wait_for(lambda: metrics.exists() and '"split": "train"' in metrics.read_text(), launcher)
-    os.kill(_worker(launcher, 1), signal.SIGTERM)  # only process 1 hears it: the all-reduce tells process 0
+    os.kill(torchrun_worker(launcher, 1), signal.SIGTERM)  # only process 1 hears it: the all-reduce tells process 0
     code, out, err = _finish(launcher)
     assert code != 0 and err.count("exitcode  : 75") + err.count("exitcode: 75") >= 1, err[-3000:]
     assert "stopped by a signal to another process after step" in out  # process 0 prints
@@ -535,7 +522,7 @@ def test_a_killed_worker_under_torchrun_max_restarts_resumes_from_its_step_check
     launcher = _launch(run_dir, tiny_imagefolder, "--max-restarts", "1", "--monitor-interval", "0.2")
     last = run_dir / "checkpoints" / "last" / "trainer_state.json"
     _wait_for(lambda: last.exists() and 0 < ckpt.read_json(last)["epoch_step"], launcher)
-    os.kill(_worker(launcher, 1), signal.SIGKILL)
+    os.kill(torchrun_worker(launcher, 1), signal.SIGKILL)
     code, out, err = _finish(launcher)
     assert code == 0, err[-3000:]
     assert out.count("resumed at epoch") == 1  # the restarted workers continued from a step checkpoint
