@@ -149,6 +149,8 @@ def test_loader_auto_is_the_device_loader_on_cuda_only():
     assert resolve_loader("auto", "none", cpu) == "torch"
     assert resolve_loader("auto", "autoaugment", cuda) == "torch"  # only the DataLoader has AutoAugment
     assert resolve_loader("auto", "trivialaugment", cuda) == "torch"  # and TrivialAugment
+    assert resolve_loader("auto", "rand-m9-mstd0.5-inc1", cuda) == "torch"  # timm's augmentations
+    assert resolve_loader("auto", "randaugment", cuda, color_jitter=0.3) == "torch"  # and color jitter
     assert resolve_loader("auto", "none", cuda, train_crop="rrc") == "torch"  # and random resized crops
     assert resolve_loader("auto", "none", cuda, streamed=True) == "torch"  # and streamed images
     assert resolve_loader("gpu", "none", cpu) == "gpu" and resolve_loader("torch", "none", cuda) == "torch"

@@ -243,3 +243,20 @@ def test_timms_increasing_posterize_at_magnitude_10_gives_the_black_image_not_pi
     assert np.array(black).max() == 0
     outputs = [seeded_transform(augment, image, 0, 1, i) for i in range(40)]  # every op drawn, none fails
     assert sum(int(x.max() == 0) for x in outputs) >= 1
+
+
+def test_color_jitter_is_torchvisions_with_brightness_contrast_and_saturation_of_the_key():
+    # data.color_jitter (timm's --color-jitter, DeiT III's 0.3 with 3-Augment): torchvision's ColorJitter(cj, cj, cj),
+    # after the augmentation, its draws seeded per image.
+    from torchvision.transforms import v2
+
+    from vitlab.data.images import seeded_transform
+    from vitlab.data.transforms import rrc_train_transform, train_transform
+
+    image = torch.from_numpy(np.array(Image.open(PHOTO).convert("RGB").resize((48, 40)))).permute(2, 0, 1)
+    ours = train_transform((40, 48), crop_padding=0, hflip=False, color_jitter=0.4)
+    reference = v2.ColorJitter(0.4, 0.4, 0.4)
+    outputs = [seeded_transform(ours, image, 0, 1, i) for i in range(4)]
+    assert all(torch.equal(o, seeded_transform(reference, image, 0, 1, i)) for i, o in enumerate(outputs))
+    assert not torch.equal(outputs[0], outputs[1]) and not torch.equal(outputs[0], image)
+    assert isinstance(rrc_train_transform((32, 32), color_jitter=0.3).transforms[-2], v2.ColorJitter)

@@ -72,6 +72,7 @@ class DataConfig:
     # (DeiT's RandAugment), augmix-m5-w3, original-mstd0.5, 3a (DeiT III's 3-Augment): timm's own ops.
     augment: str = "none"
     autoaugment_policy: Literal["cifar10", "imagenet", "svhn"] = "cifar10"
+    color_jitter: float = 0.0  # ColorJitter(x, x, x) after the augmentation (timm's --color-jitter; DeiT III: 0.3); 0 = off
     randaugment_ops: int = 2
     randaugment_magnitude: int = 9
     mixup_alpha: float = 0.0
@@ -319,6 +320,9 @@ def _check_values(cfg: Config) -> None:
             need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "an integer >= 0")
         need(0 <= d.randaugment_magnitude <= 30, "data.randaugment_magnitude", d.randaugment_magnitude, "0..30")
         need(d.randaugment_ops >= 1, "data.randaugment_ops", d.randaugment_ops, "an integer >= 1")
+        need(0 <= d.color_jitter <= 1, "data.color_jitter", d.color_jitter, "a number in [0, 1] (0 = off)")
+        need(d.loader != "gpu" or d.color_jitter == 0, "data.color_jitter", d.color_jitter,
+             "0 with data.loader=gpu (color jitter is a DataLoader transform: data.loader=torch)")
         need(d.augment in AUGMENTS or is_timm_augment(d.augment), "data.augment", d.augment,
              f"one of {', '.join(AUGMENTS)}, or a timm spec (rand-m9-mstd0.5-inc1, augmix-m5-w3, original, 3a)")
         for key in ("mixup_alpha", "cutmix_alpha"):

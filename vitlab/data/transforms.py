@@ -164,7 +164,15 @@ def _posterize(image: Any, bits_to_keep: int, **_: Any) -> Any:
 
 def _augment(augment: str, randaugment_ops: int, randaugment_magnitude: int,
              autoaugment_policy: str, size: tuple[int, int] = (224, 224),
-             mean: tuple[float, ...] = CIFAR10_MEAN) -> list[Any]:
+             mean: tuple[float, ...] = CIFAR10_MEAN, color_jitter: float = 0.0) -> list[Any]:
+    """``augment``'s transform, then ``ColorJitter(color_jitter, color_jitter, color_jitter)`` if > 0 (DeiT III
+    jitters after its 3-Augment; timm's create_transform jitters only without an auto-augmentation)."""
+    ops = _auto_augment(augment, randaugment_ops, randaugment_magnitude, autoaugment_policy, size, mean)
+    return ops + ([v2.ColorJitter(color_jitter, color_jitter, color_jitter)] if color_jitter > 0 else [])
+
+
+def _auto_augment(augment: str, randaugment_ops: int, randaugment_magnitude: int, autoaugment_policy: str,
+                  size: tuple[int, int], mean: tuple[float, ...]) -> list[Any]:
     if is_timm_augment(augment):
         return [TimmAugment(augment, timm_augment_hparams(size, mean))]
     if augment == "randaugment":
@@ -181,7 +189,8 @@ def _augment(augment: str, randaugment_ops: int, randaugment_magnitude: int,
 
 def train_transform(size: tuple[int, int], crop_padding: int = 4, hflip: bool = True, augment: str = "none",
                     randaugment_ops: int = 2, randaugment_magnitude: int = 9, out_size: tuple[int, int] | None = None,
-                    autoaugment_policy: str = "cifar10", mean: tuple[float, ...] = CIFAR10_MEAN) -> v2.Compose:
+                    autoaugment_policy: str = "cifar10", mean: tuple[float, ...] = CIFAR10_MEAN,
+                    color_jitter: float = 0.0) -> v2.Compose:
     """``'pad'``: random crop of ``size`` with zero padding, horizontal flip, ``augment``, a bicubic
     resize to ``out_size`` (the model's input, if it differs from the stored images); uint8 ``(C, H, W)``
     in and out (:class:`ModelInput` normalizes the batch). ``mean``: the normalization's, the fill colour
@@ -191,14 +200,15 @@ def train_transform(size: tuple[int, int], crop_padding: int = 4, hflip: bool = 
         ops.append(v2.RandomCrop(size, padding=crop_padding))
     if hflip:
         ops.append(v2.RandomHorizontalFlip())
-    ops += _augment(augment, randaugment_ops, randaugment_magnitude, autoaugment_policy, size, mean)
+    ops += _augment(augment, randaugment_ops, randaugment_magnitude, autoaugment_policy, size, mean, color_jitter)
     return v2.Compose(ops + _resize(out_size) + [v2.ToPureTensor()])
 
 
 def rrc_train_transform(size: tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
                         ratio: tuple[float, float] = (3 / 4, 4 / 3), hflip: bool = True, augment: str = "none",
                         randaugment_ops: int = 2, randaugment_magnitude: int = 9,
-                        autoaugment_policy: str = "imagenet", mean: tuple[float, ...] = CIFAR10_MEAN) -> v2.Compose:
+                        autoaugment_policy: str = "imagenet", mean: tuple[float, ...] = CIFAR10_MEAN,
+                        color_jitter: float = 0.0) -> v2.Compose:
     """``'rrc'``: a random resized crop to ``size`` (an area of ``scale`` of the image, an aspect ratio in
     ``ratio``, bicubic), horizontal flip, ``augment``; a PIL image or uint8 ``(C, H, W)`` of any size in,
     uint8 ``(C, *size)`` out (:class:`ModelInput` normalizes the batch and erases at random). A PIL image
@@ -207,7 +217,7 @@ def rrc_train_transform(size: tuple[int, int], scale: tuple[float, float] = (0.0
     ops: list[v2.Transform] = [v2.ToImage(), v2.RandomResizedCrop(size, scale=scale, ratio=ratio, **_RESIZE)]
     if hflip:
         ops.append(v2.RandomHorizontalFlip())
-    ops += _augment(augment, randaugment_ops, randaugment_magnitude, autoaugment_policy, size, mean)
+    ops += _augment(augment, randaugment_ops, randaugment_magnitude, autoaugment_policy, size, mean, color_jitter)
     return v2.Compose(ops + [v2.ToPureTensor()])
 
 

@@ -163,7 +163,8 @@ def _train_transform(d: DataConfig, size: tuple[int, int], stored: tuple[int, in
     """Training's per-image transform for images ``stored`` at a size (``'pad'``) or their own (``'rrc'``);
     uint8 out. ``mean``: the run's normalization (timm's augmentations fill with it)."""
     augment = dict(hflip=d.hflip, augment=d.augment, randaugment_ops=d.randaugment_ops,
-                   randaugment_magnitude=d.randaugment_magnitude, autoaugment_policy=d.autoaugment_policy, mean=mean)
+                   randaugment_magnitude=d.randaugment_magnitude, autoaugment_policy=d.autoaugment_policy, mean=mean,
+                   color_jitter=d.color_jitter)
     if d.train_crop == "rrc":
         return rrc_train_transform(tuple(size), d.scale, d.ratio, **augment)
     return train_transform(stored, d.crop_padding, out_size=size if stored != tuple(size) else None, **augment)
@@ -261,10 +262,11 @@ def _normalization(cfg: Config, model: nn.Module, resume_from: Path | None) -> t
 
 
 def resolve_loader(loader: str, augment: str, device: torch.device, streamed: bool = False,
-                   train_crop: str = "pad") -> str:
+                   train_crop: str = "pad", color_jitter: float = 0.0) -> str:
     """``data.loader`` made concrete: ``'auto'`` is the device-resident loader on a CUDA device unless
-    the transforms need the DataLoader (AutoAugment, TrivialAugment, random resized crops) or the images
-    are streamed, else ``'torch'`` (why: docs/performance.md, measured on an H100).
+    the transforms need the DataLoader (AutoAugment, TrivialAugment, timm's augmentations, color jitter,
+    random resized crops) or the images are streamed, else ``'torch'`` (why: docs/performance.md,
+    measured on an H100).
 
     Raises:
         ConfigError: if ``'gpu'`` is asked for images that ``data.in_memory=auto`` chose to stream.
@@ -275,7 +277,7 @@ def resolve_loader(loader: str, augment: str, device: torch.device, streamed: bo
                           "data.in_memory=true to keep it in memory anyway")
     if loader != "auto":
         return loader
-    on_device = augment in ("none", "randaugment") and train_crop == "pad" and not streamed
+    on_device = augment in ("none", "randaugment") and train_crop == "pad" and not streamed and not color_jitter
     return "gpu" if device.type == "cuda" and on_device else "torch"
 
 
@@ -302,7 +304,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     test = load_test_data(d, t.seed, size, test_index, keep)
     _fit_head(cfg, model, train_data.classes)
     eval_sets = {"test": test} if val_data is None else {"val": val_data, "test": test}
-    on_device = resolve_loader(d.loader, d.augment, accelerator.device, not keep, d.train_crop) == "gpu"
+    on_device = resolve_loader(d.loader, d.augment, accelerator.device, not keep, d.train_crop, d.color_jitter) == "gpu"
     if on_device:
         shard = dict(device=accelerator.device, seed=t.seed, num_processes=accelerator.num_processes,
                      process_index=accelerator.process_index, size=size)
