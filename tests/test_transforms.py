@@ -260,3 +260,49 @@ def test_color_jitter_is_torchvisions_with_brightness_contrast_and_saturation_of
     assert all(torch.equal(o, seeded_transform(reference, image, 0, 1, i)) for i, o in enumerate(outputs))
     assert not torch.equal(outputs[0], outputs[1]) and not torch.equal(outputs[0], image)
     assert isinstance(rrc_train_transform((32, 32), color_jitter=0.3).transforms[-2], v2.ColorJitter)
+
+
+def test_simple_random_crop_is_deit3s_resize_then_reflect_padded_random_crop():
+    # data.train_crop=src, DeiT III's "simple random crop" (its augment.py): Resize(img_size, bicubic) of the
+    # shorter side, RandomCrop(img_size, padding=4, padding_mode='reflect'), a flip. Written here with
+    # torchvision's v1 transforms on the same resized image and draws: the same crop.
+    from vitlab.data.images import seeded_transform
+    from vitlab.data.transforms import src_train_transform
+
+    image = torch.from_numpy(np.array(Image.open(PHOTO).convert("RGB"))).permute(2, 0, 1)  # 512 wide, 600 high
+    ours = src_train_transform((64, 64), hflip=True)
+    # The resize is vitlab's one rule (torch's antialiased bicubic on uint8; DeiT III resizes PIL images, and
+    # torchvision's v1 on tensors differs from both by a few levels): the crop, padding and flip are v1's.
+    from torchvision.transforms import v2
+
+    resize = v2.Resize(64, interpolation=v2.InterpolationMode.BICUBIC, antialias=True)
+    reference = v1.Compose([v1.RandomCrop(64, padding=4, padding_mode="reflect"), v1.RandomHorizontalFlip()])
+    resized = resize(image)
+    assert tuple(resized.shape) == (3, 75, 64)  # the shorter side (the width, 512 of 600) to 64
+    outputs = []
+    for i in range(8):
+        got = seeded_transform(ours, image, 0, 1, i)
+        assert tuple(got.shape) == (3, 64, 64)
+        assert torch.equal(got, seeded_transform(reference, resized, 0, 1, i)), i
+        outputs.append(got)
+    assert len({o.sum().item() for o in outputs}) > 4  # crops differ
+
+
+def test_an_src_run_trains_on_files_at_their_own_sizes_and_evaluates_by_center_crop(tmp_path):
+    from vitlab.training import train
+
+    rng = np.random.default_rng(0)
+    photo = Image.open(PHOTO).convert("RGB")
+    for split, n in (("train", 4), ("test", 2)):
+        for c in range(3):
+            (tmp_path / "data" / split / f"class_{c}").mkdir(parents=True)
+            for i in range(n):
+                w, h = (int(v) for v in rng.integers(40, 90, 2))
+                photo.resize((w, h)).save(tmp_path / "data" / split / f"class_{c}" / f"{i}.jpg", quality=90)
+    summary = train(load_config(None, tiny_overrides(tmp_path / "data", tmp_path / "run", "data.train_crop=src",
+                                                     "data.in_memory=false", "data.loader=torch", "train.epochs=1",
+                                                     "train.batch_size=4")))
+    reset_accelerate()
+    assert summary["epochs_done"] == 1
+    card = json.loads((tmp_path / "run/checkpoints/last/config.json").read_text())
+    assert card["crop_pct"] == 0.875  # evaluated as the ImageNet-style runs are

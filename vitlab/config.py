@@ -61,7 +61,7 @@ class DataConfig:
     # rrc (ImageNet-style, as timm: a random resized crop of each image at its own size, of an area in
     # `scale` and an aspect ratio in `ratio`; evaluation then resizes the shorter side to
     # img_size / crop_pct and crops the center).
-    train_crop: Literal["pad", "rrc"] = "pad"
+    train_crop: Literal["pad", "rrc", "src"] = "pad"
     crop_padding: int = 4     # pad: random crop with this zero padding; 0 = no crop
     scale: tuple[float, float] = (0.08, 1.0)       # rrc
     ratio: tuple[float, float] = (0.75, 1.3333333333333333)  # rrc
@@ -335,7 +335,7 @@ def _check_values(cfg: Config) -> None:
         need(0 < d.ratio[0] <= d.ratio[1], "data.ratio", list(d.ratio), "[min, max] with 0 < min <= max")
         need(0 < d.crop_pct <= 1, "data.crop_pct", d.crop_pct, "a number in (0, 1]")
         need(0 <= d.reprob <= 1, "data.reprob", d.reprob, "a probability in [0, 1]")
-        need(d.reprob == 0 or d.train_crop == "rrc", "data.reprob", d.reprob,
+        need(d.reprob == 0 or d.train_crop != "pad", "data.reprob", d.reprob,
              "0 with data.train_crop=pad (random erasing comes with the ImageNet-style transforms, train_crop=rrc)")
         need(d.dataset != "wds" or d.in_memory is not True, "data.in_memory", d.in_memory,
              "auto or false with data.dataset=wds (shards are streamed; data.dataset=imagefolder or hf keeps images "

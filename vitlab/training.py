@@ -137,7 +137,7 @@ def _result_neutral(key: str, cfg: Config) -> bool:
     """Whether a change of ``key`` leaves ``cfg``'s numbers as they were: one of :data:`RESULT_NEUTRAL_KEYS`,
     but not ``data.in_memory`` for ImageNet-style crops of files without ``data.decode_size`` (held in
     memory they are stored at the model's input size first; streamed, cropped at their own sizes)."""
-    if key == "data.in_memory" and getattr(cfg.data, "train_crop", "pad") == "rrc" and not cfg.data.decode_size:
+    if key == "data.in_memory" and getattr(cfg.data, "train_crop", "pad") != "pad" and not cfg.data.decode_size:
         return False
     return key in RESULT_NEUTRAL_KEYS
 

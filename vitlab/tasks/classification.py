@@ -16,7 +16,7 @@ from torchvision.transforms import v2
 
 from ..data.images import DeviceImageLoader, ImageData, TensorImageDataset, balanced_indices
 from ..data.transforms import CIFAR10_MEAN, CIFAR10_STD, ModelInput, center_crop_transform, eval_transform, \
-    rrc_train_transform, train_transform
+    rrc_train_transform, src_train_transform, train_transform
 from ..data.shard_stream import ShardLoader, ShardStream, spread
 from ..data.shards import ShardIndex, index_shards
 from ..data.sources import index_split
@@ -37,9 +37,9 @@ __all__ = ["image_classification_task", "resolve_loader", "in_memory", "index_sp
 
 def _decode_size(d: DataConfig, size: tuple[int, int], keep_in_memory: bool = True) -> tuple[int, int] | None:
     """The size image files are decoded at: ``data.decode_size``, else the model's input ``size``; None
-    (each its own size) for images streamed to ImageNet-style transforms (``data.train_crop=rrc``),
+    (each its own size) for images streamed to ImageNet-style transforms (``data.train_crop=rrc`` or ``src``),
     which crop each image by its own size."""
-    if d.train_crop == "rrc" and not keep_in_memory and not d.decode_size:
+    if d.train_crop != "pad" and not keep_in_memory and not d.decode_size:
         return None
     return (d.decode_size, d.decode_size) if d.decode_size else tuple(size)
 
@@ -58,9 +58,9 @@ def in_memory(d: DataConfig, train: SplitIndex, test: SplitIndex, size: tuple[in
     where one is set), shared by the processes started on it, and unless ImageNet-style crops want files
     at their own sizes), and a line that says which and why."""
     h, w = _decode_size(d, size)
-    if d.in_memory == "auto" and d.train_crop == "rrc" and not d.decode_size and train.pixels is None:
+    if d.in_memory == "auto" and d.train_crop != "pad" and not d.decode_size and train.pixels is None:
         return False, (f"data: streamed, decoded at their own sizes by {d.num_workers} DataLoader worker(s): "
-                       f"data.train_crop=rrc crops each image at its own size, and in memory the images would be "
+                       f"data.train_crop={d.train_crop} crops each image at its own size, and in memory the images would be "
                        f"stored at one size, {h} x {w} (data.in_memory=auto; set data.decode_size to keep them in memory "
                        f"at that size)")
     count = (min(d.train_subset + d.val_size, len(train)) if d.train_subset else len(train)) + \
@@ -160,13 +160,15 @@ def _eval_transform(size: tuple[int, int], stored: tuple[int, int] | None, crop_
 
 def _train_transform(d: DataConfig, size: tuple[int, int], stored: tuple[int, int] | None,
                      mean: tuple[float, ...] = CIFAR10_MEAN) -> v2.Transform:
-    """Training's per-image transform for images ``stored`` at a size (``'pad'``) or their own (``'rrc'``);
+    """Training's per-image transform for images ``stored`` at a size (``'pad'``) or their own (``'rrc'``, ``'src'``);
     uint8 out. ``mean``: the run's normalization (timm's augmentations fill with it)."""
     augment = dict(hflip=d.hflip, augment=d.augment, randaugment_ops=d.randaugment_ops,
                    randaugment_magnitude=d.randaugment_magnitude, autoaugment_policy=d.autoaugment_policy, mean=mean,
                    color_jitter=d.color_jitter)
     if d.train_crop == "rrc":
         return rrc_train_transform(tuple(size), d.scale, d.ratio, **augment)
+    if d.train_crop == "src":
+        return src_train_transform(tuple(size), **augment)
     return train_transform(stored, d.crop_padding, out_size=size if stored != tuple(size) else None, **augment)
 
 
@@ -230,7 +232,7 @@ def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: i
     used = spread(d.train_subset, rest) if d.train_subset else rest
     if d.val_size and sum(held) >= len(train):
         raise ConfigError(f"data.val_size={d.val_size} leaves no training images ({train.where} hold {len(train)})")
-    crop_pct = d.crop_pct if d.train_crop == "rrc" else None
+    crop_pct = d.crop_pct if d.train_crop != "pad" else None
     evaluation = _eval_transform(size, stored, crop_pct)
     if "train" in splits:
         streams["train"] = ShardStream(train, [(s, k, k + u) for s, (k, u) in enumerate(zip(held, used))],
@@ -323,7 +325,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         loader_args: dict[str, Any] = dict(num_workers=d.num_workers, pin_memory=accelerator.device.type == "cuda",
                                            persistent_workers=d.num_workers > 0)
         train_loader = DataLoader(train_set, batch_size=micro_batch, shuffle=True, drop_last=True, **loader_args)
-        crop_pct = d.crop_pct if d.train_crop == "rrc" else None
+        crop_pct = d.crop_pct if d.train_crop != "pad" else None
         eval_loaders = {name: DataLoader(eval_dataset(data, size, crop_pct), batch_size=micro_batch,
                                          shuffle=False, **loader_args) for name, data in eval_sets.items()}
     if len(train_loader) == 0:
@@ -402,7 +404,7 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
     mixup = Mixup(mixup_alpha=d.mixup_alpha, cutmix_alpha=d.cutmix_alpha, label_smoothing=t.label_smoothing,
                   num_classes=num_classes) if mixing else None
     criterion = classification_criterion(mixing, t.label_smoothing, t.loss, t.bce_target_thresh)
-    model_input = ModelInput(mean, std, d.reprob if d.train_crop == "rrc" else 0.0)
+    model_input = ModelInput(mean, std, d.reprob if d.train_crop != "pad" else 0.0)
     if teacher is not None:
         distill = DistillationLoss(criterion, teacher, cfg.distill.type, cfg.distill.alpha, cfg.distill.tau,
                                    accelerator.autocast)
@@ -427,7 +429,7 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
 
     meta = {"task": "classification", "classes": classes, "mean": list(mean), "std": list(std),
             **({"decode_size": d.decode_size} if d.decode_size and d.dataset != "cifar10" else {}),
-            **({"crop_pct": d.crop_pct} if d.train_crop == "rrc" else {}),
+            **({"crop_pct": d.crop_pct} if d.train_crop != "pad" else {}),
             **({"exif_transpose": False} if not d.exif_transpose else {}),
             **({"distill": cfg.distill.type, "distilled_from": cfg.distill.teacher} if teacher is not None else {})}
     return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=prepare,
