@@ -287,3 +287,22 @@ def test_text_models_take_the_same_variants_and_cached_decoding_is_exact(variant
     assert torch.equal(cached, full)
     logits = model(src, torch.randint(3, 20, (3, 7)))
     assert logits.shape == (3, 7, 20) and torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("kwargs", [dict(distilled=True), dict(init_values=1e-5, reg_tokens=4, no_embed_class=True)],
+                         ids=["distilled", "deit3-registers"])
+def test_finetuning_from_a_layerscale_register_or_distilled_checkpoint_resets_its_heads_and_keeps_the_rest(
+        kwargs, tmp_path):
+    # model.pretrained from such a model on another label set: every weight but the heads (head, and a
+    # distilled model's head_dist) comes over; the heads start anew for the new classes.
+    from vitlab.models.pretrained import load_pretrained
+
+    torch.manual_seed(0)
+    source = vitlab.create_model("vit_cifar_tiny_patch4_32", num_classes=10, **kwargs)
+    source.save_pretrained(tmp_path / "source")
+    target = vitlab.create_model("vit_cifar_tiny_patch4_32", num_classes=3, **kwargs)
+    load_pretrained(target, str(tmp_path / "source" / "model.safetensors"))  # a weights file, as timm reads one
+    heads = [h for h in ("head", "head_dist") if hasattr(target, h)]
+    assert all(getattr(target, h).out_features == 3 for h in heads)
+    kept = {k: v for k, v in source.state_dict().items() if k.split(".")[0] not in heads}
+    assert all(torch.equal(target.state_dict()[k], v) for k, v in kept.items())

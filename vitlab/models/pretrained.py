@@ -29,7 +29,7 @@ from .vit import VisionTransformer, checkpoint_filter_fn
 
 __all__ = ["load_pretrained", "timm_model"]
 
-_HEAD = ("head.weight", "head.bias")
+_HEAD = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias")  # head_dist: a distilled model's
 
 
 def timm_model(name: str, file: str, key: str = "model.pretrained_file") -> nn.Module:
