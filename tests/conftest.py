@@ -134,6 +134,19 @@ def signal_at_step(monkeypatch: pytest.MonkeyPatch, step: int, signum: int = 15)
     monkeypatch.setattr(training._Loop, "step", step_after_a_signal)
 
 
+def train_until_signal(monkeypatch: pytest.MonkeyPatch, cfg, step: int) -> None:
+    """Train ``cfg`` in this process until SIGTERM comes as optimizer step ``step`` begins
+    (:func:`signal_at_step`): the run finishes that step, checkpoints and raises ``Preempted``."""
+    from vitlab.errors import Preempted
+    from vitlab.training import train
+
+    with monkeypatch.context() as m:
+        signal_at_step(m, step)
+        with pytest.raises(Preempted):
+            train(cfg)
+    reset_accelerate()
+
+
 def same_run_records(a: Path, b: Path) -> bool:
     """Whether two runs' ``metrics.jsonl`` hold the same records, timings left out."""
     import json

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file
 
-from conftest import reset_accelerate, signal_at_step, tiny_overrides
+from conftest import reset_accelerate, tiny_overrides, train_until_signal
 from vitlab.config import load_config
-from vitlab.errors import ConfigError, Preempted
+from vitlab.errors import ConfigError
 from vitlab.tasks.distill import DistillationLoss
 from vitlab.training import train
 
@@ -77,11 +77,7 @@ def test_a_student_distilled_from_a_vitlab_run_keeps_no_teacher_and_resumes_bit_
     card = json.loads((whole / "checkpoints/last/config.json").read_text())
     assert card["distilled_from"] == str(teacher_run) and card["distill"] == "hard"
     cfg = load_config(None, tiny_overrides(tiny_imagefolder, parts, *keys))
-    with monkeypatch.context() as m:
-        signal_at_step(m, 8)
-        with pytest.raises(Preempted):
-            train(cfg)
-    reset_accelerate()
+    train_until_signal(monkeypatch, cfg, 8)
     train(cfg)
     resumed = load_file(str(parts / "checkpoints/last/model.safetensors"))
     assert all(torch.equal(weights[k], resumed[k]) for k in weights)

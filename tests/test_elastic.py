@@ -17,11 +17,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import launch_env, max_weight_diff, reset_accelerate, signal_at_step, tiny_overrides, torchrun_worker
+from conftest import launch_env, max_weight_diff, reset_accelerate, tiny_overrides, torchrun_worker, train_until_signal
 from helpers.batch_record import global_batches, recording
 from vitlab.config import load_config
 from vitlab.data.transforms import ModelInput
-from vitlab.errors import ConfigError, Preempted
+from vitlab.errors import ConfigError
 from vitlab.training import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,12 +78,8 @@ def test_two_workers_stopped_in_epoch_two_continue_on_one_with_the_same_batches_
     run_dir, prefix = tmp_path / "run", tmp_path / "batches"
     monkeypatch.setattr(ModelInput, "__call__", recording(prefix))
     extra = PARTITIONS[source]
-    with monkeypatch.context() as m:
-        signal_at_step(m, 8)  # 6 steps an epoch
-        with pytest.raises(Preempted):
-            train(load_config(None, _overrides(source, (tiny_shards, tiny_imagefolder), run_dir, "data.num_workers=2",
-                                               *extra)))
-    reset_accelerate()
+    train_until_signal(monkeypatch, load_config(None, _overrides(source, (tiny_shards, tiny_imagefolder), run_dir,
+                                                                 "data.num_workers=2", *extra)), 8)  # 6 steps an epoch
     train(load_config(None, _overrides(source, (tiny_shards, tiny_imagefolder), run_dir, "data.num_workers=1",
                                        *extra)))
     assert global_batches(prefix) == expected  # 8 steps on 2 workers, 4 on 1: the whole run's 12
@@ -138,11 +134,7 @@ def test_a_change_of_the_samples_inside_an_epoch_is_refused_in_one_line_and_allo
     # epoch would continue that epoch on other samples than it began with: refused, naming the key.
     run_dir = tmp_path / "run"
     overrides = tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=3")
-    with monkeypatch.context() as m:
-        signal_at_step(m, 8)  # epoch 2, step 2
-        with pytest.raises(Preempted):
-            train(load_config(None, overrides))
-    reset_accelerate()
+    train_until_signal(monkeypatch, load_config(None, overrides), 8)  # epoch 2, step 2
     with pytest.raises(ConfigError) as e:
         train(load_config(None, [*overrides, "train.batch_size=8"]), resume=run_dir)
     assert str(e.value) == (f"--resume {run_dir}/checkpoints/last: train.batch_size 16 -> 8 inside epoch 2 (the "

@@ -34,6 +34,21 @@ def photos(tmp_path_factory) -> list[Path]:
     return files
 
 
+def _tinted_photos(root: Path, train: int, test: int) -> None:
+    """An ImageFolder of JPEGs of the photograph at random sizes (40-89 px a side), class c tinted in channel c."""
+    rng = np.random.default_rng(0)
+    photo = Image.open(PHOTO).convert("RGB")
+    for split, n in (("train", train), ("test", test)):
+        for c in range(3):
+            (root / split / f"class_{c}").mkdir(parents=True)
+            for i in range(n):
+                w, h = (int(v) for v in rng.integers(40, 90, 2))
+                tinted = np.asarray(photo.resize((w, h)), dtype=np.float64) * 0.5
+                tinted[..., c] += 120
+                Image.fromarray(tinted.clip(0, 255).astype(np.uint8)).save(root / split / f"class_{c}" / f"{i}.jpg",
+                                                                           quality=90)
+
+
 @pytest.mark.parametrize("size,crop_pct", [(224, 0.875), (224, 1.0), (96, 0.9)])
 def test_evaluation_pixels_equal_timms_create_transform_on_real_jpegs(photos, size, crop_pct):
     from timm.data import create_transform
@@ -108,17 +123,7 @@ def test_an_imagenet_style_run_streams_random_crops_and_predict_sees_what_evalua
     from vitlab.data.transforms import create_transform
     from vitlab.training import train
 
-    rng = np.random.default_rng(0)
-    photo = Image.open(PHOTO).convert("RGB")
-    for split, n in (("train", 8), ("test", 4)):
-        for c in range(3):
-            (tmp_path / "data" / split / f"class_{c}").mkdir(parents=True)
-            for i in range(n):
-                w, h = (int(v) for v in rng.integers(40, 90, 2))
-                tinted = np.asarray(photo.resize((w, h)), dtype=np.float64) * 0.5
-                tinted[..., c] += 120
-                Image.fromarray(tinted.clip(0, 255).astype(np.uint8)).save(
-                    tmp_path / "data" / split / f"class_{c}" / f"{i}.jpg", quality=90)
+    _tinted_photos(tmp_path / "data", train=8, test=4)
     run = tmp_path / "run"
     summary = train(load_config(None, tiny_overrides(
         tmp_path / "data", run, "data.train_crop=rrc", "data.scale=[0.35,1]", "data.reprob=0.25",
@@ -291,14 +296,7 @@ def test_simple_random_crop_is_deit3s_resize_then_reflect_padded_random_crop():
 def test_an_src_run_trains_on_files_at_their_own_sizes_and_evaluates_by_center_crop(tmp_path):
     from vitlab.training import train
 
-    rng = np.random.default_rng(0)
-    photo = Image.open(PHOTO).convert("RGB")
-    for split, n in (("train", 4), ("test", 2)):
-        for c in range(3):
-            (tmp_path / "data" / split / f"class_{c}").mkdir(parents=True)
-            for i in range(n):
-                w, h = (int(v) for v in rng.integers(40, 90, 2))
-                photo.resize((w, h)).save(tmp_path / "data" / split / f"class_{c}" / f"{i}.jpg", quality=90)
+    _tinted_photos(tmp_path / "data", train=4, test=2)
     summary = train(load_config(None, tiny_overrides(tmp_path / "data", tmp_path / "run", "data.train_crop=src",
                                                      "data.in_memory=false", "data.loader=torch", "train.epochs=1",
                                                      "train.batch_size=4")))
@@ -306,3 +304,10 @@ def test_an_src_run_trains_on_files_at_their_own_sizes_and_evaluates_by_center_c
     assert summary["epochs_done"] == 1
     card = json.loads((tmp_path / "run/checkpoints/last/config.json").read_text())
     assert card["crop_pct"] == 0.875  # evaluated as the ImageNet-style runs are
+
+
+@pytest.mark.parametrize("spec,why", [("rand-zz9", "Unknown RandAugment config section"), ("rand-m9x", "'9x'"),
+                                      ("foo", "not a timm spec")])
+def test_a_timm_spec_timm_cannot_read_is_one_line_when_the_config_is_read(spec, why):
+    with pytest.raises(ConfigError, match=rf"^data.augment='{spec}' is invalid; expected one of none, .*{why}"):
+        load_config(None, [f"data.augment={spec}"])

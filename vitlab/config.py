@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import yaml
 
-from .data.transforms import AUGMENTS, is_timm_augment
+from .data.transforms import AUGMENTS, timm_augment_problem
 from .errors import ConfigError
 from .models import list_models, preset_class
 
@@ -323,8 +323,9 @@ def _check_values(cfg: Config) -> None:
         need(0 <= d.color_jitter <= 1, "data.color_jitter", d.color_jitter, "a number in [0, 1] (0 = off)")
         need(d.loader != "gpu" or d.color_jitter == 0, "data.color_jitter", d.color_jitter,
              "0 with data.loader=gpu (color jitter is a DataLoader transform: data.loader=torch)")
-        need(d.augment in AUGMENTS or is_timm_augment(d.augment), "data.augment", d.augment,
-             f"one of {', '.join(AUGMENTS)}, or a timm spec (rand-m9-mstd0.5-inc1, augmix-m5-w3, original, 3a)")
+        problem = timm_augment_problem(d.augment) if d.augment not in AUGMENTS else None
+        need(problem is None, "data.augment", d.augment, f"one of {', '.join(AUGMENTS)}, or a timm spec "
+             f"(rand-m9-mstd0.5-inc1, augmix-m5-w3, original, 3a); {problem}")
         for key in ("mixup_alpha", "cutmix_alpha"):
             need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "a number >= 0 (0 = off)")
         need(d.loader != "gpu" or d.augment in ("none", "randaugment"), "data.augment", d.augment,

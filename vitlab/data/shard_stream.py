@@ -79,10 +79,10 @@ class ShardStream(IterableDataset):
         self.segments, self.transform, self.size = [s for s in segments if s[2] > s[1]], transform, size
         self.batch_size, self.train, self.seed = batch_size, train, seed
         self.num_processes, self.process_index, self.num_workers = num_processes, process_index, num_workers
-        self.total = sum(stop - start for _, start, stop in self.segments)
         offsets = tuple([0, *itertools.accumulate(index.counts)][:-1])  # each shard's first sample id
         self.plan = EpochPlan(tuple(self.segments), offsets, batch_size * num_processes,
                               partitions or num_processes * max(num_workers, 1), seed, shuffle_buffer)
+        self.total = self.plan.total
         if train:
             self.plan.check(num_processes, index.where)
         # The epoch and the step to start at, in shared memory: workers that live across epochs read them.
@@ -128,12 +128,12 @@ class ShardStream(IterableDataset):
             first = self.plan.offsets[shard]
             yield from ((sid, sample) for sample, sid in zip(self.read(shard, a, b), range(first + a, first + b)))
 
-    def _shuffled_from(self, part: int, passed: int) -> Iterator[tuple[int, dict[str, Any]]]:
+    def _shuffled_from(self, part: int, passed: int, epoch: int) -> Iterator[tuple[int, dict[str, Any]]]:
         """A partition's samples through its shuffle buffer (plan rule 4), from the ``passed``-th on. The
         buffer's draws depend on the samples' number only, so they are replayed on sample ids (nothing
         read) up to ``passed``; then only the samples still in the buffer are read again (from the
         earliest of them on, passed over undecoded) and the rest of the part after them."""
-        plan, epoch = self.plan, self.epoch
+        plan = self.plan
         start, stop = plan.part_range(part)
         rng = random.Random(plan.shuffle_seed(epoch, part))
         if passed == 0:
@@ -151,10 +151,10 @@ class ShardStream(IterableDataset):
         again = {sid: sample for sid, sample in itertools.islice(rest, consumed - earliest) if sid in wanted}
         return shuffle(rest, plan.shuffle_buffer, rng, [(sid, again[sid]) for sid in held])
 
-    def _sample(self, sid: int, sample: dict[str, Any]) -> tuple[Tensor, Tensor]:
+    def _sample(self, sid: int, sample: dict[str, Any], epoch: int) -> tuple[Tensor, Tensor]:
         image = self.decode(sample, self.size)
         if self.transform is not None:
-            image = (seeded_transform(self.transform, image, self.seed, self.epoch, sid) if self.train
+            image = (seeded_transform(self.transform, image, self.seed, epoch, sid) if self.train
                      else self.transform(image))
         return image, (self.labels[sid] if self.labels is not None else torch.tensor(self.label(sample)))
 
@@ -163,17 +163,18 @@ class ShardStream(IterableDataset):
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
         if workers != max(self.loader_workers, 1):
             raise RuntimeError(f"ShardStream built for {self.loader_workers} workers is read by {workers}")
+        epoch, skip = (int(v) for v in self._position)  # read once: the pass's epoch and first step
         if not self.train:
             start, stop = self._eval_range(self.process_index * workers + worker)
             samples = self._read(pieces(self.segments, start, stop))  # the listing's order
             while batch := list(itertools.islice(samples, self.batch_size)):
-                yield default_collate([self._sample(sid, sample) for sid, sample in batch])
+                yield default_collate([self._sample(sid, sample, epoch) for sid, sample in batch])
             return
-        skip, plan = int(self._position[1]), self.plan
+        plan = self.plan
         parts = plan.parts_of_worker(self.process_index, self.num_processes, worker, workers)
-        readers = [(plan.chunk(r), self._shuffled_from(r, skip * plan.chunk(r))) for r in parts]
+        readers = [(plan.chunk(r), self._shuffled_from(r, skip * plan.chunk(r), epoch)) for r in parts]
         for _ in range(skip, plan.steps):
-            chunk = [self._sample(sid, sample) for size, reader in readers
+            chunk = [self._sample(sid, sample, epoch) for size, reader in readers
                      for sid, sample in itertools.islice(reader, size)]
             yield default_collate(chunk)
 

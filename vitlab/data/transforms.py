@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torchvision.transforms import v2
 
-__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "AUGMENTS", "TIMM_AUGMENTS", "is_timm_augment", "timm_augment_hparams",
+__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "AUGMENTS", "TIMM_AUGMENTS", "timm_augment_problem", "timm_augment_hparams",
            "TimmAugment", "src_train_transform", "resize_images", "normalize", "ModelInput", "train_transform",
            "eval_transform", "rrc_train_transform", "center_crop_transform", "image_transform", "model_view",
            "create_transform", "decode_size", "decode_upright"]
@@ -99,9 +99,16 @@ def _resize(out_size: tuple[int, int] | None) -> list[v2.Transform]:
 TIMM_AUGMENTS = ("rand", "augmix", "v0", "v0r", "original", "originalr", "3a")
 
 
-def is_timm_augment(augment: str) -> bool:
-    """Whether ``augment`` is a timm spec string (``rand-m9-mstd0.5-inc1``, ``augmix-m5-w3``, ``original``, ``3a``)."""
-    return augment.split("-")[0] in TIMM_AUGMENTS
+def timm_augment_problem(augment: str) -> str | None:
+    """Why ``augment`` is not a timm spec string timm can build (``rand-m9-mstd0.5-inc1``, ``augmix-m5-w3``,
+    ``original``, ``3a``), or None if it is one: checked when the config is read, before any data."""
+    if augment.split("-")[0] not in TIMM_AUGMENTS:
+        return f"not a timm spec (it starts with one of {', '.join(TIMM_AUGMENTS)})"
+    try:
+        TimmAugment(augment, {})
+    except Exception as e:  # noqa: BLE001 (timm asserts, or fails to read a number)
+        return f"timm cannot read it ({type(e).__name__}: {e})"
+    return None
 
 
 def timm_augment_hparams(size: tuple[int, int], mean: tuple[float, ...]) -> dict[str, Any]:
@@ -173,7 +180,7 @@ def _augment(augment: str, randaugment_ops: int, randaugment_magnitude: int,
 
 def _auto_augment(augment: str, randaugment_ops: int, randaugment_magnitude: int, autoaugment_policy: str,
                   size: tuple[int, int], mean: tuple[float, ...]) -> list[Any]:
-    if is_timm_augment(augment):
+    if augment.split("-")[0] in TIMM_AUGMENTS:
         return [TimmAugment(augment, timm_augment_hparams(size, mean))]
     if augment == "randaugment":
         return [v2.RandAugment(num_ops=randaugment_ops, magnitude=randaugment_magnitude)]

@@ -92,10 +92,12 @@ def _timm_vit_args(model: nn.Module) -> dict:
         norm_layer=_norm_name(blocks[0].norm1) if blocks else "layernorm",
         mlp_layer=mlp_layer,
         act_layer=act,
-        # LayerScale's starting value is not kept by timm; the weights loaded next hold its learned gamma.
-        init_values=float(blocks[0].ls1.init_values) if blocks and not isinstance(blocks[0].ls1, nn.Identity) else None,
+        # LayerScale's starting value: the weights loaded next hold its learned gamma, so any value stands
+        # where timm keeps none (older timm's LayerScale has no init_values).
+        init_values=(float(getattr(blocks[0].ls1, "init_values", 1e-5))
+                     if blocks and not isinstance(blocks[0].ls1, nn.Identity) else None),
         qk_norm=bool(blocks) and not isinstance(blocks[0].attn.q_norm, nn.Identity),
-        reg_tokens=model.num_reg_tokens,
+        reg_tokens=model.reg_token.shape[1] if model.reg_token is not None else 0,
         no_embed_class=model.no_embed_class,
         distilled=_is_distilled(model),
     )
