@@ -156,7 +156,7 @@ def _attention(args: argparse.Namespace) -> None:
 
     model = load_model(args.checkpoint)
     if not isinstance(model, VisionTransformer):
-        raise CheckpointError(f"{args.checkpoint!r} holds a {type(model).__name__}, not an image model; `vitlab "
+        raise CheckpointError(f"{args.checkpoint!r} holds a {type(model).__name__}, not a ViT; `vitlab "
                               f"attention` draws a ViT's attention over images (translations: `vitlab translate "
                               f"--attention`)")
     blocks, heads = len(model.blocks), model.blocks[0].attn.num_heads

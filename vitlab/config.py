@@ -20,6 +20,7 @@ import yaml
 from .data.transforms import AUGMENTS, timm_augment_problem
 from .errors import ConfigError
 from .models import list_models, preset_class
+from .models.timm_classifier import TIMM_PREFIX, TimmClassifier, timm_problem
 
 __all__ = ["ConfigError", "Config", "ModelConfig", "DataConfig", "TextDataConfig", "LMDataConfig", "OptimConfig", "TrainConfig",
            "GenerateConfig", "load_config", "config_to_dict", "save_config"]
@@ -427,6 +428,8 @@ def _build_model_section(raw: dict[str, Any], task: str) -> ModelConfig:
     raw = dict(raw)
     default = _TASK_DEFAULT_MODELS[task]
     name = _coerce("model.name", raw.pop("name", default), str)
+    if name.startswith(TIMM_PREFIX):
+        return _timm_model_section(name, raw, task)
     presets = _task_presets(task)
     if name not in presets:
         raise ConfigError(f"model.name={name!r} is not a {task} preset{_close(name, presets)} "
@@ -443,6 +446,26 @@ def _build_model_section(raw: dict[str, Any], task: str) -> ModelConfig:
             raise ConfigError(f"unknown key model.{key}{_close(key, list(hints) + _MODEL_OPTIONS)} "
                               f"(model keys: {', '.join(_MODEL_OPTIONS)}, {', '.join(hints)})")
         args[key] = _coerce(f"model.{key}", value, hints[key])
+    return ModelConfig(name=name, args=args, **options)
+
+
+def _timm_model_section(name: str, raw: dict[str, Any], task: str) -> ModelConfig:
+    """``model.name: timm:<name>``: timm's classifier; its arguments are timm's, checked by timm when the
+    model is built (before any data is read), those vitlab sets itself (classes, input size) here."""
+    if task != "classification":
+        raise ConfigError(f"model.name={name!r}: timm models are image classifiers, and this is a {task} config")
+    problem = timm_problem(name.removeprefix(TIMM_PREFIX))
+    if problem:
+        raise ConfigError(f"model.name={name!r}: {problem}")
+    option_types = typing.get_type_hints(ModelConfig)
+    options = {key: _coerce(f"model.{key}", raw.pop(key), option_types[key])
+               for key in _MODEL_OPTIONS[1:] if key in raw}
+    args = dict(raw.pop("args", {}) or {})
+    args.update(raw)
+    hints = typing.get_type_hints(TimmClassifier.__init__)
+    for key in ("num_classes", "img_size", "in_chans"):
+        if key in args:
+            args[key] = _coerce(f"model.{key}", args[key], hints[key])
     return ModelConfig(name=name, args=args, **options)
 
 

@@ -17,7 +17,6 @@ from torch.utils.data import DataLoader
 from .checkpoint import load_model, read_json, resolve_checkpoint, write_json
 from .config import Config, load_config
 from .errors import ConfigError
-from .models import VisionTransformer
 from .training import create_accelerator
 from .visualize import plot_confusion_matrix, plot_mistakes, save_figure
 
@@ -34,7 +33,7 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: 
     directory = resolve_checkpoint(checkpoint)
     cfg = load_config(directory / "run_config.yaml", overrides)
     model = load_model(directory, use_ema=use_ema)
-    run = (_evaluate_classifier if isinstance(model, VisionTransformer) else _evaluate_lm if cfg.task == "lm"
+    run = (_evaluate_classifier if cfg.task == "classification" else _evaluate_lm if cfg.task == "lm"
            else _evaluate_seq2seq)
     metrics = run(directory, cfg, model, split, batch_size, Path(output) if output else None)
     if record and PartialState().is_main_process:

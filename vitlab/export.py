@@ -7,8 +7,8 @@ What is exported is the model's ``forward``:
 ================== ============================================ =====================================
 model              inputs                                       output
 ================== ============================================ =====================================
-VisionTransformer  ``images`` float32 ``(batch, C, H, W)``,      ``logits`` ``(batch, classes)``
-                   normalised as ``model.pretrained_cfg`` says
+VisionTransformer, ``images`` float32 ``(batch, C, H, W)``,      ``logits`` ``(batch, classes)``
+TimmClassifier     normalised as ``model.pretrained_cfg`` says
 Seq2SeqTransformer ``src`` int64 ``(batch, src_len)``,           ``logits`` ``(batch, tgt_len, vocab)``
                    ``tgt`` int64 ``(batch, tgt_len)`` (teacher   (padding = ``pad_id`` is masked)
                    forcing; decode step by step by growing tgt)
@@ -30,7 +30,8 @@ from torch import Tensor, nn
 from torch.export import Dim
 
 from .errors import CheckpointError, ConfigError
-from .models import GPT, RNNSeq2Seq, Seq2SeqTransformer, VisionTransformer
+from .models import GPT, RNNSeq2Seq, Seq2SeqTransformer
+from .models.hub import image_input_size
 
 __all__ = ["export_model", "example_inputs", "FORMATS"]
 
@@ -42,8 +43,8 @@ def example_inputs(model: nn.Module) -> tuple[tuple[Tensor, ...], tuple[dict[int
     """Example inputs of ``model.forward``, their dynamic dimensions and names (batch 2)."""
     batch = Dim("batch", min=1, max=65536)
     device = next(model.parameters()).device
-    if isinstance(model, VisionTransformer):
-        c, (h, w) = model.patch_embed.in_chans, model.patch_embed.img_size
+    if image_input_size(model) is not None:
+        c, h, w = image_input_size(model)
         return (torch.randn(2, c, h, w, device=device),), ({0: batch},), ["images"]
     if isinstance(model, Seq2SeqTransformer):
         longest = model.pos_encoding.shape[0]
@@ -65,7 +66,7 @@ def example_inputs(model: nn.Module) -> tuple[tuple[Tensor, ...], tuple[dict[int
 
 def _check_inputs(model: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
     """Inputs of another batch size (and lengths) than the example's, with padding for a text model."""
-    if isinstance(model, VisionTransformer):
+    if image_input_size(model) is not None:
         return (torch.randn(3, *args[0].shape[1:], device=args[0].device),)
     grown = tuple(torch.cat([a, a[:1]], 0) for a in args)
     if isinstance(model, Seq2SeqTransformer):

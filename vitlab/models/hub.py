@@ -32,7 +32,7 @@ from ..errors import CheckpointError
 
 __all__ = ["HubMixin", "CONFIG_NAME", "WEIGHTS_NAME", "TOKENIZER_NAME", "read_json", "write_json", "load_tensors",
            "weights_for_saving", "load_weights", "write_model_files", "load_model_dir",
-           "resolve_checkpoint", "OLD_SUFFIX", "load_model"]
+           "resolve_checkpoint", "OLD_SUFFIX", "load_model", "image_input_size"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -167,6 +167,16 @@ def write_model_files(model: nn.Module, directory: Path, meta: dict[str, Any], p
                                          "model_args": _model_args(model), "has_ema": ema is not None, **meta})
 
 
+def image_input_size(model: nn.Module) -> tuple[int, int, int] | None:
+    """``(channels, height, width)`` of the images an image model takes (a ViT's patch embedding's, a timm
+    classifier's ``in_chans`` and ``img_size``); None for a text model."""
+    model = getattr(model, "_orig_mod", model)
+    source = getattr(model, "patch_embed", model)
+    if not hasattr(source, "img_size"):
+        return None
+    return (source.in_chans, *source.img_size)
+
+
 def _meta_of(model: nn.Module) -> dict[str, Any]:
     """What a loaded or trained model's ``pretrained_cfg`` says beyond the architecture, as ``config.json`` keys."""
     cfg = getattr(model, "pretrained_cfg", None) or {}
@@ -199,8 +209,9 @@ def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], 
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{str(config_file)!r} holds invalid model arguments: {e}") from None
     load_weights(model, directory / ("ema.safetensors" if use_ema and meta.get("has_ema") else WEIGHTS_NAME))
-    if hasattr(model, "patch_embed"):  # an image model
-        cfg: dict[str, Any] = {"input_size": (model.patch_embed.in_chans, *model.patch_embed.img_size)}
+    input_size = image_input_size(model)
+    if input_size is not None:  # an image model
+        cfg: dict[str, Any] = {"input_size": input_size}
         cfg.update({k: tuple(meta[k]) for k in ("mean", "std") if k in meta})
         if "classes" in meta:
             cfg["label_names"] = list(meta["classes"])

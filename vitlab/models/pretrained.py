@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from ..errors import CheckpointError
 from .hub import CONFIG_NAME, load_model_dir, read_json, resolve_checkpoint
 from .interop import from_timm
+from .timm_classifier import TIMM_PREFIX, TimmClassifier
 from .vit import VisionTransformer, checkpoint_filter_fn
 
 __all__ = ["load_pretrained", "timm_model"]
@@ -33,7 +34,8 @@ _HEAD = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias")  # he
 
 
 def timm_model(name: str, file: str, key: str = "model.pretrained_file") -> nn.Module:
-    """timm's ``name`` with its pretrained weights: fetched by timm, or read from ``file`` (offline).
+    """timm's ``name`` with its pretrained weights: fetched by timm, or read from ``file`` (offline; a
+    head of the file's number of classes, as a fine-tuned model or a vitlab ``timm:<name>`` run has).
 
     A file is loaded here the way timm's ``load_pretrained`` loads a local file (its ``load_state_dict``,
     then the model module's ``checkpoint_filter_fn``) rather than through
@@ -56,15 +58,30 @@ def timm_model(name: str, file: str, key: str = "model.pretrained_file") -> nn.M
     filter_fn = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
     if filter_fn is not None:
         state = filter_fn(state, model)
+    heads = model.pretrained_cfg.get("classifier") or ()
+    for head in (heads,) if isinstance(heads, str) else heads:  # a head of the file's classes (a fine-tuned model's)
+        weight = state.get(f"{head}.weight")
+        if weight is not None and weight.shape[0] != model.num_classes:
+            model.reset_classifier(weight.shape[0])
+            break
     try:
         model.load_state_dict(state)
     except RuntimeError as e:
-        raise CheckpointError(f"{key}={file!r} does not hold timm's {name!r}: "
-                              f"{str(e).splitlines()[0]}") from None
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        raise CheckpointError(f"{key}={file!r} does not hold timm's {name!r}: {' '.join(lines[1:2] or lines)[:300]}"
+                              ) from None
     return model
 
 
-def _from_timm(name: str, file: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
+def _head_keys(model: nn.Module) -> tuple[str, ...]:
+    """The weights of ``model``'s classifier heads: reset, not loaded, when the classes differ."""
+    if not isinstance(model, TimmClassifier):
+        return _HEAD
+    heads = model.model.pretrained_cfg.get("classifier") or ()
+    return tuple(f"{h}.{p}" for h in ((heads,) if isinstance(heads, str) else heads) for p in ("weight", "bias"))
+
+
+def _from_timm(name: str, file: str, convert: bool = True) -> tuple[dict[str, Tensor], dict[str, Any]]:
     try:
         reference = timm_model(name, file)
     except RuntimeError as e:
@@ -74,12 +91,12 @@ def _from_timm(name: str, file: str) -> tuple[dict[str, Tensor], dict[str, Any]]
     except OSError as e:  # no network, no cache: huggingface_hub's errors are OSErrors
         raise CheckpointError(f"could not fetch timm's weights for {name!r} ({type(e).__name__}); without network, "
                               f"download them elsewhere and set model.pretrained_file=<the .safetensors file>") from None
+    cfg = reference.pretrained_cfg
     try:
-        converted = from_timm(reference)
+        state = from_timm(reference).state_dict() if convert else reference.state_dict()
     except ValueError as e:
         raise CheckpointError(f"model.pretrained=timm:{name}: {e}") from None
-    cfg = reference.pretrained_cfg
-    return converted.state_dict(), {"mean": tuple(cfg["mean"]), "std": tuple(cfg["std"])}
+    return state, {"mean": tuple(cfg["mean"]), "std": tuple(cfg["std"])}
 
 
 def _from_file(path: Path, model_name: str | None) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -92,14 +109,14 @@ def _from_file(path: Path, model_name: str | None) -> tuple[dict[str, Tensor], d
         raise CheckpointError(f"could not read weights from {str(path)!r}: {e}") from None
     # A bare file says nothing about normalisation: timm's default config of the same name if timm has
     # one (vitlab's ImageNet presets have timm's names), else ImageNet's statistics.
-    cfg = get_pretrained_cfg(model_name) if model_name else None
+    cfg = get_pretrained_cfg(model_name.removeprefix(TIMM_PREFIX)) if model_name else None
     mean, std = (cfg.mean, cfg.std) if cfg is not None else (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)
     return state, {"mean": tuple(mean), "std": tuple(std)}
 
 
-def _from_vitlab(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
+def _from_vitlab(path: Path, cls: type[nn.Module]) -> tuple[dict[str, Tensor], dict[str, Any]]:
     directory = resolve_checkpoint(path)
-    source = load_model_dir(VisionTransformer, directory, read_json(directory / CONFIG_NAME))
+    source = load_model_dir(cls, directory, read_json(directory / CONFIG_NAME))
     cfg = source.pretrained_cfg
     if "mean" not in cfg:
         raise CheckpointError(f"{str(directory)!r} does not say how its images were normalised (no mean/std in "
@@ -107,11 +124,11 @@ def _from_vitlab(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
     return source.state_dict(), {"mean": cfg["mean"], "std": cfg["std"]}
 
 
-def load_pretrained(model: VisionTransformer, source: str, file: str = "", model_name: str | None = None) -> dict[str, Any]:
+def load_pretrained(model: nn.Module, source: str, file: str = "", model_name: str | None = None) -> dict[str, Any]:
     """Load pretrained weights into ``model`` in place; returns ``{"mean", "std", "source"}``.
 
     Args:
-        model: The ViT to fill, already built for the new task.
+        model: The ViT (or :class:`TimmClassifier`) to fill, already built for the new task.
         source: ``timm:<name>``, a weights file, or a vitlab run / checkpoint / ``save_pretrained`` directory.
         file: With ``timm:<name>``, a local copy of timm's weights for that name (offline).
         model_name: The preset ``model`` was built from (for a bare file's normalisation).
@@ -119,24 +136,26 @@ def load_pretrained(model: VisionTransformer, source: str, file: str = "", model
     Raises:
         CheckpointError: if the weights cannot be had, or do not fit ``model`` (other than its head).
     """
+    vit = not isinstance(model, TimmClassifier)  # a timm model loads timm's weights as they are
     if source.startswith("timm:"):
-        state, cfg = _from_timm(source.removeprefix("timm:"), file)
+        state, cfg = _from_timm(source.removeprefix("timm:"), file, convert=vit)
     else:
         path = Path(source).expanduser()
         if path.is_dir():
-            state, cfg = _from_vitlab(path)
+            state, cfg = _from_vitlab(path, type(model))
         elif path.is_file():
             state, cfg = _from_file(path, model_name)
         else:
             raise CheckpointError(f"model.pretrained={source!r} is neither timm:<name>, a weights file nor a "
                                   f"vitlab run or save_pretrained directory")
-    state = checkpoint_filter_fn(state, model)  # resample pos_embed to the model's patch grid
-    own = model.state_dict()
-    reset_head = any(k in own and (k not in state or state[k].shape != own[k].shape) for k in _HEAD)
-    state = {k: v for k, v in state.items() if not (k in _HEAD and (reset_head or k not in own))}
+    if vit:
+        state = checkpoint_filter_fn(state, model)  # resample pos_embed to the model's patch grid
+    own, head = model.state_dict(), _head_keys(model)
+    reset_head = any(k in own and (k not in state or state[k].shape != own[k].shape) for k in head)
+    state = {k: v for k, v in state.items() if not (k in head and (reset_head or k not in own))}
     mismatched = [f"{k} {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in state.items()
                   if k in own and v.shape != own[k].shape]
-    missing = [k for k in own if k not in state and not (reset_head and k in _HEAD)]
+    missing = [k for k in own if k not in state and not (reset_head and k in head)]
     unexpected = [k for k in state if k not in own]
     if mismatched or missing or unexpected:
         found = "; ".join(f"{what} {names[:4]}" for what, names in

@@ -5,7 +5,8 @@ presets run on 32x32 images cut into 4x4 patches (64 patch tokens + CLS = 65 tok
 ``transformer_*`` presets are text encoder-decoders (:class:`vitlab.models.Seq2SeqTransformer`); they
 need ``src_vocab_size`` and ``tgt_vocab_size``, as do the ``rnn_attention_*`` RNN encoder-decoders
 (:class:`vitlab.models.RNNSeq2Seq`). The ``gpt_*`` presets are decoder-only language models
-(:class:`vitlab.models.GPT`); they need ``vocab_size``.
+(:class:`vitlab.models.GPT`); they need ``vocab_size``. ``timm:<name>`` is timm's image classifier
+``<name>`` (:class:`vitlab.models.TimmClassifier`), built without pretrained weights.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from torch import nn
 
 from .gpt import GPT
 from .rnn import RNNSeq2Seq
+from .timm_classifier import TIMM_PREFIX, TimmClassifier
 from .transformer import Seq2SeqTransformer
 from .vit import VisionTransformer
 
@@ -85,7 +87,10 @@ def list_models(pattern: str = "*") -> list[str]:
 
 
 def preset_class(name: str) -> type[nn.Module]:
-    """The class preset ``name`` builds: ``VisionTransformer``, ``Seq2SeqTransformer``, ``RNNSeq2Seq`` or ``GPT``."""
+    """The class preset ``name`` builds: ``VisionTransformer``, ``Seq2SeqTransformer``, ``RNNSeq2Seq`` or ``GPT``
+    (``TimmClassifier`` for ``timm:<name>``)."""
+    if name.startswith(TIMM_PREFIX):
+        return TimmClassifier
     if name not in _PRESETS:
         close = difflib.get_close_matches(name, _PRESETS, n=3, cutoff=0.4)
         hint = f"did you mean {', '.join(close)}? " if close else ""
@@ -95,7 +100,8 @@ def preset_class(name: str) -> type[nn.Module]:
     return RNNSeq2Seq if name in _RNN_PRESETS else GPT if name in _LM_PRESETS else VisionTransformer
 
 
-_CLASSES: dict[str, type[nn.Module]] = {c.__name__: c for c in (VisionTransformer, Seq2SeqTransformer, RNNSeq2Seq, GPT)}
+_CLASSES: dict[str, type[nn.Module]] = {c.__name__: c for c in (VisionTransformer, Seq2SeqTransformer, RNNSeq2Seq, GPT,
+                                                                 TimmClassifier)}
 
 
 def model_class(architecture: str) -> type[nn.Module]:
@@ -106,8 +112,11 @@ def model_class(architecture: str) -> type[nn.Module]:
 
 
 def model_args(name: str, **overrides: Any) -> dict[str, Any]:
-    """The constructor arguments of preset ``name`` with ``overrides`` applied."""
+    """The constructor arguments of preset ``name`` with ``overrides`` applied (for ``timm:<name>``, timm's
+    model ``<name>`` and the overrides, which timm checks when it builds the model)."""
     cls = preset_class(name)
+    if cls is TimmClassifier:
+        return {"name": name.removeprefix(TIMM_PREFIX), **overrides}
     allowed = tuple(inspect.signature(cls).parameters)
     unknown = [k for k in overrides if k not in allowed]
     if unknown:
@@ -118,7 +127,8 @@ def model_args(name: str, **overrides: Any) -> dict[str, Any]:
 def create_model(name: str, pretrained: bool = False, **overrides: Any) -> nn.Module:
     """Build preset ``name`` (see :func:`list_models`), with any ``VisionTransformer`` argument overridden.
 
-    Example: ``create_model('vit_small_patch16_224', num_classes=10, drop_path_rate=0.1)``.
+    Example: ``create_model('vit_small_patch16_224', num_classes=10, drop_path_rate=0.1)``; any timm
+    classifier: ``create_model('timm:resnet18', num_classes=10, img_size=32)``.
     vitlab ships no pretrained weights: for timm's, use
     ``vitlab.interop.from_timm(timm.create_model(name, pretrained=True))``.
     """
@@ -128,7 +138,8 @@ def create_model(name: str, pretrained: bool = False, **overrides: Any) -> nn.Mo
             f"vitlab.interop.from_timm(timm.create_model({name!r}, pretrained=True))")
     args = model_args(name, **overrides)
     cls = preset_class(name)
-    missing = [k for k, p in inspect.signature(cls).parameters.items() if p.default is p.empty and k not in args]
+    missing = [k for k, p in inspect.signature(cls).parameters.items()
+               if p.default is p.empty and p.kind != p.VAR_KEYWORD and k not in args]
     if missing:
         raise ValueError(f"model {name!r} needs {', '.join(missing)} (e.g. create_model({name!r}, "
                          f"{', '.join(f'{k}=...' for k in missing)}))")

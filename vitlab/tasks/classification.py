@@ -22,7 +22,7 @@ from ..data.shards import ShardIndex, index_shards
 from ..data.sources import index_split
 from ..data.split import SplitIndex
 from ..errors import ConfigError, DataError
-from ..models.hub import read_json
+from ..models.hub import image_input_size, read_json
 from ..models.pretrained import load_pretrained
 from .base import TaskSetup, build_model
 from .distill import DistillationLoss, load_teacher
@@ -295,7 +295,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                           f"{micro_batch // accelerator.num_processes}")
     model = build_model(cfg)
     mean, std = _normalization(cfg, model, resume_from)
-    size = model.patch_embed.img_size
+    size = image_input_size(model)[1:]
     if streamed_in_shards(d):
         return _shards_task(cfg, accelerator, micro_batch, model, mean, std, size, resume_from)
     train_index, test_index = index_splits(d)  # labels checked before any image is decoded

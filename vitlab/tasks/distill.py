@@ -63,10 +63,29 @@ class DistillationLoss(nn.Module):
         return base * (1 - self.alpha) + distill * self.alpha
 
 
+def _from_weights_file(path: Path, where: str) -> nn.Module:
+    """A vitlab checkpoint's ``model.safetensors`` or ``ema.safetensors``, built from the ``config.json`` beside it."""
+    from ..models.hub import CONFIG_NAME, load_model_dir, read_json
+    from ..models.registry import model_class
+
+    config = path.parent / CONFIG_NAME
+    if path.name not in ("model.safetensors", "ema.safetensors") or not config.is_file():
+        raise ConfigError(f"{where} is a weights file without the {CONFIG_NAME} beside it that says its architecture; "
+                          f"for timm's weights set distill.teacher=timm:<name> and distill.teacher_file={str(path)!r}, "
+                          f"else give the vitlab run or checkpoint directory")
+    try:
+        meta = read_json(config)
+        return load_model_dir(model_class(meta.get("architecture", "")), path.parent, meta,
+                              use_ema=path.name == "ema.safetensors")
+    except (CheckpointError, ValueError) as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
 def load_teacher(source: str, file: str, num_classes: int, device: torch.device | str) -> nn.Module:
     """The teacher ``source`` names (``distill.teacher``), frozen in evaluation mode on ``device``:
-    ``timm:<name>`` (timm's pretrained weights, or ``file``: a local copy of them), or a vitlab run,
-    checkpoint or ``save_pretrained`` directory (its EMA weights where it kept them).
+    ``timm:<name>`` (timm's pretrained weights, or ``file``: a local copy of them, or the weights of a
+    ``timm:<name>`` model vitlab trained), a vitlab run, checkpoint or ``save_pretrained`` directory (its EMA
+    weights where it kept them), or a checkpoint's ``model.safetensors`` / ``ema.safetensors``.
 
     Raises:
         ConfigError: one line, if the teacher cannot be had, or gives other than ``num_classes`` classes.
@@ -87,6 +106,8 @@ def load_teacher(source: str, file: str, num_classes: int, device: torch.device 
             teacher = load_model(Path(source).expanduser())
         except CheckpointError as e:
             raise ConfigError(f"{where}: {e}") from None
+    elif Path(source).expanduser().is_file():
+        teacher = _from_weights_file(Path(source).expanduser(), where)
     else:
         raise ConfigError(f"{where} is neither timm:<name> nor a vitlab run, checkpoint or save_pretrained "
                           f"directory")

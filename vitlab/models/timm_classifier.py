@@ -1,0 +1,118 @@
+"""Any timm image classifier as a vitlab model: ``create_model('timm:resnet18', num_classes=10, img_size=32)``,
+``model.name: timm:<name>`` in a config.
+
+:class:`TimmClassifier` holds ``timm.create_model(name, pretrained=False, ...)`` and adds what vitlab's
+training, checkpoints and inference need: the input size its images are prepared at (``img_size``; timm's
+default input size of ``name`` unless given), ``save_pretrained`` / ``load_model``, and ``config.json``'s
+arguments. Its state dict is timm's own, under timm's names (no wrapper prefix), so a vitlab checkpoint's
+``model.safetensors`` is a timm weights file: ``timm.create_model(name, num_classes=...)`` loads it, and
+``distill.teacher=timm:<name>`` with ``distill.teacher_file`` reads it as a teacher.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .hub import HubMixin
+
+__all__ = ["TimmClassifier", "TIMM_PREFIX", "timm_problem"]
+
+TIMM_PREFIX = "timm:"
+
+
+def timm_problem(name: str) -> str | None:
+    """Why ``timm:<name>`` is not a timm model (one line, with timm's close names), or None if it is."""
+    import difflib
+
+    import timm
+
+    if timm.is_model(name):
+        return None
+    close = difflib.get_close_matches(name, timm.list_models(), n=3, cutoff=0.6)
+    hint = f"; did you mean {', '.join(TIMM_PREFIX + c for c in close)}?" if close else \
+        " (timm.list_models() lists them)"
+    return f"timm has no model {name!r}{hint}"
+
+
+class TimmClassifier(nn.Module, HubMixin):
+    """timm's classifier ``name``, built without pretrained weights, with vitlab's model interface.
+
+    Args:
+        name: A timm model name (``timm.list_models()``), without the ``timm:`` prefix.
+        num_classes: Classes of the head.
+        img_size: The side (or ``(height, width)``) of the images it is given; None: timm's default input
+            size of ``name``. Passed on to timm where the model takes it (its ViTs); a convnet takes any size.
+        in_chans: Input channels.
+        **kwargs: Any other argument of timm's model (``drop_rate``, ``drop_path_rate``, ...).
+
+    Shapes: images ``(B, in_chans, H, W)`` → logits ``(B, num_classes)``.
+    """
+
+    def __init__(self, name: str, num_classes: int = 1000, img_size: int | tuple[int, int] | None = None,
+                 in_chans: int = 3, **kwargs: Any) -> None:
+        super().__init__()
+        import timm
+
+        problem = timm_problem(name)
+        if problem:
+            raise ValueError(problem)
+        args = dict(num_classes=num_classes, in_chans=in_chans, **kwargs)
+        try:
+            try:
+                self.model = timm.create_model(name, pretrained=False, **args,
+                                               **({} if img_size is None else {"img_size": img_size}))
+            except TypeError as e:
+                if img_size is None or "img_size" not in str(e):
+                    raise
+                self.model = timm.create_model(name, pretrained=False, **args)  # a convnet: any input size
+        except TypeError as e:  # an argument timm's model does not take
+            raise ValueError(f"timm's {name!r}: {e}") from None
+        if img_size is None:
+            img_size = tuple(self.model.pretrained_cfg["input_size"][1:])
+        self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        self.in_chans = in_chans
+        self.config: dict[str, Any] = dict(name=name, num_classes=num_classes, img_size=self.img_size,
+                                           in_chans=in_chans, **kwargs)
+        self.pretrained_cfg: dict[str, Any] = {"input_size": (in_chans, *self.img_size)}
+        # timm's names in the state dict: drop the "model." of this wrapper on the way out, add it on the way in.
+        self._register_state_dict_hook(_drop_prefix)
+        self._register_load_state_dict_pre_hook(_add_prefix)
+
+    @property
+    def num_classes(self) -> int:
+        return self.model.num_classes
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``(B, C, H, W)`` images → ``(B, num_classes)`` logits."""
+        return self.model(x)
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A new head of ``num_classes``, initialised as timm initialises it."""
+        self.model.reset_classifier(num_classes)
+        self.config["num_classes"] = num_classes
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """timm's gradient checkpointing of the model's stages (where the model has it)."""
+        if enable or hasattr(self.model, "set_grad_checkpointing"):
+            self.model.set_grad_checkpointing(enable)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """timm's parameters kept out of weight decay (positional embeddings and tokens), under this module's names."""
+        names = self.model.no_weight_decay() if hasattr(self.model, "no_weight_decay") else set()
+        return {f"model.{n}" for n in names}
+
+
+def _drop_prefix(module: nn.Module, state: dict[str, Tensor], prefix: str, local_metadata: Any) -> None:
+    inner = prefix + "model."
+    for key in [k for k in state if k.startswith(inner)]:
+        state[prefix + key[len(inner):]] = state.pop(key)
+
+
+def _add_prefix(state: dict[str, Tensor], prefix: str, local_metadata: Any, strict: bool, missing: list[str],
+                unexpected: list[str], error_msgs: list[str]) -> None:
+    inner = prefix + "model."
+    for key in [k for k in state if k.startswith(prefix) and not k.startswith(inner)]:
+        state[inner + key[len(prefix):]] = state.pop(key)
