@@ -111,6 +111,11 @@ class DataConfig:
     # disk), its data files streamed as wds shards are (the same guarantees: every sample once an epoch,
     # resumable to the sample).
     streaming: bool = False
+    # Repeated augmentation (DeiT: 3; timm's --aug-repeats): each chosen image this many times an epoch,
+    # each copy augmented independently, the copies on different processes; the epoch keeps its length
+    # (N // 256 * 256 samples), so it sees about N / aug_repeats distinct images. 1 = off. Images read by
+    # index (in memory or streamed folders and hf splits), through the DataLoader.
+    aug_repeats: int = 1
 
 
 @dataclass
@@ -321,6 +326,12 @@ def _check_values(cfg: Config) -> None:
             need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "an integer >= 0")
         need(0 <= d.randaugment_magnitude <= 30, "data.randaugment_magnitude", d.randaugment_magnitude, "0..30")
         need(d.randaugment_ops >= 1, "data.randaugment_ops", d.randaugment_ops, "an integer >= 1")
+        need(d.aug_repeats >= 1, "data.aug_repeats", d.aug_repeats, "an integer >= 1 (1 = off; DeiT: 3)")
+        need(d.aug_repeats == 1 or d.loader != "gpu", "data.aug_repeats", d.aug_repeats,
+             "1 with data.loader=gpu (repeated augmentation orders the DataLoader's samples: data.loader=torch)")
+        need(d.aug_repeats == 1 or not (d.dataset == "wds" or d.streaming), "data.aug_repeats", d.aug_repeats,
+             "1 with shards (data.dataset=wds, data.streaming=true): a stream reads each sample once; repeated "
+             "augmentation needs images read by index (imagefolder, hf)")
         need(0 <= d.color_jitter <= 1, "data.color_jitter", d.color_jitter, "a number in [0, 1] (0 = off)")
         need(d.loader != "gpu" or d.color_jitter == 0, "data.color_jitter", d.color_jitter,
              "0 with data.loader=gpu (color jitter is a DataLoader transform: data.loader=torch)")

@@ -19,7 +19,9 @@ Each consumer has a stream of its own, so no two draw the same numbers:
   image is augmented alike whatever the number of workers or processes and wherever the epoch resumes;
 - ``'windows'``: the language model's training windows (the same on every process, so process 0's);
 - ``'shards'``: the order of WebDataset shards in an epoch (no ``index``; the same on every process, so
-  process 0's) and each reader's shuffle buffer (``index``: the reader, from 1).
+  process 0's) and each reader's shuffle buffer (``index``: the reader, from 1);
+- ``'repeats'``: the order of an epoch with repeated augmentation (:mod:`vitlab.data.repeat`; the same on
+  every process, so process 0's).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ import torch
 
 __all__ = ["STREAMS", "process_seed", "seed_process", "rng_state", "set_rng_state"]
 
-STREAMS = ("global", "augment", "windows", "samples", "shards")
+STREAMS = ("global", "augment", "windows", "samples", "shards", "repeats")
 
 
 def process_seed(seed: int, process_index: int, epoch: int, stream: str = "global", index: int | None = None) -> int:

@@ -72,7 +72,9 @@ class TensorImageDataset(Dataset):
         return len(self.data.labels)
 
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
-        image, label = self.data.images[i], self.data.labels[i]
+        """Image ``i`` (``i % len(self)``: the copies of repeated augmentation, :mod:`vitlab.data.repeat`,
+        are ``i + copy * len(self)``, each seeded by its own ``i``)."""
+        image, label = self.data.images[i % len(self)], self.data.labels[i % len(self)]
         if self.transform is None:
             return image, label
         if self.seed is None:

@@ -17,6 +17,7 @@ from torchvision.transforms import v2
 from ..data.images import DeviceImageLoader, ImageData, TensorImageDataset, balanced_indices
 from ..data.transforms import CIFAR10_MEAN, CIFAR10_STD, ModelInput, center_crop_transform, eval_transform, \
     rrc_train_transform, src_train_transform, train_transform
+from ..data.repeat import RepeatAugSampler
 from ..data.shard_stream import ShardLoader, ShardStream, spread
 from ..data.shards import ShardIndex, index_shards
 from ..data.sources import index_split
@@ -264,10 +265,10 @@ def _normalization(cfg: Config, model: nn.Module, resume_from: Path | None) -> t
 
 
 def resolve_loader(loader: str, augment: str, device: torch.device, streamed: bool = False,
-                   train_crop: str = "pad", color_jitter: float = 0.0) -> str:
+                   train_crop: str = "pad", color_jitter: float = 0.0, aug_repeats: int = 1) -> str:
     """``data.loader`` made concrete: ``'auto'`` is the device-resident loader on a CUDA device unless
     the transforms need the DataLoader (AutoAugment, TrivialAugment, timm's augmentations, color jitter,
-    random resized crops) or the images are streamed, else ``'torch'`` (why: docs/performance.md,
+    random resized crops, repeated augmentation) or the images are streamed, else ``'torch'`` (why: docs/performance.md,
     measured on an H100).
 
     Raises:
@@ -279,7 +280,8 @@ def resolve_loader(loader: str, augment: str, device: torch.device, streamed: bo
                           "data.in_memory=true to keep it in memory anyway")
     if loader != "auto":
         return loader
-    on_device = augment in ("none", "randaugment") and train_crop == "pad" and not streamed and not color_jitter
+    on_device = augment in ("none", "randaugment") and train_crop == "pad" and not streamed and not color_jitter \
+        and aug_repeats == 1
     return "gpu" if device.type == "cuda" and on_device else "torch"
 
 
@@ -306,7 +308,8 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     test = load_test_data(d, t.seed, size, test_index, keep)
     _fit_head(cfg, model, train_data.classes)
     eval_sets = {"test": test} if val_data is None else {"val": val_data, "test": test}
-    on_device = resolve_loader(d.loader, d.augment, accelerator.device, not keep, d.train_crop, d.color_jitter) == "gpu"
+    on_device = resolve_loader(d.loader, d.augment, accelerator.device, not keep, d.train_crop, d.color_jitter,
+                               d.aug_repeats) == "gpu"
     if on_device:
         shard = dict(device=accelerator.device, seed=t.seed, num_processes=accelerator.num_processes,
                      process_index=accelerator.process_index, size=size)
@@ -324,14 +327,20 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         # epoch, which seeds each image's augmentation with (seed, epoch, image), from shared memory.
         loader_args: dict[str, Any] = dict(num_workers=d.num_workers, pin_memory=accelerator.device.type == "cuda",
                                            persistent_workers=d.num_workers > 0)
-        train_loader = DataLoader(train_set, batch_size=micro_batch, shuffle=True, drop_last=True, **loader_args)
+        order: dict[str, Any] = dict(shuffle=True) if d.aug_repeats == 1 else dict(  # Accelerate's seedable sampler
+            sampler=RepeatAugSampler(len(train_set), d.aug_repeats, t.seed, micro_batch))
+        train_loader = DataLoader(train_set, batch_size=micro_batch, drop_last=True, **order, **loader_args)
         crop_pct = d.crop_pct if d.train_crop != "pad" else None
         eval_loaders = {name: DataLoader(eval_dataset(data, size, crop_pct), batch_size=micro_batch,
                                          shuffle=False, **loader_args) for name, data in eval_sets.items()}
     if len(train_loader) == 0:
         raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(train_data.labels)} training images")
+    if d.aug_repeats > 1:
+        accelerator.print(f"data: repeated augmentation, {d.aug_repeats} copies of each chosen image, "
+                          f"{len(train_loader.sampler):,} samples an epoch of {len(train_data.labels):,} images "
+                          f"(data.aug_repeats={d.aug_repeats})")
     return _task(cfg, model, train_data.classes, mean, std, train_loader, eval_loaders, not on_device,
-                 len(train_data.labels), accelerator, teacher)
+                 len(train_loader.sampler) if d.aug_repeats > 1 else len(train_data.labels), accelerator, teacher)
 
 
 def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model: nn.Module, mean: tuple[float, ...],
