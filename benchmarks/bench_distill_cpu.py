@@ -1,0 +1,106 @@
+"""Does DeiT's distillation pay on this CPU? The quick config's student with a distillation token, hard-
+distilled from a convnet teacher vitlab trained (``configs/cifar10_cpu_teacher.yaml``), against the same
+student without distillation, at equal student epochs, over several seeds; and the teacher's cost per
+student step.
+
+    python train.py --config configs/cifar10_cpu_teacher.yaml data.dataset=imagefolder \\
+        data.root=../shared/data/cifar10 data.download=false train.output_dir=runs/teacher
+    python benchmarks/bench_distill_cpu.py --data ../shared/data/cifar10 --teacher runs/teacher --seeds 0 1 2
+
+Each run is ``python train.py --config configs/cifar10_cpu_quick.yaml`` (plus ``model.distilled=true
+distill.type=hard distill.teacher=...`` for the student), one after the other, its final epoch's test
+top-1 read from its ``summary.json`` (no selection: the quick config has no validation split). The
+teacher's cost is its forward pass on a batch of 128 training images, timed alone, against a student
+training step (forward, backward, AdamW) on the same batch: medians of 20.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(config: list[str], out: Path) -> dict:
+    command = [sys.executable, "train.py", "--config", "configs/cifar10_cpu_quick.yaml", *config,
+               f"train.output_dir={out}"]
+    start = time.time()
+    subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+    summary = json.loads((out / "summary.json").read_text())
+    return {"top1": summary["test_top1"], "wall_s": time.time() - start, "command": " ".join(command[1:])}
+
+
+def step_costs(teacher_dir: str, batch: int = 128, repeats: int = 20) -> dict:
+    import torch
+
+    import vitlab
+    from vitlab.tasks.distill import load_teacher
+
+    teacher = load_teacher(teacher_dir, "", 10, "cpu")
+    student = vitlab.create_model("vit_cifar_tiny_patch4_32", embed_dim=64, num_heads=2, depth=3, distilled=True)
+    student.set_distilled_training(True)
+    optimizer = torch.optim.AdamW(student.parameters(), lr=1e-3)
+    x, y = torch.randn(batch, 3, 32, 32), torch.randint(0, 10, (batch,))
+
+    def teacher_step() -> None:
+        with torch.no_grad():
+            teacher(x)
+
+    def student_step() -> None:
+        head, dist = student(x)
+        loss = torch.nn.functional.cross_entropy(head, y) + torch.nn.functional.cross_entropy(dist, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    times = {}
+    for name, fn in (("teacher_forward_ms", teacher_step), ("student_step_ms", student_step)):
+        for _ in range(3):
+            fn()
+        samples = []
+        for _ in range(repeats):
+            t = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t) * 1e3)
+        times[name] = statistics.median(samples)
+    return times
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True, help="CIFAR-10 as class folders (train/, test/)")
+    p.add_argument("--teacher", required=True, help="the teacher's run directory")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--only", choices=["baseline", "distilled"], help="run one arm only")
+    p.add_argument("--out", default="runs/bench_distill", help="where the runs go")
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args()
+    data = [f"data.dataset=imagefolder", f"data.root={Path(args.data).resolve()}", "data.download=false"]
+    arms = {"baseline": [], "distilled": ["model.distilled=true", "distill.type=hard",
+                                          f"distill.teacher={Path(args.teacher).resolve()}"]}
+    results: dict = {}
+    for arm, extra in arms.items():
+        if args.only and arm != args.only:
+            continue
+        results[arm] = {seed: run([*data, *extra, f"train.seed={seed}"], ROOT / args.out / f"{arm}_{seed}")
+                        for seed in args.seeds}
+        tops = [r["top1"] for r in results[arm].values()]
+        print(f"{arm}: test top-1 {', '.join(f'{t:.2%}' for t in tops)} (mean {statistics.mean(tops):.2%}); wall "
+              f"{', '.join(str(round(r['wall_s'])) for r in results[arm].values())} s", flush=True)
+    if args.only != "baseline":
+        results["teacher"] = json.loads((Path(args.teacher) / "summary.json").read_text())["test_top1"]
+        results["costs"] = step_costs(args.teacher)
+        print(f"teacher test top-1 {results['teacher']:.2%}; teacher forward "
+              f"{results['costs']['teacher_forward_ms']:.1f} ms, student step "
+              f"{results['costs']['student_step_ms']:.1f} ms a batch of 128")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
