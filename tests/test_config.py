@@ -18,6 +18,7 @@ CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
 def test_shipped_configs_load_and_build_their_model(path, tmp_path):
     import vitlab
+    from vitlab.models.hub import image_input_size
     from vitlab.tasks import build_model
 
     cfg = load_config(path)
@@ -25,7 +26,7 @@ def test_shipped_configs_load_and_build_their_model(path, tmp_path):
         model = build_model(cfg)
         imagenet = cfg.data.dataset == "imagefolder" and "imagenet" in cfg.data.root
         size = (224, 224) if cfg.model.pretrained or imagenet else (32, 32)  # fine-tuning, ImageNet: 224
-        assert model.num_classes == (1000 if imagenet else 10) and model.patch_embed.img_size == size
+        assert model.num_classes == (1000 if imagenet else 10) and image_input_size(model)[1:] == size
         logits = model.eval()(torch.randn(2, 3, *size))
     elif cfg.task == "lm":
         model = build_model(cfg, vocab_size=64, block_size=cfg.data.block_size).eval()
