@@ -58,6 +58,10 @@ class DataConfig:
     train_subset: int = 0     # use only N training images, balanced across classes; 0 = all
     test_subset: int = 0      # likewise for the test set
     val_size: int = 0         # hold out N training images (balanced) for validation/best-checkpoint choice
+    # No test split (one folder of class folders, a data set with only 'train'): hold out this share (< 1) or
+    # count (>= 1) of data.train_split, balanced and chosen by train.seed, as the test split; the run records
+    # it, and eval and resume use exactly those images. 0 = read data.test_split.
+    test_size: float = 0.0
     # Training crops: pad (CIFAR-style: a random crop of the stored images with crop_padding of zeros) or
     # rrc (ImageNet-style, as timm: a random resized crop of each image at its own size, of an area in
     # `scale` and an aspect ratio in `ratio`; evaluation then resizes the shorter side to
@@ -326,6 +330,13 @@ def _check_values(cfg: Config) -> None:
             need(getattr(d, key) >= 0, f"data.{key}", getattr(d, key), "an integer >= 0")
         need(0 <= d.randaugment_magnitude <= 30, "data.randaugment_magnitude", d.randaugment_magnitude, "0..30")
         need(d.randaugment_ops >= 1, "data.randaugment_ops", d.randaugment_ops, "an integer >= 1")
+        need(d.test_size >= 0, "data.test_size", d.test_size, "a share in (0, 1), a count >= 1, or 0 (read "
+             "data.test_split)")
+        need(d.test_size == 0 or d.test_size < 1 or d.test_size == int(d.test_size), "data.test_size", d.test_size,
+             "a share in (0, 1) or a whole count")
+        need(d.test_size == 0 or not (d.dataset == "wds" or d.streaming), "data.test_size", d.test_size,
+             "0 with shards (data.dataset=wds, data.streaming=true): hold out shards as a test split instead "
+             "(vitlab shards --split)")
         need(d.aug_repeats >= 1, "data.aug_repeats", d.aug_repeats, "an integer >= 1 (1 = off; DeiT: 3)")
         need(d.aug_repeats == 1 or d.loader != "gpu", "data.aug_repeats", d.aug_repeats,
              "1 with data.loader=gpu (repeated augmentation orders the DataLoader's samples: data.loader=torch)")

@@ -180,7 +180,8 @@ def resolve_resume(path: str | Path) -> tuple[Path, Path]:
 # epoch's plan makes irrelevant): changed inside an epoch, the rest of it could not be what it was.
 SAMPLE_KEYS = ("train.batch_size", "train.grad_accum_steps", "train.seed", "data.dataset", "data.root",
                "data.train_split", "data.val_size", "data.train_subset", "data.partitions", "data.shuffle_buffer",
-               "data.streaming", "data.image_key", "data.label_key", "data.aug_repeats")
+               "data.streaming", "data.image_key", "data.label_key", "data.aug_repeats",
+               "data.test_size")
 
 
 def _refuse_other_samples(cfg: Config, checkpoint: Path) -> None:

@@ -25,8 +25,12 @@ class FolderFiles:
     ``exif_transpose=False``. A plain object (a list of paths), so it pickles: DataLoader workers started
     by fork, forkserver or spawn all get it."""
 
-    def __init__(self, files: list[Path], exif_transpose: bool = True) -> None:
-        self.files, self.exif_transpose = files, exif_transpose
+    def __init__(self, files: list[Path], exif_transpose: bool = True, root: Path | None = None) -> None:
+        self.files, self.exif_transpose, self.root = files, exif_transpose, root
+
+    def key(self, i: int) -> str:
+        """File ``i``'s path under the split's folder (``<class>/<name>``)."""
+        return self.files[i].relative_to(self.root).as_posix() if self.root else self.files[i].name
 
     def open(self, i: int) -> Image.Image:
         return open_image(self.files[i], exif_transpose=self.exif_transpose)
@@ -67,6 +71,11 @@ def index_imagefolder(root: Path, split: str, classes: list[str] | None = None,
         found = sorted(p.name for p in root.iterdir() if p.is_dir())
         other = next((f for f in found if f != "train"), None)
         hint = f" (here: data.test_split={other})" if other and split in ("val", "validation", "test") else ""
+        if any(f.suffix.lower() in IMAGE_EXTENSIONS for d in found[:50] for f in (root / d).iterdir()):
+            raise DataError(f"data.root={str(root)!r} holds class folders of images itself ({', '.join(found[:5])}"
+                            f"{' ...' if len(found) > 5 else ''}), no {split!r} folder: set data.test_size=0.2 to "
+                            f"train on them and hold out a fifth, balanced, as the test split (or a count: "
+                            f"data.test_size=500)")
         raise DataError(f"data.root={str(root)!r} has no {split!r} folder; its folders: "
                         f"{', '.join(map(repr, found)) or 'none'}. Name the folder of each split with "
                         f"data.train_split and data.test_split{hint}; each holds {per_class}")
@@ -83,8 +92,8 @@ def index_imagefolder(root: Path, split: str, classes: list[str] | None = None,
         raise DataError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {str(split_dir)!r}")
     where = f"split {split!r} of data.root={str(root)!r}"
     labels, classes = label_indices(names, classes if classes is not None else folders, where)
-    reader = FolderFiles(files, exif_transpose)
-    return SplitIndex(labels, classes, reader.open, where, encoded=reader.encoded, read=reader.read)
+    reader = FolderFiles(files, exif_transpose, split_dir)
+    return SplitIndex(labels, classes, reader.open, where, encoded=reader.encoded, read=reader.read, key=reader.key)
 
 
 def index_cifar10(root: Path, split: str, download: bool) -> SplitIndex:

@@ -8,6 +8,7 @@ numbering.
 """
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -20,7 +21,7 @@ from ..progress import Progress
 from .decode import decode_all, pil_to_tensor
 from .images import ImageData, balanced_indices
 
-__all__ = ["SplitIndex", "StreamedImages", "label_indices"]
+__all__ = ["SplitIndex", "StreamedImages", "label_indices", "hold_out"]
 
 
 @dataclass
@@ -38,6 +39,9 @@ class SplitIndex:
             one (``vitlab shards`` copies it into a shard).
         read: ``read(i)`` -> sample ``i`` as uint8 RGB ``(3, H, W)`` at its own size, the pixels of ``open``,
             decoded fastest (:func:`~vitlab.data.decode.decode_image`), where the source has a faster way.
+        key: ``key(i)`` -> what names sample ``i`` in its source (a file's path under the split's folder,
+            a row's number), for recording which samples a run held out.
+        held_out: For a test split held out of the training split (:func:`hold_out`), its record.
     """
 
     labels: Tensor
@@ -47,9 +51,18 @@ class SplitIndex:
     pixels: Tensor | None = None
     encoded: Callable[[int], bytes] | None = None
     read: Callable[[int], Tensor] | None = None
+    key: Callable[[int], str] = str
+    held_out: dict[str, Any] | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def subset(self, ids: Tensor, where: str) -> SplitIndex:
+        """Samples ``ids`` of this split as a split of their own, described by ``where``."""
+        ids = ids.clone()
+        pick = [None if f is None else _Picked(f, ids) for f in (self.encoded, self.read)]
+        return SplitIndex(self.labels[ids], self.classes, _Picked(self.open, ids), where,
+                          None if self.pixels is None else self.pixels[ids], *pick, _Picked(self.key, ids))
 
     def decode(self, i: int, size: tuple[int, int] | None) -> Tensor:
         """Sample ``i`` as uint8 RGB ``(3, H, W)``, resized (PIL's bicubic) to ``size`` if given (a source
@@ -75,6 +88,35 @@ class SplitIndex:
                 print(f"decoding {len(index):,} images ({self.where}) ...", flush=True)
             images = decode_all(lambda i: self.decode(i, size), index, progress.update)
         return ImageData(images, self.labels[index], self.classes)
+
+
+class _Picked:
+    """``fn(ids[i])``: a source's reader on a subset of it; a plain object, so it pickles (DataLoader workers)."""
+
+    def __init__(self, fn: Callable[[int], Any], ids: Tensor) -> None:
+        self.fn, self.ids = fn, ids
+
+    def __call__(self, i: int) -> Any:
+        return self.fn(int(self.ids[i]))
+
+
+def hold_out(index: SplitIndex, size: float, seed: int) -> tuple[SplitIndex, SplitIndex]:
+    """Split ``index`` into training and test splits: ``size`` of its samples (a share below 1, else a
+    count), balanced across classes and chosen by ``seed``, are the test split (``data.test_size``). The
+    test split's ``held_out`` is the record a run keeps of it: the size, the count and a SHA-256 of the
+    held-out samples' keys and labels, which changes if the samples, their files or the choice do."""
+    n = round(size * len(index)) if size < 1 else int(size)
+    if not 0 < n < len(index):
+        raise DataError(f"data.test_size={size:g} holds out {n} of the {len(index)} images of {index.where}; "
+                        f"choose a share in (0, 1) or a count below {len(index)}")
+    test = balanced_indices(index.labels, n, seed=seed + 2)  # seed + 1 picks the validation images
+    rest = torch.ones(len(index), dtype=torch.bool)
+    rest[test] = False
+    keys = sorted(f"{index.key(int(i))}\t{int(index.labels[i])}" for i in test)
+    record = {"test_size": size, "images": n, "sha256": hashlib.sha256("\n".join(keys).encode()).hexdigest()}
+    held = index.subset(test, f"the test images held out of {index.where}")
+    held.held_out = record
+    return index.subset(rest.nonzero().flatten(), index.where), held
 
 
 def label_indices(values: Sequence[Any], classes: list[str] | None, where: str,

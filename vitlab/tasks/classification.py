@@ -21,7 +21,7 @@ from ..data.repeat import RepeatAugSampler
 from ..data.shard_stream import ShardLoader, ShardStream, spread
 from ..data.shards import ShardIndex, index_shards
 from ..data.sources import index_split
-from ..data.split import SplitIndex
+from ..data.split import SplitIndex, hold_out
 from ..errors import ConfigError, DataError
 from ..models.hub import image_input_size, read_json
 from ..models.pretrained import load_pretrained
@@ -45,12 +45,33 @@ def _decode_size(d: DataConfig, size: tuple[int, int], keep_in_memory: bool = Tr
     return (d.decode_size, d.decode_size) if d.decode_size else tuple(size)
 
 
-def index_splits(d: DataConfig, classes: list[str] | None = None) -> tuple[SplitIndex, SplitIndex]:
+def index_splits(d: DataConfig, classes: list[str] | None = None, seed: int = 0,
+                 held_out: dict[str, Any] | None = None) -> tuple[SplitIndex, SplitIndex]:
     """List the training and test splits (nothing decoded), the test labels mapped through the training
-    split's classes (or through ``classes``, a trained model's): bad labels fail here, before decoding."""
+    split's classes (or through ``classes``, a trained model's): bad labels fail here, before decoding.
+
+    With ``data.test_size``, the test split is held out of the training split (:func:`hold_out`, chosen by
+    ``seed``); a folder whose root holds the class folders itself is that split. ``held_out``: the record
+    of the run's own held-out split, which this listing must give again (else one line)."""
     keys = dict(download=d.download, image_key=d.image_key, label_key=d.label_key, exif_transpose=d.exif_transpose)
-    train = index_split(d.dataset, d.root, d.train_split, **keys, classes=classes)
-    return train, index_split(d.dataset, d.root, d.test_split, **keys, classes=train.classes)
+    split = d.train_split
+    if d.test_size and d.dataset == "imagefolder" and not (Path(d.root).expanduser() / split).is_dir():
+        split = "."  # the class folders are data.root's own
+    train = index_split(d.dataset, d.root, split, **keys, classes=classes)
+    if not d.test_size:
+        return train, index_split(d.dataset, d.root, d.test_split, **keys, classes=train.classes)
+    train, test = hold_out(train, d.test_size, seed)
+    record = test.held_out
+    if held_out is not None and held_out != record:
+        if held_out.get("test_size") != record["test_size"]:
+            raise ConfigError(f"data.test_size: the run held out {held_out['images']} images (data.test_size="
+                              f"{held_out['test_size']:g}) and this asks for data.test_size={d.test_size:g}; a run keeps "
+                              f"its test split: set data.test_size={held_out['test_size']:g}, or start a new run")
+        raise DataError(f"the images held out as the test split changed on disk since the run started ({test.where}: "
+                        f"{record['images']} images now, SHA-256 {record['sha256'][:12]}, against {held_out['images']}, "
+                        f"{held_out['sha256'][:12]} recorded): its test metrics would be of other images; restore "
+                        f"data.root as it was, or start a new run")
+    return train, test
 
 
 def in_memory(d: DataConfig, train: SplitIndex, test: SplitIndex, size: tuple[int, int]) -> tuple[bool, str]:
@@ -300,8 +321,20 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     size = image_input_size(model)[1:]
     if streamed_in_shards(d):
         return _shards_task(cfg, accelerator, micro_batch, model, mean, std, size, resume_from)
-    train_index, test_index = index_splits(d)  # labels checked before any image is decoded
+    kept = read_json(resume_from / "trainer_state.json").get("data", {}) if resume_from is not None else {}
+    if kept.get("held_out") and not d.test_size:
+        raise ConfigError(f"data.test_size: the run held out {kept['held_out']['images']} images as its test split "
+                          f"(data.test_size={kept['held_out']['test_size']:g}) and this asks for none; a run keeps its "
+                          f"test split: set data.test_size={kept['held_out']['test_size']:g}, or start a new run")
+    # Labels checked before any image is decoded; a held-out test split is the one the run started with.
+    train_index, test_index = index_splits(d, seed=t.seed, held_out=kept.get("held_out"))
     teacher = _teacher(cfg, len(train_index.classes), accelerator)  # before any image is decoded too
+    record = test_index.held_out
+    if record is not None:
+        accelerator.print(f"data: held out {record['images']:,} of the {len(train_index) + len(test_index):,} images "
+                          f"under data.root={d.root!r} as the test split, balanced over {len(train_index.classes)} "
+                          f"classes and chosen by train.seed={t.seed} (data.test_size={d.test_size:g}); recorded in "
+                          f"the checkpoints: vitlab eval and a resumed run use exactly these")
     keep, where = in_memory(d, train_index, test_index, size)
     accelerator.print(where)
     train_data, val_data = load_train_val_data(d, t.seed, size, train_index, keep)
@@ -339,8 +372,11 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         accelerator.print(f"data: repeated augmentation, {d.aug_repeats} copies of each chosen image, "
                           f"{len(train_loader.sampler):,} samples an epoch of {len(train_data.labels):,} images "
                           f"(data.aug_repeats={d.aug_repeats})")
-    return _task(cfg, model, train_data.classes, mean, std, train_loader, eval_loaders, not on_device,
+    task = _task(cfg, model, train_data.classes, mean, std, train_loader, eval_loaders, not on_device,
                  len(train_loader.sampler) if d.aug_repeats > 1 else len(train_data.labels), accelerator, teacher)
+    if record is not None:
+        task.data_state = {"held_out": record}
+    return task
 
 
 def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model: nn.Module, mean: tuple[float, ...],
