@@ -97,6 +97,10 @@ class DataConfig:
     # ImageOps.exif_transpose and Hugging Face datasets do), in training, eval, predict and attention
     # alike; false: the stored pixels, as timm's loader reads them (a portrait phone photo lies on its side).
     exif_transpose: bool = True
+    # Decode a JPEG only as large as its crop (or data.decode_size) needs: libjpeg-turbo's DCT scaling by 1/2
+    # or 1/4, then the box cut from the smaller image (about 50 dB from the full decode; docs/large_data.md).
+    # false: every file decoded whole, for pixels equal to timm's loader.
+    scaled_decode: bool = True
     # Where the decoded training and test images live: true, in memory (decoded once, before training);
     # false, streamed (each image decoded when a DataLoader worker reads it: data larger than memory);
     # auto, in memory when the decoded training split fits a quarter of the machine's memory shared by

@@ -10,12 +10,13 @@ stored pixels, as timm's loader reads them). Knows no model and no other module 
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
 
 from ..errors import DataError
@@ -25,7 +26,8 @@ try:
 except ImportError:  # a platform without its wheel: PIL decodes JPEGs too
     simplejpeg = None
 
-__all__ = ["to_rgb", "pil_to_tensor", "open_image", "decode_image", "read_image", "decode_all"]
+__all__ = ["to_rgb", "pil_to_tensor", "open_image", "decode_image", "read_image", "decode_all", "decode_region",
+           "jpeg_size", "Region", "EncodedImage"]
 
 _WIDE_INTEGER_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _ORIENTATION = 0x0112  # EXIF's Orientation tag
@@ -118,8 +120,99 @@ def decode_image(data: bytes, where: str, size: tuple[int, int] | None = None, e
     try:
         with Image.open(io.BytesIO(data)) as img:
             return pil_to_tensor(img, size, exif_transpose)
+    except UnidentifiedImageError:
+        raise DataError(f"cannot read image {where}: not an image file PIL can identify") from None
     except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise DataError(f"cannot read image {where}: {e}") from None
+
+
+Region = tuple[float, float, float, float]  # top, left, height, width, in the upright image's pixels
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """An image file's bytes, not yet decoded: what a streamed split hands its transforms when they can
+    decode only the part and the scale they need (:func:`decode_region`; ``data.scaled_decode``)."""
+
+    data: bytes
+    where: str
+    exif_transpose: bool = True
+
+    def decode(self) -> Tensor:
+        """The whole image, uint8 RGB ``(3, H, W)`` (:func:`decode_image`)."""
+        return decode_image(self.data, self.where, exif_transpose=self.exif_transpose)
+
+
+def _box_stored(box: Region, orientation: int, height: int, width: int) -> Region:
+    """``box`` of the upright image (``height x width``) as a box of the stored pixels, for EXIF
+    ``orientation``: :func:`_turn` undone (its flips, then its transpose)."""
+    top, left, h, w = box
+    flips = {2: (-1,), 3: (-2, -1), 4: (-2,), 6: (-1,), 7: (-2, -1), 8: (-2,)}.get(orientation, ())
+    if -1 in flips:  # the flips act on the (transposed) image of the upright size
+        left = width - left - w
+    if -2 in flips:
+        top = height - top - h
+    return (left, top, w, h) if orientation in (5, 6, 7, 8) else (top, left, h, w)
+
+
+def jpeg_size(data: bytes, exif_transpose: bool = True) -> tuple[int, int, int] | None:
+    """A JPEG's upright ``(height, width)`` and EXIF orientation from its headers (nothing decoded), or None
+    for anything :func:`decode_region` does not scale (not a JPEG, CMYK, no libjpeg-turbo)."""
+    if simplejpeg is None or data[:2] != b"\xff\xd8":
+        return None
+    try:
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        return None
+    if colorspace not in ("Gray", "YCbCr", "RGB"):
+        return None
+    orientation = 1
+    if exif_transpose:
+        with Image.open(io.BytesIO(data)) as img:  # reads the headers only
+            orientation = _orientation(img)
+    return (width, height, orientation) if orientation in (5, 6, 7, 8) else (height, width, orientation)
+
+
+def decode_region(data: bytes, where: str, region: Callable[[int, int], Region], size: tuple[int, int],
+                  exif_transpose: bool = True) -> Tensor:
+    """The ``region(height, width)`` of an encoded image (upright pixels; called with the upright size)
+    resized to ``size`` ``(H, W)`` (bicubic, PIL's, with the box's fractions): uint8 RGB ``(3, H, W)``.
+
+    A JPEG is decoded only as large as the region needs: libjpeg-turbo's DCT scaling by 1/2 or 1/4, the
+    smaller that leaves the region at least 1.25 times ``size`` (so the resize still shrinks), then the
+    box is cut from the smaller image. Against the full decode and the same crop (torchvision's resize) it differs by
+    a resize's rounding: PSNR about 50 dB (benchmarks/RESULTS.md; the test asserts >= 40 on each of 30
+    random resized crops of a real photograph). Anything else is decoded whole (:func:`decode_image`) and
+    cut the same way.
+
+    Raises:
+        DataError: naming ``where``, if it cannot be decoded.
+    """
+    found = jpeg_size(data, exif_transpose)
+    if found is None:
+        x = decode_image(data, where, exif_transpose=exif_transpose)
+        top, left, h, w = region(x.shape[-2], x.shape[-1])
+        img = Image.fromarray(x.permute(1, 2, 0).numpy())
+        return pil_to_tensor(img.resize((size[1], size[0]), Image.BICUBIC, box=(left, top, left + w, top + h)))
+    height, width, orientation = found
+    box = region(height, width)
+    scale = 1
+    while scale < 4 and box[2] / (2 * scale) >= 1.25 * size[0] and box[3] / (2 * scale) >= 1.25 * size[1]:
+        # A quarter of the resize left to do (1.25): the DCT's filter is not the resize's, and where it did
+        # all of the shrinking the two parted to 39 dB; likewise 1/8, which keeps each 8 x 8 block's mean.
+        scale *= 2
+    stored = (width, height) if orientation in (5, 6, 7, 8) else (height, width)
+    try:
+        pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-stored[0] // scale),
+                                        min_width=-(-stored[1] // scale))
+    except ValueError as e:
+        raise DataError(f"cannot read image {where}: {e}") from None
+    top, left, h, w = _box_stored(box, orientation, height, width)
+    fy, fx = pixels.shape[0] / stored[0], pixels.shape[1] / stored[1]
+    out = (size[1], size[0]) if orientation in (5, 6, 7, 8) else (size[0], size[1])  # (H, W) as stored
+    img = Image.fromarray(pixels).resize((out[1], out[0]), Image.BICUBIC,
+                                         box=(left * fx, top * fy, (left + w) * fx, (top + h) * fy))
+    return _turn(torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1), orientation).contiguous()
 
 
 def read_image(path: str | Path, size: tuple[int, int] | None = None) -> Tensor:

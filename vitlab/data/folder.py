@@ -93,7 +93,8 @@ def index_imagefolder(root: Path, split: str, classes: list[str] | None = None,
     where = f"split {split!r} of data.root={str(root)!r}"
     labels, classes = label_indices(names, classes if classes is not None else folders, where)
     reader = FolderFiles(files, exif_transpose, split_dir)
-    return SplitIndex(labels, classes, reader.open, where, encoded=reader.encoded, read=reader.read, key=reader.key)
+    return SplitIndex(labels, classes, reader.open, where, encoded=reader.encoded, read=reader.read, key=reader.key,
+                      upright=exif_transpose)
 
 
 def index_cifar10(root: Path, split: str, download: bool) -> SplitIndex:

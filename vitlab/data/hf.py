@@ -111,7 +111,8 @@ def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str
     labels, classes = label_indices(ds[label_key], classes, where, names)  # without decoding any image
     images = ds.select_columns([image_key])
     reader = DatasetImages(images, image_key, where, exif_transpose)
-    return SplitIndex(labels, classes, reader.open, where, encoded=reader.encoded, read=reader.read)
+    return SplitIndex(labels, classes, reader.open, where, encoded=reader.encoded, read=reader.read,
+                      upright=exif_transpose)
 
 
 class DatasetImages:

@@ -53,12 +53,17 @@ class TensorImageDataset(Dataset):
 
     The epoch is held in shared memory, so DataLoader workers that live across epochs
     (``persistent_workers``) read the one the main process set before the epoch's batches were asked for.
+
+    With ``lazy`` (streamed images and a transform that decodes what it needs, ``data.scaled_decode``),
+    the transform is given each image's file undecoded (:meth:`StreamedImages.lazy`).
     """
 
-    def __init__(self, data: ImageData, transform: v2.Transform | None = None, seed: int | None = None) -> None:
+    def __init__(self, data: ImageData, transform: v2.Transform | None = None, seed: int | None = None,
+                 lazy: bool = False) -> None:
         self.data = data
         self.transform = transform
         self.seed = seed
+        self.lazy = lazy and transform is not None and hasattr(data.images, "lazy")
         self._epoch = torch.zeros((), dtype=torch.long).share_memory_()
 
     @property
@@ -74,7 +79,8 @@ class TensorImageDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
         """Image ``i`` (``i % len(self)``: the copies of repeated augmentation, :mod:`vitlab.data.repeat`,
         are ``i + copy * len(self)``, each seeded by its own ``i``)."""
-        image, label = self.data.images[i % len(self)], self.data.labels[i % len(self)]
+        j = i % len(self)
+        image, label = self.data.images.lazy(j) if self.lazy else self.data.images[j], self.data.labels[j]
         if self.transform is None:
             return image, label
         if self.seed is None:

@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..errors import DataError
 from ..progress import Progress
-from .decode import decode_all, pil_to_tensor
+from .decode import EncodedImage, decode_all, decode_region, jpeg_size, pil_to_tensor
 from .images import ImageData, balanced_indices
 
 __all__ = ["SplitIndex", "StreamedImages", "label_indices", "hold_out"]
@@ -42,6 +42,7 @@ class SplitIndex:
         key: ``key(i)`` -> what names sample ``i`` in its source (a file's path under the split's folder,
             a row's number), for recording which samples a run held out.
         held_out: For a test split held out of the training split (:func:`hold_out`), its record.
+        upright: Whether its image files are read upright by their EXIF orientation (``data.exif_transpose``).
     """
 
     labels: Tensor
@@ -53,6 +54,7 @@ class SplitIndex:
     read: Callable[[int], Tensor] | None = None
     key: Callable[[int], str] = str
     held_out: dict[str, Any] | None = None
+    upright: bool = True
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -62,18 +64,35 @@ class SplitIndex:
         ids = ids.clone()
         pick = [None if f is None else _Picked(f, ids) for f in (self.encoded, self.read)]
         return SplitIndex(self.labels[ids], self.classes, _Picked(self.open, ids), where,
-                          None if self.pixels is None else self.pixels[ids], *pick, _Picked(self.key, ids))
+                          None if self.pixels is None else self.pixels[ids], *pick, _Picked(self.key, ids),
+                          upright=self.upright)
 
-    def decode(self, i: int, size: tuple[int, int] | None) -> Tensor:
+    def decode(self, i: int, size: tuple[int, int] | None, scaled: bool = False) -> Tensor:
         """Sample ``i`` as uint8 RGB ``(3, H, W)``, resized (PIL's bicubic) to ``size`` if given (a source
-        already decoded keeps its size)."""
+        already decoded keeps its size); with ``scaled`` (``data.scaled_decode``), a JPEG file decoded only
+        as large as ``size`` needs (:func:`~vitlab.data.decode.decode_region`)."""
         if self.pixels is not None:
             return self.pixels[i]
         if size is None and self.read is not None:
             return self.read(i)
+        if scaled and self.encoded is not None:
+            data = self.encoded(i)
+            if jpeg_size(data, self.upright) is not None:  # else PIL's decode and resize, as without scaling
+                return decode_region(data, self._where(i), lambda h, w: (0, 0, h, w), size, self.upright)
         return pil_to_tensor(self.open(i), size)
 
-    def load(self, size: tuple[int, int] | None, subset: int = 0, seed: int = 0, in_memory: bool = True) -> ImageData:
+    def encoded_image(self, i: int) -> EncodedImage | None:
+        """Sample ``i``'s file, undecoded, for transforms that decode only what they need; None where the
+        source keeps no file (decoded pixels)."""
+        if self.pixels is not None or self.encoded is None:
+            return None
+        return EncodedImage(self.encoded(i), self._where(i), self.upright)
+
+    def _where(self, i: int) -> str:
+        return f"{self.key(i)!r} of {self.where}"
+
+    def load(self, size: tuple[int, int] | None, subset: int = 0, seed: int = 0, in_memory: bool = True,
+             scaled: bool = False) -> ImageData:
         """The split (or ``subset`` images of it, balanced across classes, chosen by ``seed``: only
         those are used) at ``size``: decoded into memory now, or with ``in_memory=False`` decoded
         each time an image is read (:class:`StreamedImages`, for data larger than memory)."""
@@ -81,12 +100,12 @@ class SplitIndex:
         if not index:
             raise DataError(f"{self.where} holds no images")
         if not in_memory:
-            return ImageData(StreamedImages(self, torch.tensor(index), size), self.labels[index], self.classes)
+            return ImageData(StreamedImages(self, torch.tensor(index), size, scaled), self.labels[index], self.classes)
         with Progress(total=len(index), desc=f"decoding {len(index):,} images ({self.where})", unit="images",
                       interval=10.0) as progress:
             if not progress.terminal and progress.enabled:
                 print(f"decoding {len(index):,} images ({self.where}) ...", flush=True)
-            images = decode_all(lambda i: self.decode(i, size), index, progress.update)
+            images = decode_all(lambda i: self.decode(i, size, scaled), index, progress.update)
         return ImageData(images, self.labels[index], self.classes)
 
 
@@ -162,8 +181,8 @@ class StreamedImages:
     (DataLoader workers get the listing, not pixels).
     """
 
-    def __init__(self, index: SplitIndex, rows: Tensor, size: tuple[int, int] | None) -> None:
-        self.index, self.rows = index, rows
+    def __init__(self, index: SplitIndex, rows: Tensor, size: tuple[int, int] | None, scaled: bool = False) -> None:
+        self.index, self.rows, self.scaled = index, rows, scaled
         self.size = (int(size[0]), int(size[1])) if size is not None else None
 
     def __len__(self) -> int:
@@ -180,5 +199,15 @@ class StreamedImages:
         if isinstance(i, Tensor) and i.ndim == 0:
             i = int(i)
         if isinstance(i, int):
-            return self.index.decode(int(self.rows[i]), self.size)
-        return StreamedImages(self.index, self.rows[torch.as_tensor(i)], self.size)
+            return self.index.decode(int(self.rows[i]), self.size, self.scaled)
+        return StreamedImages(self.index, self.rows[torch.as_tensor(i)], self.size, self.scaled)
+
+    def lazy(self, i: int) -> "Tensor | EncodedImage":
+        """Image ``i`` for a transform that decodes what it needs: its file undecoded
+        (:class:`~vitlab.data.decode.EncodedImage`) where the images are streamed at their own sizes and
+        ``scaled`` decoding is on, else decoded (``self[i]``)."""
+        if self.scaled and self.size is None:
+            encoded = self.index.encoded_image(int(self.rows[i]))
+            if encoded is not None:
+                return encoded
+        return self[i]

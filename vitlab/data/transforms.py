@@ -28,10 +28,12 @@ from typing import Any
 import torch
 from torchvision.transforms import v2
 
+from .decode import EncodedImage, decode_region, jpeg_size
+
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "AUGMENTS", "TIMM_AUGMENTS", "timm_augment_problem", "timm_augment_hparams",
            "TimmAugment", "src_train_transform", "resize_images", "normalize", "ModelInput", "train_transform",
            "eval_transform", "rrc_train_transform", "center_crop_transform", "image_transform", "model_view",
-           "create_transform", "decode_size", "decode_upright"]
+           "create_transform", "decode_size", "decode_upright", "RandomResizedCropDecode"]
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -211,6 +213,48 @@ def train_transform(size: tuple[int, int], crop_padding: int = 4, hflip: bool = 
     return v2.Compose(ops + _resize(out_size) + [v2.ToPureTensor()])
 
 
+class RandomResizedCropDecode(v2.RandomResizedCrop):
+    """torchvision's ``RandomResizedCrop`` (the same draws, the same pixels on a decoded image) that, given
+    an :class:`~vitlab.data.decode.EncodedImage`, decodes only the crop at the scale it needs
+    (:func:`~vitlab.data.decode.decode_region`: a JPEG by libjpeg-turbo's DCT scaling, to the rounding of a
+    resize)."""
+
+    def forward(self, *inputs: Any) -> Any:
+        if len(inputs) == 1 and isinstance(inputs[0], EncodedImage):
+            image = inputs[0]
+            params = getattr(self, "make_params", None) or self._get_params  # torchvision < 0.21: _get_params
+
+            def region(height: int, width: int) -> tuple[float, float, float, float]:
+                p = params([torch.empty(()).expand(3, height, width)])  # the draws need only the size
+                return p["top"], p["left"], p["height"], p["width"]
+
+            return decode_region(image.data, image.where, region, tuple(self.size), image.exif_transpose)
+        return super().forward(*inputs)
+
+
+class _DecodeResized(v2.Transform):
+    """Evaluation's first step on an :class:`~vitlab.data.decode.EncodedImage`: a JPEG decoded at the size
+    the resize of its shorter side to ``scale`` gives (:func:`~vitlab.data.decode.decode_region` of the
+    whole image, at the smallest DCT scale that leaves it larger), which makes that resize a no-op; any
+    other file decoded whole. Everything else passes through."""
+
+    def __init__(self, scale: int | tuple[int, int]) -> None:
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, *inputs: Any) -> Any:
+        if len(inputs) != 1 or not isinstance(inputs[0], EncodedImage):
+            return inputs[0] if len(inputs) == 1 else inputs
+        image = inputs[0]
+        found = jpeg_size(image.data, image.exif_transpose)
+        if found is None:
+            return image.decode()
+        height, width = found[:2]
+        size = (self.scale if isinstance(self.scale, tuple) else
+                tuple(v2.functional._geometry._compute_resized_output_size((height, width), size=[self.scale])))
+        return decode_region(image.data, image.where, lambda h, w: (0, 0, h, w), size, image.exif_transpose)
+
+
 def rrc_train_transform(size: tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
                         ratio: tuple[float, float] = (3 / 4, 4 / 3), hflip: bool = True, augment: str = "none",
                         randaugment_ops: int = 2, randaugment_magnitude: int = 9,
@@ -221,7 +265,7 @@ def rrc_train_transform(size: tuple[int, int], scale: tuple[float, float] = (0.0
     uint8 ``(C, *size)`` out (:class:`ModelInput` normalizes the batch and erases at random). A PIL image
     is made a tensor first (laid out channels-last, as decoded): torch's uint8 resize there took 0.40 ms
     an image against PIL's 0.94 ms (a ~400 x 370 photograph to 224, one core)."""
-    ops: list[v2.Transform] = [v2.ToImage(), v2.RandomResizedCrop(size, scale=scale, ratio=ratio, **_RESIZE)]
+    ops: list[v2.Transform] = [v2.ToImage(), RandomResizedCropDecode(size, scale=scale, ratio=ratio, **_RESIZE)]
     if hflip:
         ops.append(v2.RandomHorizontalFlip())
     ops += _augment(augment, randaugment_ops, randaugment_magnitude, autoaugment_policy, size, mean, color_jitter)
@@ -253,7 +297,8 @@ def center_crop_transform(size: tuple[int, int], crop_pct: float = 0.875) -> v2.
     ``size`` cropped: timm's ``create_transform(is_training=False, crop_pct=crop_pct, interpolation='bicubic')``
     before its normalization, pixel for pixel on a PIL image; uint8 ``(C, *size)`` out."""
     scale = math.floor(size[0] / crop_pct) if size[0] == size[1] else tuple(math.floor(s / crop_pct) for s in size)
-    return v2.Compose([_AsPIL(), v2.Resize(scale, **_RESIZE), v2.CenterCrop(size), v2.ToImage(), v2.ToPureTensor()])
+    return v2.Compose([_DecodeResized(scale), _AsPIL(), v2.Resize(scale, **_RESIZE), v2.CenterCrop(size), v2.ToImage(),
+                       v2.ToPureTensor()])
 
 
 class _AsPIL(v2.Transform):
@@ -301,7 +346,7 @@ def model_view(model: object) -> v2.Compose:
     cfg = _pretrained_cfg(model)
     size = tuple(cfg["input_size"][1:])
     if cfg.get("crop_pct"):
-        return v2.Compose(center_crop_transform(size, cfg["crop_pct"]).transforms[:3] + [v2.ToImage(), v2.RGB()])
+        return v2.Compose(center_crop_transform(size, cfg["crop_pct"]).transforms[:4] + [v2.ToImage(), v2.RGB()])
     return v2.Compose([v2.ToImage(), v2.RGB(), v2.Resize(size, **_RESIZE)])
 
 

@@ -155,7 +155,7 @@ def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int], index: 
     if d.val_size and d.val_size >= (wanted or len(index)):
         raise ConfigError(f"data.val_size={d.val_size} leaves no training images (the training set has "
                           f"{wanted or len(index)})")
-    train = index.load(_decode_size(d, size, keep_in_memory), wanted, seed, keep_in_memory)
+    train = index.load(_decode_size(d, size, keep_in_memory), wanted, seed, keep_in_memory, d.scaled_decode)
     if d.val_size == 0:
         return train, None
     val_index = balanced_indices(train.labels, d.val_size, seed=seed + 1)
@@ -168,7 +168,7 @@ def load_test_data(d: DataConfig, seed: int, size: tuple[int, int], index: Split
                    keep_in_memory: bool = True) -> ImageData:
     """Decode the test images of ``index`` (``data.test_subset`` of them, balanced, if set), as
     :func:`load_train_val_data`."""
-    return index.load(_decode_size(d, size, keep_in_memory), d.test_subset, seed, keep_in_memory)
+    return index.load(_decode_size(d, size, keep_in_memory), d.test_subset, seed, keep_in_memory, d.scaled_decode)
 
 
 def _eval_transform(size: tuple[int, int], stored: tuple[int, int] | None, crop_pct: float | None) -> v2.Transform:
@@ -196,9 +196,10 @@ def _train_transform(d: DataConfig, size: tuple[int, int], stored: tuple[int, in
 
 def eval_dataset(data: ImageData, size: tuple[int, int], crop_pct: float | None = None) -> TensorImageDataset:
     """Images as the model sees them in evaluation (:func:`_eval_transform`), before normalization: the
-    DataLoader's evaluation data, in training and in ``vitlab eval`` alike."""
+    DataLoader's evaluation data, in training and in ``vitlab eval`` alike. Streamed image files reach the
+    center crop undecoded, which decodes them at the scale it needs (where ``data.scaled_decode`` is on)."""
     stored = tuple(data.images.shape[-2:]) if crop_pct is None else None
-    return TensorImageDataset(data, _eval_transform(size, stored, crop_pct))
+    return TensorImageDataset(data, _eval_transform(size, stored, crop_pct), lazy=crop_pct is not None)
 
 
 def streamed_in_shards(d: DataConfig) -> bool:
@@ -354,7 +355,8 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     else:
         stored = tuple(train_data.images.shape[-2:]) if d.train_crop == "pad" else None
         transform = _train_transform(d, size, stored, mean)
-        train_set = TensorImageDataset(train_data, transform, seed=t.seed)
+        # rrc's crop decodes a streamed file itself, at the scale the crop needs (data.scaled_decode).
+        train_set = TensorImageDataset(train_data, transform, seed=t.seed, lazy=d.train_crop == "rrc")
         # Workers live for the whole run: forking new ones every epoch from a process with live threads
         # (gloo's, the last iterator's queue feeders) hung a 2-process run inside os.fork(). They read the
         # epoch, which seeds each image's augmentation with (seed, epoch, image), from shared memory.
