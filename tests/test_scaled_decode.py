@@ -101,7 +101,8 @@ def test_evaluation_center_crops_decoded_at_scale_equal_timms_to_40_db(photo):
     assert torch.equal(ours(decode_image(photo, "photo")), want)  # decoded whole: timm's pixels
 
 
-def test_a_streamed_run_of_photos_sees_the_full_decodes_pixels_to_40_db(photo, tmp_path, on_cpu):
+@pytest.mark.parametrize("source", ["folder", "shards"])
+def test_a_streamed_run_of_photos_sees_the_full_decodes_pixels_to_40_db(photo, tmp_path, on_cpu, source):
     from accelerate import Accelerator
 
     from vitlab.config import load_config
@@ -114,14 +115,22 @@ def test_a_streamed_run_of_photos_sees_the_full_decodes_pixels_to_40_db(photo, t
             folder.mkdir(parents=True, exist_ok=True)
             for i in range(n):
                 big.rotate(90 * c + 10 * i, expand=False).save(folder / f"{i}.jpg", quality=90)
+    data = ["data.dataset=imagefolder", f"data.root={tmp_path}"]
+    if source == "shards":
+        pytest.importorskip("webdataset")
+        from vitlab.cli import main
+
+        main(["shards", str(tmp_path), str(tmp_path / "shards"), "--shard-size", "4"])
+        data = ["data.dataset=wds", f"data.root={tmp_path / 'shards'}"]
     batches = {}
     for scaled in ("true", "false"):
         cfg = load_config(None, ["model.name=vit_cifar_tiny_patch4_32", "model.img_size=224", "model.patch_size=16",
-                                 "model.depth=1", "data.dataset=imagefolder", f"data.root={tmp_path}",
+                                 "model.depth=1", *data,
                                  "data.train_crop=rrc", "data.in_memory=false", "data.num_workers=0",
                                  f"data.scaled_decode={scaled}", "train.batch_size=4", "train.output_dir=unused"])
         task = image_classification_task(cfg, Accelerator(cpu=True), 4)
-        task.train_loader.dataset.set_epoch(1)
+        loader = task.train_loader
+        (loader if source == "shards" else loader.dataset).set_epoch(1)
         torch.manual_seed(0)
         train = next(iter(task.train_loader))[0]
         test = next(iter(task.eval_loaders["test"]))[0]

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
@@ -105,6 +106,9 @@ def image_run(tiny_imagefolder, tmp_path_factory):
     return run_dir
 
 
+ROOT = Path(__file__).resolve().parents[1]
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "vitlab.cli", *args], capture_output=True, text=True)
 
@@ -146,6 +150,23 @@ def test_attention_command_writes_pngs_and_refuses_bad_input_in_one_line(image_r
         err = capsys.readouterr().err
         assert exit_info.value.code == code and err.count("\n") == 1 and message in err, err
         assert not target.exists()
+
+
+def test_a_compact_grid_puts_each_image_above_its_map_and_the_docs_picture_is_drawn_by_this_code(
+        image_run, tiny_imagefolder, tmp_path):
+    # The picture in docs/attention.md and the README is `vitlab attention --columns 4` of 8 images: the
+    # same command on any model draws a figure of its size, so a change of the layout shows here.
+    files = [str(p) for c in range(3) for p in sorted((tiny_imagefolder / "test" / f"class_{c}").glob("*.png"))[:3]][:8]
+    out = tmp_path / "grid.png"
+    main(["attention", "--checkpoint", str(image_run), *files, "--columns", "4", "--output", str(out)])
+    with Image.open(out) as drawn, Image.open(ROOT / "docs/attention_cifar10.png") as docs:
+        assert drawn.size == docs.size == (580, 630)  # 4 x 1.45 in wide, 2 rows of (image over map) x 3 in + title
+    model = load_model(image_run)
+    fig = plot_attention(model, [read_image(f) for f in files[:3]], columns=2, true_labels=["class_0"] * 3)
+    titles = [ax.get_title() for ax in fig.axes]
+    # rows of axes: the tops of images 0 and 1, their maps, the top of image 2 (and an empty cell), its map
+    assert titles[0] == titles[1] == titles[4] == "true: class_0" and len(fig.axes) == 8
+    assert all(titles[i].startswith("class_") for i in (2, 3, 6)) and titles[5] == titles[7] == ""
 
 
 def test_the_attention_picture_names_the_true_class_from_the_folder_and_has_a_colour_scale(

@@ -169,6 +169,8 @@ def _attention(args: argparse.Namespace) -> None:
     if not 0 <= args.discard_ratio < 1:
         raise ConfigError(f"--discard-ratio {args.discard_ratio} must be in [0, 1): the share of each row's weights "
                           f"to zero")
+    if args.columns < 0:
+        raise ConfigError(f"--columns {args.columns} must be >= 0 (0: one row an image)")
     if args.grid and len(args.images) != 1:
         raise ConfigError(f"--grid draws every block x head of one image; got {len(args.images)} images")
     # All read before anything is written, decoded as training decoded its files.
@@ -181,7 +183,7 @@ def _attention(args: argparse.Namespace) -> None:
         truth = [Path(p).parent.name if Path(p).parent.name in classes else None for p in args.images]
         fig = plot_attention(model, images, titles=[Path(p).name for p in args.images], method=args.method,
                              block=args.block, head=head, head_fusion=args.head_fusion,
-                             discard_ratio=args.discard_ratio, true_labels=truth)
+                             discard_ratio=args.discard_ratio, true_labels=truth, columns=args.columns)
     print(f"wrote {save_figure(fig, args.output)}")
 
 
@@ -311,6 +313,8 @@ def main(argv: list[str] | None = None) -> None:
     at.add_argument("--discard-ratio", type=float, default=0.0,
                     help="rollout: zero this share of each row's lowest weights (never the CLS column), in [0, 1)")
     at.add_argument("--grid", action="store_true", help="every block x head for one image")
+    at.add_argument("--columns", type=int, default=0,
+                    help="a compact grid of this many images a row, each above its map (0: a row an image)")
     at.add_argument("images", nargs="+")
     tr = sub.add_parser("translate", help="translate sentences with a trained text model")
     tr.add_argument("--checkpoint", required=True)

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 from torch import Tensor
 
 from ..errors import DataError
-from .decode import decode_image, open_image
+from .decode import EncodedImage, decode_image, open_image
 from .images import ImageData
 from .shards import ShardIndex
 from .split import SplitIndex, label_indices
@@ -176,10 +176,12 @@ class _HubShards:
             yield from ({k: v[i] for k, v in batch.items()} for i in range(len(batch[self.image_key])))
 
 
-def _decode_row(image_key: str, exif_transpose: bool, row: dict[str, Any], size: tuple[int, int] | None) -> Tensor:
+def _decode_row(image_key: str, exif_transpose: bool, row: dict[str, Any], size: tuple[int, int] | None,
+                lazy: bool = False) -> Tensor | EncodedImage:
     value = row[image_key]
     data = value["bytes"] if value.get("bytes") is not None else Path(value["path"]).read_bytes()
-    return decode_image(data, repr(value.get("path") or "an image of the stream"), size, exif_transpose)
+    where = repr(value.get("path") or "an image of the stream")
+    return EncodedImage(data, where, exif_transpose) if lazy else decode_image(data, where, size, exif_transpose)
 
 
 def index_hf_stream(root: str, split: str, *, image_key: str = "", label_key: str = "",

@@ -74,8 +74,9 @@ class ShardStream(IterableDataset):
     def __init__(self, index: ShardIndex, segments: list[Segment], transform: v2.Transform | None, batch_size: int,
                  train: bool, size: tuple[int, int] | None = None, seed: int = 0, num_processes: int = 1,
                  process_index: int = 0, num_workers: int = 0, shuffle_buffer: int = 1000,
-                 partitions: int = 0) -> None:
+                 partitions: int = 0, lazy: bool = False) -> None:
         self.read, self.decode, self.labels, self.label = index.read, index.decode, index.labels, index.label
+        self.lazy = lazy and size is None  # the transform decodes each file itself (data.scaled_decode)
         self.segments, self.transform, self.size = [s for s in segments if s[2] > s[1]], transform, size
         self.batch_size, self.train, self.seed = batch_size, train, seed
         self.num_processes, self.process_index, self.num_workers = num_processes, process_index, num_workers
@@ -152,7 +153,7 @@ class ShardStream(IterableDataset):
         return shuffle(rest, plan.shuffle_buffer, rng, [(sid, again[sid]) for sid in held])
 
     def _sample(self, sid: int, sample: dict[str, Any], epoch: int) -> tuple[Tensor, Tensor]:
-        image = self.decode(sample, self.size)
+        image = self.decode(sample, self.size, lazy=True) if self.lazy else self.decode(sample, self.size)
         if self.transform is not None:
             image = (seeded_transform(self.transform, image, self.seed, epoch, sid) if self.train
                      else self.transform(image))

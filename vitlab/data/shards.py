@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..errors import DataError
 from ..progress import Progress
-from .decode import decode_image
+from .decode import EncodedImage, decode_image
 
 __all__ = ["IMAGE_SUFFIXES", "ShardIndex", "expand_shards", "index_shards", "read_samples", "decode_sample",
            "write_shards", "read_classes"]
@@ -312,10 +312,12 @@ def read_samples(url: str, start: int = 0, stop: int | None = None) -> Iterator[
             yield sample
 
 
-def decode_sample(sample: dict[str, Any], size: tuple[int, int] | None = None, exif_transpose: bool = True) -> Tensor:
+def decode_sample(sample: dict[str, Any], size: tuple[int, int] | None = None, exif_transpose: bool = True,
+                  lazy: bool = False) -> Tensor | EncodedImage:
     """A sample's image as uint8 RGB ``(3, H, W)``: at its own size (:func:`~vitlab.data.decode.decode_image`),
     or resized (PIL's bicubic) to ``size``, upright by its EXIF orientation unless ``exif_transpose=False``,
-    as an ImageFolder's file would be.
+    as an ImageFolder's file would be; with ``lazy``, undecoded (an :class:`~vitlab.data.decode.EncodedImage`
+    for a transform that decodes what it needs).
 
     Raises:
         DataError: naming the sample and its shard, if the image cannot be decoded.
@@ -324,7 +326,8 @@ def decode_sample(sample: dict[str, Any], size: tuple[int, int] | None = None, e
     if data is None:  # listed by an index, a shard's samples are first seen here
         raise DataError(f"sample {sample.get('__key__')!r} of shard {sample.get('__url__')!r} has no image "
                         f"({', '.join(IMAGE_SUFFIXES)}); its files: {sorted(k for k in sample if not k.startswith('__'))}")
-    return decode_image(data, f"{sample['__key__']!r} of shard {sample.get('__url__')!r}", size, exif_transpose)
+    where = f"{sample['__key__']!r} of shard {sample.get('__url__')!r}"
+    return EncodedImage(data, where, exif_transpose) if lazy else decode_image(data, where, size, exif_transpose)
 
 
 def write_shards(samples: Iterable[tuple[str, bytes, str, int]], out: str | Path, split: str, shard_size: int,

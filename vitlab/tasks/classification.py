@@ -257,19 +257,20 @@ def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: i
         raise ConfigError(f"data.val_size={d.val_size} leaves no training images ({train.where} hold {len(train)})")
     crop_pct = d.crop_pct if d.train_crop != "pad" else None
     evaluation = _eval_transform(size, stored, crop_pct)
+    lazy_eval = d.scaled_decode and crop_pct is not None  # the center crop decodes each file at the scale it needs
     if "train" in splits:
         streams["train"] = ShardStream(train, [(s, k, k + u) for s, (k, u) in enumerate(zip(held, used))],
                                        _train_transform(d, size, stored, mean), batch_size, True, stored,
                                        shuffle_buffer=d.shuffle_buffer, partitions=partitions or d.partitions,
-                                       **common)
+                                       lazy=d.scaled_decode and d.train_crop == "rrc", **common)
     if "val" in splits and d.val_size:
         streams["val"] = ShardStream(train, [(s, 0, k) for s, k in enumerate(held)], evaluation, batch_size, False,
-                                     stored, **common)
+                                     stored, lazy=lazy_eval, **common)
     if "test" in splits:
         test = _listed_once(lambda: _index_stream(d, d.test_split, train.classes), num_processes)
         take = spread(d.test_subset, test.counts) if d.test_subset else test.counts
         streams["test"] = ShardStream(test, [(s, 0, k) for s, k in enumerate(take)], evaluation, batch_size, False,
-                                      stored, **common)
+                                      stored, lazy=lazy_eval, **common)
     return streams, train.classes
 
 

@@ -97,26 +97,46 @@ def _label(model: nn.Module, index: int) -> str:
 def plot_attention(model: nn.Module, images: Sequence[Tensor], titles: Sequence[str] | None = None,
                    method: Method = "rollout", block: int = -1, head: int | Literal["mean"] = "mean",
                    head_fusion: HeadFusion = "mean", discard_ratio: float = 0.0,
-                   true_labels: Sequence[str | None] | None = None) -> "Figure":
-    """One row per image: the image (titled with ``titles`` and its true class, where ``true_labels``
-    knows it), and its heat map upsampled and overlaid with a colour scale (each map scaled to [0, 1]:
-    its least attended patch 0, its most attended 1), titled with the predicted class and its
-    probability. ``images``: uint8 RGB ``(3, H, W)`` tensors (``vitlab.data.read_image``)."""
+                   true_labels: Sequence[str | None] | None = None, columns: int = 0) -> "Figure":
+    """Each image (titled with ``titles`` and its true class, where ``true_labels`` knows it) beside its
+    heat map upsampled and overlaid (each map scaled to [0, 1]: its least attended patch 0, its most
+    attended 1), titled with the predicted class and its probability. ``columns`` 0: one row per image,
+    each map with a colour scale; else a compact grid of that many images a row, each image above its map.
+    ``images``: uint8 RGB ``(3, H, W)`` tensors (``vitlab.data.read_image``)."""
     heat, probs = attention_heatmaps(model, images, method, block, head, head_fusion, discard_ratio)
     plt = _pyplot()
     what = (f"rollout ({head_fusion} over heads" + (f", discard {discard_ratio:g})" if discard_ratio else ")")
             if method == "rollout" else f"block {block}, head {head}")
-    fig, axes = plt.subplots(len(images), 2, figsize=(5.6, 2.5 * len(images)), squeeze=False, layout="constrained")
+    n = len(images)
+    if columns:
+        columns = min(columns, n)
+        rows = -(-n // columns)
+        fig, grid = plt.subplots(2 * rows, columns, figsize=(1.45 * columns, 3.0 * rows + 0.3), squeeze=False,
+                                 layout="constrained")
+        cells = [(grid[2 * (i // columns), i % columns], grid[2 * (i // columns) + 1, i % columns]) for i in range(n)]
+        for ax in grid.flat[:]:
+            ax.axis("off")
+    else:
+        fig, axes = plt.subplots(n, 2, figsize=(5.6, 2.5 * n), squeeze=False, layout="constrained")
+        cells = [(axes[i, 0], axes[i, 1]) for i in range(n)]
     for i, image in enumerate(_views(model, images)):  # drawn as the model saw it (resized, cropped)
         p, c = probs[i].max(0)
-        axes[i, 0].imshow(image.permute(1, 2, 0).numpy())
-        axes[i, 0].axis("off")
+        top, bottom = cells[i]
+        top.imshow(image.permute(1, 2, 0).numpy())
+        top.axis("off")
         true = true_labels[i] if true_labels else None
-        axes[i, 0].set_title((titles[i] if titles else f"image {i}") + (f"\ntrue: {true}" if true else ""), fontsize=8)
-        shown = _overlay(axes[i, 1], image, heat[i])
-        axes[i, 1].set_title(f"predicted: {_label(model, int(c))} {p:.2f}", fontsize=9)
-        fig.colorbar(shown, ax=axes[i, 1], fraction=0.046, pad=0.04).ax.tick_params(labelsize=7)
-    fig.suptitle(f"attention: {what}; colour: each map's least (0) to most (1) attended", fontsize=8)
+        name = titles[i] if titles else f"image {i}"
+        if columns:  # short titles under a narrow cell: the true class, else the name; the prediction
+            top.set_title(f"true: {true}" if true else name[:14], fontsize=7)
+        else:
+            top.set_title(name + (f"\ntrue: {true}" if true else ""), fontsize=8)
+        shown = _overlay(bottom, image, heat[i])
+        bottom.set_title(f"{_label(model, int(c))} {p:.2f}" if columns else
+                         f"predicted: {_label(model, int(c))} {p:.2f}", fontsize=7 if columns else 9)
+        if not columns:
+            fig.colorbar(shown, ax=bottom, fraction=0.046, pad=0.04).ax.tick_params(labelsize=7)
+    fig.suptitle(f"attention: {what}" + ("; above each image: true class, below: predicted" if columns else
+                                         "; colour: each map's least (0) to most (1) attended"), fontsize=8)
     return fig
 
 
