@@ -21,8 +21,8 @@ and shapes, whose detail is CIFAR-10's (32 px).
 
 With ``--phone``, phone-camera photos instead: each cut resized (bicubic) to 12 megapixels, 4032 x 3024,
 with sensor-like noise (normal, sigma 3 levels, so that the files carry a camera's detail: about 1.6 MB
-each at quality 90, where a smooth upscale would compress to a fraction), and every third one a portrait
-shot as phones store it: the pixels landscape, an EXIF orientation tag 6 turning them upright.
+each at quality 90, where a smooth upscale, ``--noise 0``, compresses to a fraction), and every third one
+a portrait shot as phones store it: the pixels landscape, an EXIF orientation tag 6 turning them upright.
 
     python benchmarks/make_photos.py --phone --out /tmp/phone --train 22 --test 0   # 198 photos
 """
@@ -67,14 +67,15 @@ def cut(photo: Image.Image, rng: random.Random) -> Image.Image:
     return img.transpose(Image.FLIP_LEFT_RIGHT) if rng.random() < 0.5 else img
 
 
-def phone(photo: Image.Image, rng: random.Random, index: int) -> tuple[Image.Image, bytes]:
-    """A 12-megapixel phone photo of a cut of ``photo``, and the EXIF it is saved with (orientation 6, a
-    portrait, for every third)."""
+def phone(photo: Image.Image, rng: random.Random, index: int, noise: float = 3.0) -> tuple[Image.Image, bytes]:
+    """A 12-megapixel phone photo of a cut of ``photo`` (with normal noise of ``noise`` levels), and the EXIF
+    it is saved with (orientation 6, a portrait, for every third)."""
     import numpy as np
 
     img = cut(photo, rng).resize((4032, 3024), Image.BICUBIC)
-    noise = np.random.default_rng(rng.randrange(2 ** 32)).normal(0, 3, (3024, 4032, 3))
-    img = Image.fromarray(np.clip(np.asarray(img) + noise, 0, 255).astype(np.uint8))
+    if noise:
+        grain = np.random.default_rng(rng.randrange(2 ** 32)).normal(0, noise, (3024, 4032, 3))
+        img = Image.fromarray(np.clip(np.asarray(img) + grain, 0, 255).astype(np.uint8))
     exif = Image.Exif()
     if index % 3 == 2:
         exif[0x0112] = 6  # shot in portrait: stored landscape, turned upright by the viewer
@@ -100,6 +101,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--upscale", help="an ImageFolder whose images are upscaled instead (see above)")
     parser.add_argument("--phone", action="store_true", help="12-megapixel phone photos (see above)")
+    parser.add_argument("--noise", type=float, default=3.0, help="--phone: the sensor-like noise, in levels "
+                                                                  "(0: smooth upscales, light files)")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     total = 0
@@ -117,7 +120,7 @@ def main() -> None:
             folder.mkdir(parents=True, exist_ok=True)
             for i in range(count):
                 if args.phone:
-                    img, exif = phone(photo, rng, i)
+                    img, exif = phone(photo, rng, i, args.noise)
                     img.save(folder / f"{i:05d}.jpg", quality=90, exif=exif)
                 else:
                     cut(photo, rng).save(folder / f"{i:05d}.jpg", quality=90)

@@ -137,3 +137,16 @@ def test_a_streamed_run_of_photos_sees_the_full_decodes_pixels_to_40_db(photo, t
         batches[scaled] = train, test
     for on, off in zip(batches["true"], batches["false"]):
         assert on.shape == off.shape and psnr(on, off) >= 40 and not torch.equal(on, off)
+
+
+def test_crops_too_small_to_scale_are_torchvisions_pixels(photo):
+    small = io.BytesIO()
+    Image.open(io.BytesIO(photo)).resize((480, 360)).save(small, "JPEG", quality=90)  # an ImageNet-sized photo
+    full = decode_image(small.getvalue(), "small")
+    crop = RandomResizedCropDecode((224, 224), **RESIZE)
+    reference = v2.RandomResizedCrop((224, 224), **RESIZE)
+    for seed in range(10):
+        torch.manual_seed(seed)
+        want = reference(full)
+        torch.manual_seed(seed)
+        assert torch.equal(crop(EncodedImage(small.getvalue(), "small")), want)

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from torch import Tensor
+from torchvision.transforms.v2.functional import InterpolationMode, resized_crop
 
 from ..errors import DataError
 
@@ -27,7 +28,7 @@ except ImportError:  # a platform without its wheel: PIL decodes JPEGs too
     simplejpeg = None
 
 __all__ = ["to_rgb", "pil_to_tensor", "open_image", "decode_image", "read_image", "decode_all", "decode_region",
-           "jpeg_size", "Region", "EncodedImage"]
+           "jpeg_size", "Region", "EncodedImage", "dct_scale"]
 
 _WIDE_INTEGER_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _ORIENTATION = 0x0112  # EXIF's Orientation tag
@@ -173,17 +174,28 @@ def jpeg_size(data: bytes, exif_transpose: bool = True) -> tuple[int, int, int] 
     return (width, height, orientation) if orientation in (5, 6, 7, 8) else (height, width, orientation)
 
 
+def dct_scale(height: float, width: float, size: tuple[int, int]) -> int:
+    """The DCT scale (1, 2 or 4: decode at 1/scale) for a region of ``height x width`` to be resized to
+    ``size``: the largest that leaves the region at least 1.25 times ``size``. A quarter of the resize is
+    left to do because the DCT's filter is not the resize's: where it did all of the shrinking, the two
+    parted to 39 dB; and not 1/8, which keeps only each 8 x 8 block's mean."""
+    scale = 1
+    while scale < 4 and height / (2 * scale) >= 1.25 * size[0] and width / (2 * scale) >= 1.25 * size[1]:
+        scale *= 2
+    return scale
+
+
 def decode_region(data: bytes, where: str, region: Callable[[int, int], Region], size: tuple[int, int],
                   exif_transpose: bool = True) -> Tensor:
     """The ``region(height, width)`` of an encoded image (upright pixels; called with the upright size)
     resized to ``size`` ``(H, W)`` (bicubic, PIL's, with the box's fractions): uint8 RGB ``(3, H, W)``.
 
-    A JPEG is decoded only as large as the region needs: libjpeg-turbo's DCT scaling by 1/2 or 1/4, the
-    smaller that leaves the region at least 1.25 times ``size`` (so the resize still shrinks), then the
-    box is cut from the smaller image. Against the full decode and the same crop (torchvision's resize) it differs by
-    a resize's rounding: PSNR about 50 dB (benchmarks/RESULTS.md; the test asserts >= 40 on each of 30
-    random resized crops of a real photograph). Anything else is decoded whole (:func:`decode_image`) and
-    cut the same way.
+    A JPEG is decoded only as large as the region needs (:func:`dct_scale`: libjpeg-turbo's DCT scaling by
+    1/2 or 1/4), then the box is cut from the smaller image. Against the full decode and the same crop
+    (torchvision's resize) it differs by a resize's rounding: PSNR about 50 dB (benchmarks/RESULTS.md; the
+    test asserts >= 40 on each of 30 random resized crops of a real photograph). A region too small to
+    scale is cut from the full decode by torchvision's ``resized_crop`` (integer boxes: the pixels of the
+    path without scaling). Anything else is decoded whole (:func:`decode_image`) and cut by PIL.
 
     Raises:
         DataError: naming ``where``, if it cannot be decoded.
@@ -196,17 +208,17 @@ def decode_region(data: bytes, where: str, region: Callable[[int, int], Region],
         return pil_to_tensor(img.resize((size[1], size[0]), Image.BICUBIC, box=(left, top, left + w, top + h)))
     height, width, orientation = found
     box = region(height, width)
-    scale = 1
-    while scale < 4 and box[2] / (2 * scale) >= 1.25 * size[0] and box[3] / (2 * scale) >= 1.25 * size[1]:
-        # A quarter of the resize left to do (1.25): the DCT's filter is not the resize's, and where it did
-        # all of the shrinking the two parted to 39 dB; likewise 1/8, which keeps each 8 x 8 block's mean.
-        scale *= 2
+    scale = dct_scale(box[2], box[3], size)
     stored = (width, height) if orientation in (5, 6, 7, 8) else (height, width)
     try:
         pixels = simplejpeg.decode_jpeg(data, colorspace="RGB", min_height=-(-stored[0] // scale),
                                         min_width=-(-stored[1] // scale))
     except ValueError as e:
         raise DataError(f"cannot read image {where}: {e}") from None
+    if scale == 1:  # too small a region to scale: the full decode and torchvision's crop, as without scaling
+        x = _turn(torch.from_numpy(pixels).permute(2, 0, 1), orientation)
+        top, left, h, w = (round(v) for v in box)
+        return resized_crop(x, top, left, h, w, list(size), InterpolationMode.BICUBIC, antialias=True).contiguous()
     top, left, h, w = _box_stored(box, orientation, height, width)
     fy, fx = pixels.shape[0] / stored[0], pixels.shape[1] / stored[1]
     out = (size[1], size[0]) if orientation in (5, 6, 7, 8) else (size[0], size[1])  # (H, W) as stored

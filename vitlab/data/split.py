@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..errors import DataError
 from ..progress import Progress
-from .decode import EncodedImage, decode_all, decode_region, jpeg_size, pil_to_tensor
+from .decode import EncodedImage, dct_scale, decode_all, decode_region, jpeg_size, pil_to_tensor
 from .images import ImageData, balanced_indices
 
 __all__ = ["SplitIndex", "StreamedImages", "label_indices", "hold_out"]
@@ -77,7 +77,8 @@ class SplitIndex:
             return self.read(i)
         if scaled and self.encoded is not None:
             data = self.encoded(i)
-            if jpeg_size(data, self.upright) is not None:  # else PIL's decode and resize, as without scaling
+            found = jpeg_size(data, self.upright)
+            if found is not None and dct_scale(found[0], found[1], size) > 1:  # else as without scaling
                 return decode_region(data, self._where(i), lambda h, w: (0, 0, h, w), size, self.upright)
         return pil_to_tensor(self.open(i), size)
 

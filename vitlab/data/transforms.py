@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torchvision.transforms import v2
 
-from .decode import EncodedImage, decode_region, jpeg_size
+from .decode import EncodedImage, dct_scale, decode_region, jpeg_size
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "AUGMENTS", "TIMM_AUGMENTS", "timm_augment_problem", "timm_augment_hparams",
            "TimmAugment", "src_train_transform", "resize_images", "normalize", "ModelInput", "train_transform",
@@ -252,6 +252,8 @@ class _DecodeResized(v2.Transform):
         height, width = found[:2]
         size = (self.scale if isinstance(self.scale, tuple) else
                 tuple(v2.functional._geometry._compute_resized_output_size((height, width), size=[self.scale])))
+        if dct_scale(height, width, size) == 1:  # too small to scale: decoded whole, then timm's resize
+            return image.decode()
         return decode_region(image.data, image.where, lambda h, w: (0, 0, h, w), size, image.exif_transpose)
 
 
