@@ -113,6 +113,45 @@ class _DecodeOnly:
         return self.index.read(int(i))[:, :1, :1], 0
 
 
+def crop_psnr(args: argparse.Namespace) -> None:
+    """``--psnr N``: N random resized crops (and N evaluation center crops) of the photos under ``--root``,
+    decoded at the scale they need against decoded whole and cropped by torchvision (training) or PIL as
+    timm (evaluation): the PSNR of the model's input, its median and lowest."""
+    import math
+    from statistics import median
+
+    from torchvision.transforms import v2
+
+    from vitlab.data import index_split
+    from vitlab.data.decode import EncodedImage
+    from vitlab.data.transforms import RandomResizedCropDecode, center_crop_transform
+
+    index = index_split("imagefolder", args.root, "train")
+    size = (args.size, args.size)
+    resize = dict(interpolation=v2.InterpolationMode.BICUBIC, antialias=True)
+    scaled, whole = RandomResizedCropDecode(size, **resize), v2.RandomResizedCrop(size, **resize)
+    evaluation = center_crop_transform(size, 0.875)
+
+    def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
+        mse = ((a.double() - b.double()) ** 2).mean().item()
+        return 10 * math.log10(255 ** 2 / mse) if mse else math.inf
+
+    values: dict[str, list[float]] = {"training crops": [], "evaluation crops": []}
+    for k in range(args.psnr):
+        i = k % len(index)
+        encoded = EncodedImage(index.encoded(i), str(i))
+        full = index.read(i)
+        torch.manual_seed(k)
+        want = whole(full)
+        torch.manual_seed(k)
+        values["training crops"].append(psnr(scaled(encoded), want))
+        values["evaluation crops"].append(psnr(evaluation(encoded), evaluation(full)))
+    for name, v in values.items():
+        finite = [x for x in v if math.isfinite(x)]
+        print(f"{name}: {len(v)} of {len(index)} photos under {args.root}, {args.size} px: PSNR against the full decode "
+              f"median {median(v):.1f} dB, lowest {min(v):.1f} dB ({len(v) - len(finite)} equal)")
+
+
 def photo_pipeline(args: argparse.Namespace) -> None:
     from statistics import median
 
@@ -197,11 +236,13 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=224, help="--root: the crops' size")
     parser.add_argument("--memory-size", type=int, default=256, help="--root: the size the in-memory path decodes at")
     parser.add_argument("--rounds", type=int, default=3, help="--root: rounds, loaders alternating")
+    parser.add_argument("--psnr", type=int, default=0, help="--root: measure the scaled decode's PSNR on this many "
+                                                            "crops instead of timing")
     args = parser.parse_args()
     if args.root:
         if args.batch == 256 and args.images == 10240:  # the CIFAR defaults: smaller for photographs
             args.batch, args.images = 64, 1024
-        return photo_pipeline(args)
+        return crop_psnr(args) if args.psnr else photo_pipeline(args)
     device = torch.device(args.device)
     if args.data:
         start = time.perf_counter()
