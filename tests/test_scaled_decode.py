@@ -76,7 +76,7 @@ def test_each_exif_orientation_is_cut_upright(photo, orientation):
     got = decode_region(data, "tagged", region, (100, 75))
     assert sizes == [(upright.height, upright.width)]
     top, left, h, w = box
-    want = torch.from_numpy(np.asarray(upright.resize((75, 100), Image.BICUBIC, box=(left, top, left + w, top + h)))
+    want = torch.from_numpy(np.array(upright.resize((75, 100), Image.BICUBIC, box=(left, top, left + w, top + h)))
                             ).permute(2, 0, 1)
     assert got.shape == (3, 100, 75) and psnr(got, want) >= 40
 
