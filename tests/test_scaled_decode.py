@@ -150,3 +150,16 @@ def test_crops_too_small_to_scale_are_torchvisions_pixels(photo):
         want = reference(full)
         torch.manual_seed(seed)
         assert torch.equal(crop(EncodedImage(small.getvalue(), "small")), want)
+
+
+def test_a_streamed_png_gets_torchvisions_crop_as_without_scaling(photo):
+    png = io.BytesIO()
+    Image.open(io.BytesIO(photo)).resize((640, 480)).save(png, "PNG")
+    full = decode_image(png.getvalue(), "png")
+    crop = RandomResizedCropDecode((224, 224), **RESIZE)
+    reference = v2.RandomResizedCrop((224, 224), **RESIZE)
+    for seed in range(5):
+        torch.manual_seed(seed)
+        want = reference(full)
+        torch.manual_seed(seed)
+        assert torch.equal(crop(EncodedImage(png.getvalue(), "png")), want)

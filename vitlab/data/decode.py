@@ -186,7 +186,7 @@ def dct_scale(height: float, width: float, size: tuple[int, int]) -> int:
 
 
 def decode_region(data: bytes, where: str, region: Callable[[int, int], Region], size: tuple[int, int],
-                  exif_transpose: bool = True) -> Tensor:
+                  exif_transpose: bool = True, found: tuple[int, int, int] | None = None) -> Tensor:
     """The ``region(height, width)`` of an encoded image (upright pixels; called with the upright size)
     resized to ``size`` ``(H, W)`` (bicubic, PIL's, with the box's fractions): uint8 RGB ``(3, H, W)``.
 
@@ -197,10 +197,12 @@ def decode_region(data: bytes, where: str, region: Callable[[int, int], Region],
     scale is cut from the full decode by torchvision's ``resized_crop`` (integer boxes: the pixels of the
     path without scaling). Anything else is decoded whole (:func:`decode_image`) and cut by PIL.
 
+    ``found``: :func:`jpeg_size`'s answer where the caller already read the headers.
+
     Raises:
         DataError: naming ``where``, if it cannot be decoded.
     """
-    found = jpeg_size(data, exif_transpose)
+    found = found or jpeg_size(data, exif_transpose)
     if found is None:
         x = decode_image(data, where, exif_transpose=exif_transpose)
         top, left, h, w = region(x.shape[-2], x.shape[-1])

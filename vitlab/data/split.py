@@ -79,7 +79,7 @@ class SplitIndex:
             data = self.encoded(i)
             found = jpeg_size(data, self.upright)
             if found is not None and dct_scale(found[0], found[1], size) > 1:  # else as without scaling
-                return decode_region(data, self._where(i), lambda h, w: (0, 0, h, w), size, self.upright)
+                return decode_region(data, self._where(i), lambda h, w: (0, 0, h, w), size, self.upright, found)
         return pil_to_tensor(self.open(i), size)
 
     def encoded_image(self, i: int) -> EncodedImage | None:

@@ -222,13 +222,16 @@ class RandomResizedCropDecode(v2.RandomResizedCrop):
     def forward(self, *inputs: Any) -> Any:
         if len(inputs) == 1 and isinstance(inputs[0], EncodedImage):
             image = inputs[0]
+            found = jpeg_size(image.data, image.exif_transpose)
+            if found is None:  # a PNG, a CMYK JPEG: decoded whole, torchvision's crop, as without scaling
+                return super().forward(image.decode())
             params = getattr(self, "make_params", None) or self._get_params  # torchvision < 0.21: _get_params
 
             def region(height: int, width: int) -> tuple[float, float, float, float]:
                 p = params([torch.empty(()).expand(3, height, width)])  # the draws need only the size
                 return p["top"], p["left"], p["height"], p["width"]
 
-            return decode_region(image.data, image.where, region, tuple(self.size), image.exif_transpose)
+            return decode_region(image.data, image.where, region, tuple(self.size), image.exif_transpose, found)
         return super().forward(*inputs)
 
 
@@ -254,7 +257,7 @@ class _DecodeResized(v2.Transform):
                 tuple(v2.functional._geometry._compute_resized_output_size((height, width), size=[self.scale])))
         if dct_scale(height, width, size) == 1:  # too small to scale: decoded whole, then timm's resize
             return image.decode()
-        return decode_region(image.data, image.where, lambda h, w: (0, 0, h, w), size, image.exif_transpose)
+        return decode_region(image.data, image.where, lambda h, w: (0, 0, h, w), size, image.exif_transpose, found)
 
 
 def rrc_train_transform(size: tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
