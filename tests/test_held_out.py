@@ -103,3 +103,16 @@ def test_a_hugging_face_data_set_with_only_a_train_split_holds_out_its_test_spli
     # the same rows as the folder's files, in the same order: the same images held out
     assert [int(test_index.key(i)) for i in range(15)] == [files.index(photos / folder.key(i)) for i in range(15)]
     assert test_index.open(3).tobytes() == folder.open(3).tobytes()
+
+
+def test_a_run_without_a_held_out_split_refuses_one_on_resume_and_eval(tiny_imagefolder, tmp_path, on_cpu):
+    run = tmp_path / "run"
+    train(load_config(None, _overrides(tiny_imagefolder, run, "train.epochs=1")))
+    reset_accelerate()
+    with pytest.raises(ConfigError, match=r"^data.test_size: the run held out 0 images \(data.test_size=0\) and "
+                                          r"this asks for data.test_size=0.25"):
+        train(load_config(None, _overrides(tiny_imagefolder, run, "train.epochs=2", "data.test_size=0.25")), resume=run)
+    reset_accelerate()
+    with pytest.raises(ConfigError, match=r"^data.test_size: the run held out 0 images"):
+        evaluate_checkpoint(run, split="test", overrides=("data.test_size=0.25",))
+    reset_accelerate()

@@ -126,7 +126,7 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
         loader: Any = ShardLoader(streams[split], accelerator.device)
     else:
         state = directory / "trainer_state.json"  # a training checkpoint's: the test split it held out, if any
-        held_out = read_json(state).get("data", {}).get("held_out") if state.is_file() else None
+        held_out = read_json(state).get("data", {}).get("held_out", {}) if state.is_file() else None
         train_index, test_index = index_splits(d, classes=list(info["label_names"]), seed=cfg.train.seed,
                                                held_out=held_out)
         keep, _ = in_memory(d, train_index, test_index, size)

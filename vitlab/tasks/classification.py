@@ -51,22 +51,24 @@ def index_splits(d: DataConfig, classes: list[str] | None = None, seed: int = 0,
     split's classes (or through ``classes``, a trained model's): bad labels fail here, before decoding.
 
     With ``data.test_size``, the test split is held out of the training split (:func:`hold_out`, chosen by
-    ``seed``); a folder whose root holds the class folders itself is that split. ``held_out``: the record
-    of the run's own held-out split, which this listing must give again (else one line)."""
+    ``seed``); a folder whose root holds the class folders itself is that split. ``held_out``: a run's
+    record of the split it held out (``{}``: none), which this config and listing must give again (else
+    one line); None: no run to agree with."""
     keys = dict(download=d.download, image_key=d.image_key, label_key=d.label_key, exif_transpose=d.exif_transpose)
     split = d.train_split
     if d.test_size and d.dataset == "imagefolder" and not (Path(d.root).expanduser() / split).is_dir():
         split = "."  # the class folders are data.root's own
     train = index_split(d.dataset, d.root, split, **keys, classes=classes)
+    if held_out is not None and held_out.get("test_size", 0) != d.test_size:
+        kept = held_out.get("test_size", 0)
+        raise ConfigError(f"data.test_size: the run held out {held_out.get('images', 0)} images (data.test_size="
+                          f"{kept:g}) and this asks for data.test_size={d.test_size:g}; a run keeps its test split: "
+                          f"set data.test_size={kept:g}, or start a new run")
     if not d.test_size:
         return train, index_split(d.dataset, d.root, d.test_split, **keys, classes=train.classes)
     train, test = hold_out(train, d.test_size, seed)
     record = test.held_out
     if held_out is not None and held_out != record:
-        if held_out.get("test_size") != record["test_size"]:
-            raise ConfigError(f"data.test_size: the run held out {held_out['images']} images (data.test_size="
-                              f"{held_out['test_size']:g}) and this asks for data.test_size={d.test_size:g}; a run keeps "
-                              f"its test split: set data.test_size={held_out['test_size']:g}, or start a new run")
         raise DataError(f"the images held out as the test split changed on disk since the run started ({test.where}: "
                         f"{record['images']} images now, SHA-256 {record['sha256'][:12]}, against {held_out['images']}, "
                         f"{held_out['sha256'][:12]} recorded): its test metrics would be of other images; restore "
@@ -323,13 +325,9 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     size = image_input_size(model)[1:]
     if streamed_in_shards(d):
         return _shards_task(cfg, accelerator, micro_batch, model, mean, std, size, resume_from)
-    kept = read_json(resume_from / "trainer_state.json").get("data", {}) if resume_from is not None else {}
-    if kept.get("held_out") and not d.test_size:
-        raise ConfigError(f"data.test_size: the run held out {kept['held_out']['images']} images as its test split "
-                          f"(data.test_size={kept['held_out']['test_size']:g}) and this asks for none; a run keeps its "
-                          f"test split: set data.test_size={kept['held_out']['test_size']:g}, or start a new run")
+    kept = read_json(resume_from / "trainer_state.json").get("data", {}) if resume_from is not None else None
     # Labels checked before any image is decoded; a held-out test split is the one the run started with.
-    train_index, test_index = index_splits(d, seed=t.seed, held_out=kept.get("held_out"))
+    train_index, test_index = index_splits(d, seed=t.seed, held_out=None if kept is None else kept.get("held_out", {}))
     teacher = _teacher(cfg, len(train_index.classes), accelerator)  # before any image is decoded too
     record = test_index.held_out
     if record is not None:
