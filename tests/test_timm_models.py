@@ -124,3 +124,23 @@ def test_a_timm_model_fine_tunes_from_a_weights_file_with_another_head(tiny_imag
     mine, theirs = model.state_dict(), source.state_dict()
     assert [k for k in theirs if not torch.equal(mine[k], theirs[k])] == ["fc.weight", "fc.bias"]
     assert mine["fc.weight"].shape == (3, theirs["fc.weight"].shape[1])  # a new head of the data's 3 classes
+
+
+def test_gradient_checkpointing_of_a_timm_model_gives_its_gradients_or_one_line(monkeypatch):
+    torch.manual_seed(0)
+    model = vitlab.create_model("timm:test_resnet", num_classes=3, img_size=32)
+    x = torch.randn(2, 3, 32, 32)
+    model(x).sum().backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.set_grad_checkpointing(True)
+    model(x).sum().backward()
+    assert all(torch.allclose(a, p.grad, atol=1e-6) for a, p in zip(plain, model.parameters()))
+
+    def none(enable=True):
+        raise NotImplementedError
+
+    monkeypatch.setattr(model.model, "set_grad_checkpointing", none)
+    with pytest.raises(ValueError, match=r"^timm's 'test_resnet' has no gradient checkpointing"):
+        model.set_grad_checkpointing(True)
+    model.set_grad_checkpointing(False)  # turning it off is always possible

@@ -94,9 +94,17 @@ class TimmClassifier(nn.Module, HubMixin):
         self.config["num_classes"] = num_classes
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """timm's gradient checkpointing of the model's stages (where the model has it)."""
-        if enable or hasattr(self.model, "set_grad_checkpointing"):
+        """timm's gradient checkpointing of the model's stages.
+
+        Raises:
+            ValueError: if ``enable`` and timm's model has none (``model.grad_checkpointing`` cannot hold).
+        """
+        try:
             self.model.set_grad_checkpointing(enable)
+        except (AttributeError, AssertionError, NotImplementedError) as e:
+            if enable:
+                raise ValueError(f"timm's {self.config['name']!r} has no gradient checkpointing ({type(e).__name__}); "
+                                 f"set model.grad_checkpointing=false") from None
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:

@@ -31,9 +31,9 @@ def build_model(cfg: Config, **derived: Any) -> nn.Module:
     gradient checkpointing as ``model.grad_checkpointing`` says; invalid arguments raise :class:`ConfigError` naming the preset and the overrides."""
     try:
         model = create_model(cfg.model.name, **derived, **cfg.model.args)
+        model.set_grad_checkpointing(cfg.model.grad_checkpointing)
     except ValueError as e:
         raise ConfigError(f"model ({cfg.model.name} with {cfg.model.args or 'no overrides'}): {e}") from None
-    model.set_grad_checkpointing(cfg.model.grad_checkpointing)
     return model
 
 

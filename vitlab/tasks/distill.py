@@ -65,19 +65,15 @@ class DistillationLoss(nn.Module):
 
 def _from_weights_file(path: Path, where: str) -> nn.Module:
     """A vitlab checkpoint's ``model.safetensors`` or ``ema.safetensors``, built from the ``config.json`` beside it."""
-    from ..models.hub import CONFIG_NAME, load_model_dir, read_json
-    from ..models.registry import model_class
+    from ..models.hub import CONFIG_NAME, load_model
 
-    config = path.parent / CONFIG_NAME
-    if path.name not in ("model.safetensors", "ema.safetensors") or not config.is_file():
+    if path.name not in ("model.safetensors", "ema.safetensors") or not (path.parent / CONFIG_NAME).is_file():
         raise ConfigError(f"{where} is a weights file without the {CONFIG_NAME} beside it that says its architecture; "
                           f"for timm's weights set distill.teacher=timm:<name> and distill.teacher_file={str(path)!r}, "
                           f"else give the vitlab run or checkpoint directory")
     try:
-        meta = read_json(config)
-        return load_model_dir(model_class(meta.get("architecture", "")), path.parent, meta,
-                              use_ema=path.name == "ema.safetensors")
-    except (CheckpointError, ValueError) as e:
+        return load_model(path.parent, use_ema=path.name == "ema.safetensors")
+    except CheckpointError as e:
         raise ConfigError(f"{where}: {e}") from None
 
 
