@@ -140,3 +140,71 @@ def test_predict_reads_a_photo_as_its_model_was_trained_upright_or_not(photo_cop
         main(["predict", "--checkpoint", str(run), str(photo), str(same_as)])
         lines = capsys.readouterr().out.splitlines()[-2:]
         assert lines[0].split(": ", 1)[1] == lines[1].split(": ", 1)[1], lines
+
+
+def _tiff(entries: list[tuple[int, int, int, bytes]], order: str) -> bytes:
+    """A TIFF header and IFD0 of ``(tag, type, count, value)`` entries, ``order`` 'little' or 'big'."""
+    head = (b"II*\0" if order == "little" else b"MM\0*") + (8).to_bytes(4, order)
+    body = len(entries).to_bytes(2, order)
+    for tag, kind, count, value in entries:
+        body += tag.to_bytes(2, order) + kind.to_bytes(2, order) + count.to_bytes(4, order) + value.ljust(4, b"\0")
+    return head + body + (0).to_bytes(4, order)
+
+
+def _with_segments(segments: list[bytes]) -> bytes:
+    """A real photo's JPEG with ``segments`` (APP1 payloads) put after its SOI marker."""
+    out = io.BytesIO()
+    _photo().crop((0, 0, 48, 32)).save(out, "JPEG", quality=90)
+    data = out.getvalue()
+    app1 = b"".join(b"\xff\xe1" + (len(s) + 2).to_bytes(2, "big") + s for s in segments)
+    return data[:2] + app1 + data[2:]
+
+
+def _short(value: int, order: str) -> bytes:
+    return value.to_bytes(2, order)
+
+
+_XMP = b"http://ns.adobe.com/xap/1.0/\x00"
+_ORIENTATION_CASES = {
+    **{f"tag {v}, {order}-endian": [b"Exif\0\0" + _tiff([(0x010F, 2, 4, b"cam\0"), (ORIENTATION, 3, 1, _short(v, order))],
+                                                        order)] for v in range(1, 9) for order in ("little", "big")},
+    "no segment": [],
+    "exif without the tag": [b"Exif\0\0" + _tiff([(0x010F, 2, 4, b"cam\0")], "little")],
+    "tag 0 (invalid)": [b"Exif\0\0" + _tiff([(ORIENTATION, 3, 1, _short(0, "big"))], "big")],
+    "tag 9 (invalid)": [b"Exif\0\0" + _tiff([(ORIENTATION, 3, 1, _short(9, "little"))], "little")],
+    "a LONG tag": [b"Exif\0\0" + _tiff([(ORIENTATION, 4, 1, (6).to_bytes(4, "little"))], "little")],
+    "xmp attribute": [_XMP + b'<x:xmpmeta><rdf:Description tiff:Orientation="8"/></x:xmpmeta>'],
+    "xmp element": [_XMP + b"<x:xmpmeta><tiff:Orientation>3</tiff:Orientation></x:xmpmeta>"],
+    "exif before xmp": [b"Exif\0\0" + _tiff([(ORIENTATION, 3, 1, _short(6, "big"))], "big"),
+                        _XMP + b'<rdf:Description tiff:Orientation="8"/>'],
+    "xmp where exif has no tag": [b"Exif\0\0" + _tiff([(0x010F, 2, 4, b"cam\0")], "big"),
+                                  _XMP + b'<rdf:Description tiff:Orientation="5"/>'],
+    "two xmp segments": [_XMP + b'tiff:Orientation="2"', _XMP + b'tiff:Orientation="7"'],
+    "doubled exif header": [b"Exif\0\0Exif\0\0" + _tiff([(ORIENTATION, 3, 1, _short(6, "little"))], "little")],
+    "two exif segments": [b"Exif\0\0" + _tiff([(0x010F, 2, 4, b"cam\0")], "big"),
+                          b"Exif\0\0" + _tiff([(ORIENTATION, 3, 1, _short(6, "big"))], "big")],
+    "truncated exif": [b"Exif\0\0" + _tiff([(ORIENTATION, 3, 1, _short(6, "big"))], "big")[:12]],
+    "not a tiff": [b"Exif\0\0" + b"garbage!" * 4],
+}
+
+
+@pytest.mark.parametrize("case", list(_ORIENTATION_CASES))
+def test_the_orientation_read_from_the_bytes_is_pils(case):
+    """jpeg_orientation reads the tag from the JPEG's bytes without opening it (0.02 ms against PIL's 0.11):
+    the value PIL's ``getexif`` gives (its Exif segment's IFD0, else XMP's ``tiff:Orientation``), 1 where
+    that is missing or not 1-8, in every case here, well-formed or not."""
+    import warnings
+
+    from vitlab.data.decode import _scan_orientation, jpeg_orientation
+
+    data = _with_segments(_ORIENTATION_CASES[case])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # PIL warns of the corrupt cases
+        value = Image.open(io.BytesIO(data)).getexif().get(ORIENTATION, 1)
+    expected = value if isinstance(value, int) and 1 <= value <= 8 else 1
+    assert jpeg_orientation(data) == expected
+    if case.startswith("tag ") and "invalid" not in case:
+        assert expected == int(case[4])  # the cases say what they test
+    # Only the malformed and the doubled go to PIL: the rest are read from the bytes.
+    assert (_scan_orientation(data) is None) == (case in ("doubled exif header", "two exif segments",
+                                                          "truncated exif", "not a tiff"))
