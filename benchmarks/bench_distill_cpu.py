@@ -6,6 +6,7 @@ student step.
     python train.py --config configs/cifar10_cpu_teacher.yaml data.dataset=imagefolder \\
         data.root=../shared/data/cifar10 data.download=false train.output_dir=runs/teacher
     python benchmarks/bench_distill_cpu.py --data ../shared/data/cifar10 --teacher runs/teacher --seeds 0 1 2
+    python benchmarks/bench_distill_cpu.py ... --set train.epochs=20     # another setting: keys for both arms
 
 Each run is ``python train.py --config configs/cifar10_cpu_quick.yaml`` (plus ``model.distilled=true
 distill.type=hard distill.teacher=...`` for the student), one after the other, its final epoch's test
@@ -79,20 +80,25 @@ def main() -> None:
     p.add_argument("--only", choices=["baseline", "distilled"], help="run one arm only")
     p.add_argument("--out", default="runs/bench_distill", help="where the runs go")
     p.add_argument("--json", help="write the results here")
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="config overrides for both arms (e.g. train.epochs=20)")
+    p.add_argument("--distill-set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="config overrides for the distilled arm (e.g. distill.type=soft distill.tau=3)")
+    p.add_argument("--no-costs", action="store_true", help="skip timing the teacher's cost per step")
     args = p.parse_args()
     data = [f"data.dataset=imagefolder", f"data.root={Path(args.data).resolve()}", "data.download=false"]
     arms = {"baseline": [], "distilled": ["model.distilled=true", "distill.type=hard",
-                                          f"distill.teacher={Path(args.teacher).resolve()}"]}
+                                          f"distill.teacher={Path(args.teacher).resolve()}", *args.distill_set]}
     results: dict = {}
     for arm, extra in arms.items():
         if args.only and arm != args.only:
             continue
-        results[arm] = {seed: run([*data, *extra, f"train.seed={seed}"], ROOT / args.out / f"{arm}_{seed}")
+        results[arm] = {seed: run([*data, *extra, *args.set, f"train.seed={seed}"], ROOT / args.out / f"{arm}_{seed}")
                         for seed in args.seeds}
         tops = [r["top1"] for r in results[arm].values()]
         print(f"{arm}: test top-1 {', '.join(f'{t:.2%}' for t in tops)} (mean {statistics.mean(tops):.2%}); wall "
               f"{', '.join(str(round(r['wall_s'])) for r in results[arm].values())} s", flush=True)
-    if args.only != "baseline":
+    if args.only != "baseline" and not args.no_costs:
         results["teacher"] = json.loads((Path(args.teacher) / "summary.json").read_text())["test_top1"]
         results["costs"] = step_costs(args.teacher)
         print(f"teacher test top-1 {results['teacher']:.2%}; teacher forward "
