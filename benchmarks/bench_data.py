@@ -18,6 +18,7 @@ over ``--images`` images after its first two batches, median of ``--rounds``.
 
     python benchmarks/make_photos.py --out /tmp/photos
     python benchmarks/bench_data.py --root /tmp/photos --size 224
+    python benchmarks/bench_data.py --root /tmp/photos --size 224 --stages   # where an image's time goes
 """
 from __future__ import annotations
 
@@ -152,6 +153,51 @@ def crop_psnr(args: argparse.Namespace) -> None:
               f"median {median(v):.1f} dB, lowest {min(v):.1f} dB ({len(v) - len(finite)} equal)")
 
 
+def stage_costs(args: argparse.Namespace) -> None:
+    """``--stages``: where a streamed image's time goes, stage by stage, on one core (torch threads 1, as
+    in a DataLoader worker): ms an image, medians of 3 passes over ``--images`` photos (at most the
+    folder's) under ``--root``."""
+    from statistics import median
+
+    from torch.utils.data import default_collate
+    from torchvision.transforms import v2
+
+    from vitlab.data import index_split
+    from vitlab.data.decode import decode_image, jpeg_size
+    from vitlab.data.transforms import normalize, rrc_train_transform
+
+    torch.set_num_threads(1)
+    index = index_split("imagefolder", args.root, "train")
+    n = min(args.images, len(index))
+    files = [index.encoded(i) for i in range(n)]
+    decoded = [decode_image(f, "x") for f in files]  # as libjpeg-turbo lays it out: channels last
+    size = (args.size, args.size)
+    crop = v2.RandomResizedCrop(size, interpolation=v2.InterpolationMode.BICUBIC, antialias=True)
+    cropped = [crop(x).contiguous() for x in decoded]
+    dataset = TensorImageDataset(index.load(None, in_memory=False, scaled=True), rrc_train_transform(size), seed=0,
+                                 lazy=True)
+    batch = [dataset[i] for i in range(min(n, args.batch))]
+    stages = {
+        "read the file": lambda i: index.encoded(i),
+        "headers and EXIF orientation": lambda i: jpeg_size(files[i]),
+        "decode whole (libjpeg-turbo)": lambda i: decode_image(files[i], "x"),
+        "random resized crop (torch, bicubic)": lambda i: crop(decoded[i]),
+        "horizontal flip": lambda i: cropped[i].flip(-1),
+        "all of it, as a training worker (seeded)": lambda i: dataset[i],
+        "collation (per image of a batch)": lambda i: default_collate(batch) if i % len(batch) == 0 else None,
+        "normalization (main process)": lambda i: normalize(cropped[i], (0.5,) * 3, (0.25,) * 3),
+    }
+    print(f"{n} photos under {args.root}/train, {args.size} px, one core: ms an image, median of 3 passes")
+    for name, fn in stages.items():
+        passes = []
+        for _ in range(3):
+            start = time.perf_counter()
+            for i in range(n):
+                fn(i)
+            passes.append((time.perf_counter() - start) / n * 1e3)
+        print(f"  {name:44s} {median(passes):7.3f}")
+
+
 def photo_pipeline(args: argparse.Namespace) -> None:
     from statistics import median
 
@@ -238,11 +284,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="--root: rounds, loaders alternating")
     parser.add_argument("--psnr", type=int, default=0, help="--root: measure the scaled decode's PSNR on this many "
                                                             "crops instead of timing")
+    parser.add_argument("--stages", action="store_true", help="--root: time each stage of a streamed image on one "
+                                                              "core instead")
     args = parser.parse_args()
     if args.root:
         if args.batch == 256 and args.images == 10240:  # the CIFAR defaults: smaller for photographs
             args.batch, args.images = 64, 1024
-        return crop_psnr(args) if args.psnr else photo_pipeline(args)
+        return crop_psnr(args) if args.psnr else stage_costs(args) if args.stages else photo_pipeline(args)
     device = torch.device(args.device)
     if args.data:
         start = time.perf_counter()
