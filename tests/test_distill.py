@@ -98,3 +98,66 @@ def test_a_bad_teacher_is_one_line_before_any_data_is_read(tiny_imagefolder, tmp
                                           r"on the student's classes"):
         train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "c", "distill.type=soft",
                                                f"distill.teacher={five}")))
+
+
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))  # timm's IMAGENET_DEFAULT_MEAN / _STD, written out
+
+
+def test_the_teacher_sees_the_batch_in_its_own_normalization(tmp_path):
+    """A teacher trained on other statistics than the run's (ImageNet's, under a run normalized with
+    CIFAR-10's) is given the student's batch re-normalized to its own: the logits it gives the same
+    pixels normalized its way. With the run's statistics it is the teacher as loaded, unwrapped."""
+    import timm
+    from safetensors.torch import save_file
+
+    import vitlab
+    from vitlab.data.transforms import CIFAR10_MEAN, CIFAR10_STD, normalize
+    from vitlab.tasks.distill import load_teacher
+
+    torch.manual_seed(0)
+    pixels = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)
+    run_input = normalize(pixels, CIFAR10_MEAN, CIFAR10_STD)  # the batch the student sees
+    model = vitlab.create_model("vit_cifar_tiny_patch4_32", depth=1, embed_dim=32, num_heads=2, num_classes=3)
+    model.pretrained_cfg = {"input_size": (3, 32, 32), "mean": IMAGENET[0], "std": IMAGENET[1]}
+    model.save_pretrained(tmp_path / "vit")  # its config.json says ImageNet's statistics
+    reference = vitlab.load_model(tmp_path / "vit")
+    teacher = load_teacher(str(tmp_path / "vit"), "", 3, "cpu", CIFAR10_MEAN, CIFAR10_STD)
+    torch.testing.assert_close(teacher(run_input), reference(normalize(pixels, *IMAGENET)), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(reference(run_input), reference(normalize(pixels, *IMAGENET)), atol=1e-3)  # it matters
+    same = load_teacher(str(tmp_path / "vit"), "", 3, "cpu", *IMAGENET)
+    assert type(same) is type(reference) and torch.equal(same(normalize(pixels, *IMAGENET)),
+                                                         reference(normalize(pixels, *IMAGENET)))
+
+    # timm's weights (a local copy, no config.json beside it): timm's pretrained_cfg says how they were trained.
+    convnet = timm.create_model("test_resnet", num_classes=3).eval()
+    save_file(convnet.state_dict(), str(tmp_path / "resnet.safetensors"))
+    theirs = convnet.pretrained_cfg
+    teacher = load_teacher("timm:test_resnet", str(tmp_path / "resnet.safetensors"), 3, "cpu", CIFAR10_MEAN, CIFAR10_STD)
+    torch.testing.assert_close(teacher(run_input), convnet(normalize(pixels, theirs["mean"], theirs["std"])),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_data_mean_and_std_normalize_the_run_and_stay_with_it(tiny_imagefolder, tmp_path, monkeypatch, on_cpu):
+    """data.mean / data.std (timm's --mean / --std) are the run's normalization: its checkpoints keep them
+    (load_model's pretrained_cfg), other statistics give other weights, and a resume refuses a change."""
+    import vitlab
+
+    own = ("data.mean=[0.5,0.5,0.5]", "data.std=[0.25,0.25,0.25]")
+    runs = {}
+    for name, keys in {"default": (), "own": own}.items():
+        train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / name, "train.epochs=1", *keys)))
+        reset_accelerate()
+        runs[name] = load_file(str(tmp_path / name / "checkpoints/last/model.safetensors"))
+    model = vitlab.load_model(tmp_path / "own")
+    assert model.pretrained_cfg["mean"] == (0.5, 0.5, 0.5) and model.pretrained_cfg["std"] == (0.25, 0.25, 0.25)
+    assert vitlab.load_model(tmp_path / "default").pretrained_cfg["mean"] == (0.4914, 0.4822, 0.4465)  # CIFAR-10's
+    assert not all(torch.equal(runs["own"][k], runs["default"][k]) for k in runs["own"])
+    cfg = load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "cut", *own))
+    train_until_signal(monkeypatch, cfg, 3)
+    other = load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "cut", "data.mean=[0.4,0.5,0.5]", own[1]))
+    with pytest.raises(ConfigError, match=r"holds a run with another config \(data.mean: '\[0.5, 0.5, 0.5\]' there"):
+        train(other)
+    # --resume allows changing keys on purpose (more epochs), but not the statistics the run trained on.
+    with pytest.raises(ConfigError, match=r"^data.mean=\[0.4, 0.5, 0.5\] differs from the run's \[0.5, 0.5, 0.5\]"):
+        train(other, resume=tmp_path / "cut")
+    reset_accelerate()

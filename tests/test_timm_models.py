@@ -100,6 +100,16 @@ def test_a_convnet_vitlab_trained_teaches_from_its_run_its_weights_file_or_as_ti
         students[name] = load_file(str(out / "checkpoints/last/model.safetensors"))
     for name in ("file", "timm"):  # the same teacher three ways: the same student, bit for bit
         assert all(torch.equal(students["run"][k], students[name][k]) for k in students["run"])
+    # Its weights through timm:<name> keep its run's statistics (the config.json beside them), not timm's
+    # ImageNet ones: no re-normalization under a run with the same statistics, one under ImageNet's.
+    from vitlab.data.transforms import CIFAR10_MEAN, CIFAR10_STD
+    from vitlab.tasks.distill import Renormalized, load_teacher
+
+    assert not isinstance(load_teacher("timm:test_resnet", str(weights), 3, "cpu", CIFAR10_MEAN, CIFAR10_STD),
+                          Renormalized)
+    imagenet = timm.create_model("test_resnet").pretrained_cfg
+    assert isinstance(load_teacher("timm:test_resnet", str(weights), 3, "cpu", imagenet["mean"], imagenet["std"]),
+                      Renormalized)
 
     bare = tmp_path / "bare.safetensors"
     bare.write_bytes(weights.read_bytes())

@@ -62,6 +62,10 @@ class DataConfig:
     # count (>= 1) of data.train_split, balanced and chosen by train.seed, as the test split; the run records
     # it, and eval and resume use exactly those images. 0 = read data.test_split.
     test_size: float = 0.0
+    # The normalization, (x - mean) / std per channel (timm's --mean / --std): null = the pretrained
+    # weights' (model.pretrained), else CIFAR-10's statistics. The run keeps it (eval, predict, a teacher).
+    mean: tuple[float, float, float] | None = None
+    std: tuple[float, float, float] | None = None
     # Training crops: pad (CIFAR-style: a random crop of the stored images with crop_padding of zeros) or
     # rrc (ImageNet-style, as timm: a random resized crop of each image at its own size, of an area in
     # `scale` and an aspect ratio in `ratio`; evaluation then resizes the shorter side to
@@ -341,6 +345,7 @@ def _check_values(cfg: Config) -> None:
         need(d.test_size == 0 or not (d.dataset == "wds" or d.streaming), "data.test_size", d.test_size,
              "0 with shards (data.dataset=wds, data.streaming=true): hold out shards as a test split instead "
              "(vitlab shards --split)")
+        need(d.std is None or min(d.std) > 0, "data.std", d.std, "three numbers > 0")
         need(d.aug_repeats >= 1, "data.aug_repeats", d.aug_repeats, "an integer >= 1 (1 = off; DeiT: 3)")
         need(d.aug_repeats == 1 or d.loader != "gpu", "data.aug_repeats", d.aug_repeats,
              "1 with data.loader=gpu (repeated augmentation orders the DataLoader's samples: data.loader=torch)")

@@ -35,7 +35,9 @@ _HEAD = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias")  # he
 
 def timm_model(name: str, file: str, key: str = "model.pretrained_file") -> nn.Module:
     """timm's ``name`` with its pretrained weights: fetched by timm, or read from ``file`` (offline; a
-    head of the file's number of classes, as a fine-tuned model or a vitlab ``timm:<name>`` run has).
+    head of the file's number of classes, as a fine-tuned model or a vitlab ``timm:<name>`` run has). Its
+    ``pretrained_cfg`` is timm's for the name, with the mean and std of the ``config.json`` beside a
+    checkpoint's ``model.safetensors`` / ``ema.safetensors`` (a vitlab run's own statistics).
 
     A file is loaded here the way timm's ``load_pretrained`` loads a local file (its ``load_state_dict``,
     then the model module's ``checkpoint_filter_fn``) rather than through
@@ -70,6 +72,10 @@ def timm_model(name: str, file: str, key: str = "model.pretrained_file") -> nn.M
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         raise CheckpointError(f"{key}={file!r} does not hold timm's {name!r}: {' '.join(lines[1:2] or lines)[:300]}"
                               ) from None
+    beside = path.parent / CONFIG_NAME  # the weights of a timm:<name> run vitlab trained: its run's statistics
+    meta = read_json(beside) if path.name in ("model.safetensors", "ema.safetensors") and beside.is_file() else {}
+    if meta.get("mean") is not None and meta.get("std") is not None:
+        model.pretrained_cfg = {**model.pretrained_cfg, "mean": tuple(meta["mean"]), "std": tuple(meta["std"])}
     return model
 
 

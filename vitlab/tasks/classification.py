@@ -278,15 +278,27 @@ def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: i
 
 def _normalization(cfg: Config, model: nn.Module, resume_from: Path | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Load ``model.pretrained`` into ``model`` (not when resuming: the checkpoint's weights replace
-    them) and return the normalization its images need: the pretrained weights' (or, on resume, the
-    run's own), else CIFAR-10's statistics."""
+    them) and return the normalization its images need: ``data.mean`` / ``data.std`` where set, else the
+    pretrained weights', else CIFAR-10's statistics; on resume the run's own.
+
+    Raises:
+        ConfigError: one line, if a resumed run is given other statistics than it started with.
+    """
+    d = cfg.data
     if resume_from is not None:
         meta = read_json(resume_from / "config.json")
+        for key in ("mean", "std"):
+            given = getattr(d, key)
+            if given is not None and tuple(given) != tuple(meta[key]):
+                raise ConfigError(f"data.{key}={list(given)} differs from the run's {list(meta[key])} (its checkpoint "
+                                  f"{resume_from}); resume with the run's statistics, or start a new run "
+                                  f"(another train.output_dir)")
         return tuple(meta["mean"]), tuple(meta["std"])
-    if not cfg.model.pretrained:
-        return CIFAR10_MEAN, CIFAR10_STD
-    pretrained = load_pretrained(model, cfg.model.pretrained, cfg.model.pretrained_file, cfg.model.name)
-    return tuple(pretrained["mean"]), tuple(pretrained["std"])
+    mean, std = CIFAR10_MEAN, CIFAR10_STD
+    if cfg.model.pretrained:
+        pretrained = load_pretrained(model, cfg.model.pretrained, cfg.model.pretrained_file, cfg.model.name)
+        mean, std = tuple(pretrained["mean"]), tuple(pretrained["std"])
+    return tuple(d.mean or mean), tuple(d.std or std)
 
 
 def resolve_loader(loader: str, augment: str, device: torch.device, streamed: bool = False,
@@ -328,7 +340,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     kept = read_json(resume_from / "trainer_state.json").get("data", {}) if resume_from is not None else None
     # Labels checked before any image is decoded; a held-out test split is the one the run started with.
     train_index, test_index = index_splits(d, seed=t.seed, held_out=None if kept is None else kept.get("held_out", {}))
-    teacher = _teacher(cfg, len(train_index.classes), accelerator)  # before any image is decoded too
+    teacher = _teacher(cfg, len(train_index.classes), accelerator, mean, std)  # before any image is decoded too
     record = test_index.held_out
     if record is not None:
         accelerator.print(f"data: held out {record['images']:,} of the {len(train_index) + len(test_index):,} images "
@@ -391,7 +403,7 @@ def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model:
                                      accelerator.num_processes, accelerator.process_index,
                                      partitions=kept.get("partitions", 0), mean=mean)
     _fit_head(cfg, model, classes)
-    teacher = _teacher(cfg, len(classes), accelerator)
+    teacher = _teacher(cfg, len(classes), accelerator, mean, std)
     train = streams.pop("train")
     plan = train.plan
     accelerator.print(f"data: {train.total:,} training samples in {len(train.segments)} shards, cut into "
@@ -431,12 +443,14 @@ def classification_criterion(mixing: bool, label_smoothing: float, loss: str = "
     return SoftTargetCrossEntropy() if mixing else nn.CrossEntropyLoss(label_smoothing=label_smoothing)
 
 
-def _teacher(cfg: Config, num_classes: int, accelerator: Accelerator) -> nn.Module | None:
-    """The frozen teacher of ``distill`` (None without distillation), read before any image is decoded."""
+def _teacher(cfg: Config, num_classes: int, accelerator: Accelerator, mean: tuple[float, ...],
+             std: tuple[float, ...]) -> nn.Module | None:
+    """The frozen teacher of ``distill`` (None without distillation), read before any image is decoded, given
+    the batch normalized by the run's ``mean`` / ``std`` in its own normalization."""
     k = cfg.distill
     if k.type == "none":
         return None
-    return load_teacher(k.teacher, k.teacher_file, num_classes, accelerator.device)
+    return load_teacher(k.teacher, k.teacher_file, num_classes, accelerator.device, mean, std)
 
 
 def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, ...], std: tuple[float, ...],

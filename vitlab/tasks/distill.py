@@ -4,7 +4,8 @@ teacher it asks.
 :class:`DistillationLoss` is DeiT's ``DistillationLoss``: ``(1 - alpha) * base + alpha * distill`` on the
 batch the student sees (augmented and mixed), with the distillation term on the student's distillation
 head (a model with ``distilled=True`` returns ``(head, head_dist)`` in training) or on its one head
-(logit distillation, as timm's). :func:`load_teacher` reads the teacher once, frozen, in evaluation mode.
+(logit distillation, as timm's). :func:`load_teacher` reads the teacher once, frozen, in evaluation mode,
+given the batch in its own normalization.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from torch import Tensor, nn
 
 from ..errors import CheckpointError, ConfigError
 
-__all__ = ["DistillationLoss", "load_teacher"]
+__all__ = ["DistillationLoss", "Renormalized", "load_teacher"]
 
 
 class DistillationLoss(nn.Module):
@@ -77,11 +78,33 @@ def _from_weights_file(path: Path, where: str) -> nn.Module:
         raise ConfigError(f"{where}: {e}") from None
 
 
-def load_teacher(source: str, file: str, num_classes: int, device: torch.device | str) -> nn.Module:
+class Renormalized(nn.Module):
+    """``teacher`` given a batch normalized by the run's ``mean`` / ``std`` as normalized by its own
+    (``teacher_mean`` / ``teacher_std``): ``teacher(x * std / teacher_std + (mean - teacher_mean) / teacher_std)``,
+    per channel, the same pixels its training normalized its way. The teacher is its only submodule."""
+
+    def __init__(self, teacher: nn.Module, mean: tuple[float, ...], std: tuple[float, ...],
+                 teacher_mean: tuple[float, ...], teacher_std: tuple[float, ...]) -> None:
+        super().__init__()
+        self.teacher = teacher
+        m, s, tm, ts = (torch.tensor(v, dtype=torch.float64).view(-1, 1, 1) for v in (mean, std, teacher_mean, teacher_std))
+        self.register_buffer("scale", (s / ts).float(), persistent=False)
+        self.register_buffer("shift", ((m - tm) / ts).float(), persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.teacher(torch.addcmul(self.shift.to(x.dtype), x, self.scale.to(x.dtype)))
+
+
+def load_teacher(source: str, file: str, num_classes: int, device: torch.device | str,
+                 mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None) -> nn.Module:
     """The teacher ``source`` names (``distill.teacher``), frozen in evaluation mode on ``device``:
     ``timm:<name>`` (timm's pretrained weights, or ``file``: a local copy of them, or the weights of a
     ``timm:<name>`` model vitlab trained), a vitlab run, checkpoint or ``save_pretrained`` directory (its EMA
     weights where it kept them), or a checkpoint's ``model.safetensors`` / ``ema.safetensors``.
+
+    ``mean`` / ``std``: the run's normalization. Where the teacher's own (its ``pretrained_cfg``: timm's for
+    timm's weights, its run's for vitlab's) differs, the teacher comes :class:`Renormalized` from the run's
+    to its own; where it is the same, or not known, the teacher is given the run's batch as it is.
 
     Raises:
         ConfigError: one line, if the teacher cannot be had, or gives other than ``num_classes`` classes.
@@ -113,4 +136,8 @@ def load_teacher(source: str, file: str, num_classes: int, device: torch.device 
                           f"student's classes")
     if getattr(teacher, "distilled", False):
         teacher.set_distilled_training(False)
+    own = getattr(teacher, "pretrained_cfg", None) or {}
+    if mean is not None and std is not None and own.get("mean") is not None and own.get("std") is not None and \
+            (tuple(own["mean"]), tuple(own["std"])) != (tuple(mean), tuple(std)):
+        teacher = Renormalized(teacher, mean, std, tuple(own["mean"]), tuple(own["std"]))
     return teacher.to(device).eval().requires_grad_(False)
