@@ -154,3 +154,24 @@ def test_gradient_checkpointing_of_a_timm_model_gives_its_gradients_or_one_line(
     with pytest.raises(ValueError, match=r"^timm's 'test_resnet' has no gradient checkpointing"):
         model.set_grad_checkpointing(True)
     model.set_grad_checkpointing(False)  # turning it off is always possible
+
+
+@pytest.mark.parametrize("name", ["test_resnet", "test_vit", "test_convnext"])
+def test_layer_decay_of_a_timm_model_gives_timms_own_groups(name):
+    """optim.layer_decay on a timm:<name> model: each parameter's lr scale and weight decay are those timm's
+    param_groups_layer_decay gives the timm model itself (its group_matcher, its no_weight_decay)."""
+    from timm.optim import param_groups_layer_decay
+
+    from vitlab.training import param_groups
+
+    model = vitlab.create_model(f"timm:{name}", num_classes=3)
+    inner = model.model
+    skip = inner.no_weight_decay() if hasattr(inner, "no_weight_decay") else set()
+    theirs = {id(p): (g["lr_scale"], g["weight_decay"])
+              for g in param_groups_layer_decay(inner, 0.05, no_weight_decay_list=skip, layer_decay=0.65)
+              for p in g["params"]}
+    ours = {id(p): (g["lr"], g["weight_decay"]) for g in param_groups(model, 0.05, lr=1.0, layer_decay=0.65)
+            for p in g["params"]}
+    assert ours.keys() == theirs.keys() == {id(p) for p in model.parameters()}
+    assert all(ours[k] == pytest.approx(theirs[k], rel=1e-12) for k in theirs)
+    assert len({scale for scale, _ in theirs.values()}) >= 3  # layers by depth, not one group

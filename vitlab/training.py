@@ -51,9 +51,12 @@ def param_groups(model: nn.Module, weight_decay: float, lr: float = 1.0,
         from timm.optim import param_groups_layer_decay
 
         if not hasattr(model, "group_matcher"):
-            raise ConfigError(f"optim.layer_decay needs a model with layers by depth (a ViT), not "
+            raise ConfigError(f"optim.layer_decay needs a model with layers by depth (a ViT, a timm model), not "
                               f"{type(model).__name__}")
-        groups = param_groups_layer_decay(model, weight_decay, no_weight_decay_list=skip, layer_decay=layer_decay)
+        try:
+            groups = param_groups_layer_decay(model, weight_decay, no_weight_decay_list=skip, layer_decay=layer_decay)
+        except ValueError as e:  # a timm model without layer groups
+            raise ConfigError(f"optim.layer_decay: {e}; set optim.layer_decay=0") from None
         return [{**g, "lr": lr * g["lr_scale"]} for g in groups]
     decay, no_decay = [], []
     for name, p in model.named_parameters():

@@ -10,7 +10,7 @@ arguments. Its state dict is timm's own, under timm's names (no wrapper prefix),
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -105,6 +105,22 @@ class TimmClassifier(nn.Module, HubMixin):
             if enable:
                 raise ValueError(f"timm's {self.config['name']!r} has no gradient checkpointing ({type(e).__name__}); "
                                  f"set model.grad_checkpointing=false") from None
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> Callable[[str], tuple[int]]:
+        """timm's layer groups of the model (its ``group_matcher``, stem first, head last) under this module's
+        names: what ``optim.layer_decay`` (timm's ``param_groups_layer_decay``) ranks the parameters by.
+
+        Raises:
+            ValueError: if timm's model has no layer groups.
+        """
+        from timm.models import group_parameters
+
+        if not hasattr(self.model, "group_matcher"):
+            raise ValueError(f"timm's {self.config['name']!r} has no layer groups (group_matcher) to decay the "
+                             f"learning rate by")
+        layers = group_parameters(self.model, self.model.group_matcher(coarse=coarse), reverse=True)
+        return lambda name: (layers[name.removeprefix("model.")],)
 
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
