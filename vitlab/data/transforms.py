@@ -314,6 +314,8 @@ class _AsPIL(v2.Transform):
             return v2.functional.to_pil_image(inpt.as_subclass(torch.Tensor))
         return inpt
 
+    _transform = transform  # torchvision < 0.21 calls it by this name
+
 
 def image_transform(size: tuple[int, int], mean: tuple[float, ...] = CIFAR10_MEAN,
                     std: tuple[float, ...] = CIFAR10_STD) -> v2.Compose:
