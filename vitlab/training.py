@@ -493,7 +493,11 @@ class _Loop:
             return loader
         if hasattr(loader, "batches_from"):  # vitlab's device-resident loaders
             return loader.batches_from(skip)
-        return self.accelerator.skip_first_batches(loader, skip)  # a DataLoader: its sampler skips
+        skipped = self.accelerator.skip_first_batches(loader, skip)  # a DataLoader: its sampler skips
+        # Its epoch: the new loader sets it on the sampler and the dataset as it starts. Accelerate before
+        # 1.15 started it at 0, so a run resumed inside an epoch drew epoch 0's order and augmentations.
+        skipped.iteration = getattr(loader, "iteration", epoch)
+        return skipped
 
     def train_epoch(self, epoch: int, stop: StopSignals) -> bool:
         """Train ``epoch`` from its step ``state['epoch_step']`` (0, or where a checkpoint inside it was
