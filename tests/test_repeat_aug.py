@@ -21,6 +21,11 @@ from vitlab.training import train
 def test_each_process_reads_what_timms_sampler_gives_its_rank(n, repeats, batch):
     # timm shuffles with torch.Generator().manual_seed(epoch); give vitlab's order the same permutation.
     epoch = 4
+    if n < 256 and len(TimmRepeatAugSampler(range(n), num_replicas=1, rank=0)) == 0:
+        import timm
+
+        pytest.skip(f"timm {timm.__version__}'s RepeatAugSampler selects no sample of fewer than 256 (newer timm "
+                    f"selects all of them, as vitlab)")
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(epoch))
     sampler = RepeatAugSampler(n, repeats, seed=0, batch_size=batch)
     order = sampler.order(perm, batch)
