@@ -139,27 +139,17 @@ def test_a_streamed_run_of_photos_sees_the_full_decodes_pixels_to_40_db(photo, t
         assert on.shape == off.shape and psnr(on, off) >= 40 and not torch.equal(on, off)
 
 
-def test_crops_too_small_to_scale_are_torchvisions_pixels(photo):
-    small = io.BytesIO()
-    Image.open(io.BytesIO(photo)).resize((480, 360)).save(small, "JPEG", quality=90)  # an ImageNet-sized photo
-    full = decode_image(small.getvalue(), "small")
+@pytest.mark.parametrize("kind, size, draws", [("JPEG", (480, 360), 10), ("PNG", (640, 480), 5)])
+def test_crops_that_do_not_scale_are_torchvisions_pixels(photo, kind, size, draws):
+    """An ImageNet-sized JPEG (its crops too small to scale) and a PNG (nothing to scale): the random
+    resized crop of the file equals torchvision's on its full decode, draw for draw."""
+    encoded = io.BytesIO()
+    Image.open(io.BytesIO(photo)).resize(size).save(encoded, kind, **({"quality": 90} if kind == "JPEG" else {}))
+    full = decode_image(encoded.getvalue(), kind)
     crop = RandomResizedCropDecode((224, 224), **RESIZE)
     reference = v2.RandomResizedCrop((224, 224), **RESIZE)
-    for seed in range(10):
+    for seed in range(draws):
         torch.manual_seed(seed)
         want = reference(full)
         torch.manual_seed(seed)
-        assert torch.equal(crop(EncodedImage(small.getvalue(), "small")), want)
-
-
-def test_a_streamed_png_gets_torchvisions_crop_as_without_scaling(photo):
-    png = io.BytesIO()
-    Image.open(io.BytesIO(photo)).resize((640, 480)).save(png, "PNG")
-    full = decode_image(png.getvalue(), "png")
-    crop = RandomResizedCropDecode((224, 224), **RESIZE)
-    reference = v2.RandomResizedCrop((224, 224), **RESIZE)
-    for seed in range(5):
-        torch.manual_seed(seed)
-        want = reference(full)
-        torch.manual_seed(seed)
-        assert torch.equal(crop(EncodedImage(png.getvalue(), "png")), want)
+        assert torch.equal(crop(EncodedImage(encoded.getvalue(), kind)), want)
