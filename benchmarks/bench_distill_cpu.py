@@ -7,6 +7,13 @@ student step.
         data.root=../shared/data/cifar10 data.download=false train.output_dir=runs/teacher
     python benchmarks/bench_distill_cpu.py --data ../shared/data/cifar10 --teacher runs/teacher --seeds 0 1 2
     python benchmarks/bench_distill_cpu.py ... --set train.epochs=20     # another setting: keys for both arms
+    python benchmarks/bench_distill_cpu.py --data ../shared/data/cifar10 --teacher-per-seed \
+        --set data.train_subset=5000 train.epochs=40 --only baseline distilled soft
+
+``--teacher-per-seed`` trains the teacher itself for each seed, with the same ``--set`` keys and
+``train.seed`` as the students (``configs/cifar10_cpu_teacher.yaml``), into ``OUT/teacher_K``: with
+``data.train_subset`` (drawn by ``train.seed``) the teacher then sees exactly the students' images and
+no others. The arms: ``baseline``, ``distilled`` (hard, DeiT's distillation token) and ``soft``.
 
 Each run is ``python train.py --config configs/cifar10_cpu_quick.yaml`` (plus ``model.distilled=true
 distill.type=hard distill.teacher=...`` for the student), one after the other, its final epoch's test
@@ -27,9 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(config: list[str], out: Path) -> dict:
-    command = [sys.executable, "train.py", "--config", "configs/cifar10_cpu_quick.yaml", *config,
-               f"train.output_dir={out}"]
+def run(config: list[str], out: Path, base: str = "configs/cifar10_cpu_quick.yaml") -> dict:
+    command = [sys.executable, "train.py", "--config", base, *config, f"train.output_dir={out}"]
     start = time.time()
     subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
     summary = json.loads((out / "summary.json").read_text())
@@ -75,32 +81,53 @@ def step_costs(teacher_dir: str, batch: int = 128, repeats: int = 20) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="CIFAR-10 as class folders (train/, test/)")
-    p.add_argument("--teacher", required=True, help="the teacher's run directory")
+    p.add_argument("--teacher", help="the teacher's run directory")
+    p.add_argument("--teacher-per-seed", action="store_true",
+                   help="train a teacher for each seed on the students' own images (see above)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--only", choices=["baseline", "distilled"], help="run one arm only")
+    p.add_argument("--only", nargs="+", choices=["baseline", "distilled", "soft"], default=["baseline", "distilled"],
+                   help="the arms to run (distilled: hard distillation; soft: DeiT's soft distillation, tau 1)")
     p.add_argument("--out", default="runs/bench_distill", help="where the runs go")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                    help="config overrides for both arms (e.g. train.epochs=20)")
     p.add_argument("--distill-set", nargs="+", default=[], metavar="KEY=VALUE",
-                   help="config overrides for the distilled arm (e.g. distill.type=soft distill.tau=3)")
+                   help="config overrides for the distilled arms (e.g. distill.tau=3)")
     p.add_argument("--no-costs", action="store_true", help="skip timing the teacher's cost per step")
     args = p.parse_args()
+    if bool(args.teacher) == args.teacher_per_seed:
+        p.error("give --teacher DIR or --teacher-per-seed (one of the two)")
     data = [f"data.dataset=imagefolder", f"data.root={Path(args.data).resolve()}", "data.download=false"]
-    arms = {"baseline": [], "distilled": ["model.distilled=true", "distill.type=hard",
-                                          f"distill.teacher={Path(args.teacher).resolve()}", *args.distill_set]}
-    results: dict = {}
-    for arm, extra in arms.items():
-        if args.only and arm != args.only:
-            continue
-        results[arm] = {seed: run([*data, *extra, *args.set, f"train.seed={seed}"], ROOT / args.out / f"{arm}_{seed}")
-                        for seed in args.seeds}
+    out = ROOT / args.out
+
+    def teacher(seed: int) -> Path:
+        return out / f"teacher_{seed}" if args.teacher_per_seed else Path(args.teacher).resolve()
+
+    def arm_keys(arm: str, seed: int) -> list[str]:
+        if arm == "baseline":
+            return []
+        kind = "hard" if arm == "distilled" else "soft"
+        return ["model.distilled=true", f"distill.type={kind}", f"distill.teacher={teacher(seed)}", *args.distill_set]
+
+    results: dict = {arm: {} for arm in args.only}
+    for seed in args.seeds:
+        if args.teacher_per_seed and set(args.only) - {"baseline"}:
+            results.setdefault("teachers", {})[seed] = run([*data, *args.set, f"train.seed={seed}"], teacher(seed),
+                                                           "configs/cifar10_cpu_teacher.yaml")
+            print(f"teacher, seed {seed}: test top-1 {results['teachers'][seed]['top1']:.2%}", flush=True)
+        for arm in args.only:
+            results[arm][seed] = run([*data, *arm_keys(arm, seed), *args.set, f"train.seed={seed}"],
+                                     out / f"{arm}_{seed}")
+            print(f"{arm}, seed {seed}: test top-1 {results[arm][seed]['top1']:.2%}, "
+                  f"{results[arm][seed]['wall_s']:.0f} s", flush=True)
+    for arm in args.only:
         tops = [r["top1"] for r in results[arm].values()]
         print(f"{arm}: test top-1 {', '.join(f'{t:.2%}' for t in tops)} (mean {statistics.mean(tops):.2%}); wall "
               f"{', '.join(str(round(r['wall_s'])) for r in results[arm].values())} s", flush=True)
-    if args.only != "baseline" and not args.no_costs:
-        results["teacher"] = json.loads((Path(args.teacher) / "summary.json").read_text())["test_top1"]
-        results["costs"] = step_costs(args.teacher)
+    if set(args.only) - {"baseline"} and not args.no_costs:
+        first = teacher(args.seeds[0])
+        results["teacher"] = json.loads((first / "summary.json").read_text())["test_top1"]
+        results["costs"] = step_costs(str(first))
         print(f"teacher test top-1 {results['teacher']:.2%}; teacher forward "
               f"{results['costs']['teacher_forward_ms']:.1f} ms, student step "
               f"{results['costs']['student_step_ms']:.1f} ms a batch of 128")
