@@ -8,6 +8,15 @@ import pytest
 import torch
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Under pytest-xdist (make test runs one worker per core) each worker, and what it starts, gets one
+    # core's share of threads: two workers with torch's default of a thread per core would spin against
+    # each other (3x slower here).
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     passed = len(reporter.stats.get("passed", [])) if reporter is not None else 0
@@ -122,16 +131,10 @@ def max_weight_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> f
 def signal_at_step(monkeypatch: pytest.MonkeyPatch, step: int, signum: int = 15) -> None:
     """Send this process ``signum`` (SIGTERM) as optimizer step ``step`` (1-based, counted over the run)
     begins, as a scheduler would: the loop is to finish that step, then stop."""
+    from helpers.signals import signalling_step
     from vitlab import training
 
-    original = training._Loop.step
-
-    def step_after_a_signal(self, group):
-        if self.state["global_step"] + 1 == step:
-            os.kill(os.getpid(), signum)
-        original(self, group)
-
-    monkeypatch.setattr(training._Loop, "step", step_after_a_signal)
+    monkeypatch.setattr(training._Loop, "step", signalling_step(step, signum))
 
 
 def train_until_signal(monkeypatch: pytest.MonkeyPatch, cfg, step: int) -> None:
