@@ -13,9 +13,11 @@ ARGS   ?=
 train: $(VENV)/.installed
 	$(BIN)/python train.py --config $(CONFIG) $(ARGS)
 
-# The whole test suite (what CI runs through .ci/run), the documentation's snippets and site included.
+# The whole test suite (what CI runs through .ci/run), the documentation's snippets and site included,
+# one pytest-xdist worker per core, each test file on one worker (its module fixtures built once).
+# Serial: make test ARGS="-n 0".
 test: $(VENV)/.installed-dev
-	$(BIN)/python -m pytest $(ARGS)
+	$(BIN)/python -m pytest -n auto --dist loadfile $(ARGS)
 
 # The documentation site (MkDocs), built with warnings as errors into site/.
 docs: $(VENV)/.installed-dev
@@ -27,7 +29,7 @@ docs: $(VENV)/.installed-dev
 # ONNX tests skip there). Not part of CI (see the README for its time).
 LOWEST := .venv-lowest
 test-lowest: $(LOWEST)/.installed
-	$(LOWEST)/bin/python -m pytest $(ARGS)
+	$(LOWEST)/bin/python -m pytest -n auto --dist loadfile $(ARGS)
 
 $(LOWEST)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(LOWEST)
