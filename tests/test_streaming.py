@@ -166,9 +166,12 @@ def streamed_sources(tiny_imagefolder, tmp_path_factory) -> dict[str, tuple[str,
          "label": [i for i, c in enumerate(classes) for _ in sorted((tiny_imagefolder / split / c).iterdir())]},
         features=features) for split in ("train", "test")}).save_to_disk(str(root / "saved"))
     main(["shards", str(tiny_imagefolder), str(root / "shards"), "--shard-size", "48"])
-    return {"imagefolder": ("data.dataset=imagefolder", f"data.root={tiny_imagefolder}", "data.in_memory=false"),
+    # The folder and the shards with timm's crops: each file is then decoded by the crop that needs it, at the
+    # scale it needs (data.scaled_decode), in the workers; the Hub set with the CIFAR-style padded crop.
+    return {"imagefolder": ("data.dataset=imagefolder", f"data.root={tiny_imagefolder}", "data.in_memory=false",
+                            "data.train_crop=rrc"),
             "hf": ("data.dataset=hf", f"data.root={root / 'saved'}", "data.in_memory=false"),
-            "wds": ("data.dataset=wds", f"data.root={root / 'shards'}")}
+            "wds": ("data.dataset=wds", f"data.root={root / 'shards'}", "data.train_crop=rrc")}
 
 
 @pytest.fixture(scope="module")
