@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import sys
 import threading
+from collections import Counter
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -130,9 +131,15 @@ def test_tiny_shakespeare_download_is_checked_and_never_left_half_written(tmp_pa
 def test_char_gpt_learns_tiny_shakespeare_and_eval_and_sample_agree(tmp_path, capsys):
     run_dir = tmp_path / "lm"
     summary = train(load_config(ROOT / "configs/lm_shakespeare_char_cpu.yaml", [
-        f"data.root={SHAKESPEARE}", f"train.output_dir={run_dir}", "data.steps_per_epoch=60", "train.epochs=2",
-        "optim.warmup_epochs=0.5"]))
-    assert summary["val_loss"] < math.log(65) - 1.0  # well below uniform over the 65 characters
+        f"data.root={SHAKESPEARE}", f"train.output_dir={run_dir}", "data.steps_per_epoch=30", "train.epochs=2",
+        "optim.warmup_epochs=0.5", "train.eval_every=0"]))
+    # It uses context: well below the validation cross-entropy of the training text's character frequencies
+    # (3.35 nats; a unigram model). 60 steps reach 2.71, 120 steps 2.42.
+    text = Path(SHAKESPEARE).read_text(encoding="utf-8")
+    train_text, val_text = text[:int(0.9 * len(text))], text[int(0.9 * len(text)):]
+    counts = Counter(train_text)
+    unigram = -sum(math.log(counts[c] / len(train_text)) for c in val_text) / len(val_text)
+    assert summary["val_loss"] < unigram - 0.5, (summary["val_loss"], unigram)
     assert summary["best_epoch"] == 2 and summary["best_metric"] == summary["val_loss"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = tmp_path / "m.json"
