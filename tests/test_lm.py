@@ -5,8 +5,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
-import sys
 import threading
 from collections import Counter
 from functools import partial
@@ -141,10 +139,8 @@ def test_char_gpt_learns_tiny_shakespeare_and_eval_and_sample_agree(tmp_path, ca
     unigram = -sum(math.log(counts[c] / len(train_text)) for c in val_text) / len(val_text)
     assert summary["val_loss"] < unigram - 0.5, (summary["val_loss"], unigram)
     assert summary["best_epoch"] == 2 and summary["best_metric"] == summary["val_loss"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     out = tmp_path / "m.json"
-    subprocess.run([sys.executable, "-m", "vitlab.cli", "eval", "--checkpoint", str(run_dir), "--output", str(out)],
-                   check=True, capture_output=True, env=env)
+    main(["eval", "--checkpoint", str(run_dir), "--output", str(out)])
     m = json.loads(out.read_text())
     assert m["loss"] == pytest.approx(summary["val_loss"], abs=1e-6)  # the whole validation split, both times
     assert m["num_tokens"] == 111_540 - 1  # nanoGPT's prepare.py: "val has 111,540 tokens"; all but the first predicted

@@ -181,17 +181,16 @@ def test_bleu_is_sacrebleu_of_the_detokenized_outputs_in_dataset_order(parallel_
     assert evaluate_seq2seq(oracle, loader, accelerator, data, tokenizer)["bleu"] == pytest.approx(100)
 
 
-def test_eval_and_translate_commands_on_a_translation_run(parallel_run, tmp_path):
+def test_eval_and_translate_commands_on_a_translation_run(parallel_run, tmp_path, capsys):
+    from vitlab.cli import main
+
     out = tmp_path / "m.json"
-    result = subprocess.run([sys.executable, "-m", "vitlab.cli", "eval", "--checkpoint", str(parallel_run),
-                             "--output", str(out)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
+    main(["eval", "--checkpoint", str(parallel_run), "--output", str(out)])
     metrics = json.loads(out.read_text())
     assert metrics["num_pairs"] == 20 and set(metrics) >= {"bleu", "loss", "token_acc"}
-    result = subprocess.run([sys.executable, "-m", "vitlab.cli", "translate", "--checkpoint", str(parallel_run),
-                             "Ein Mann läuft.", "Die Katze schläft."], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert len(result.stdout.splitlines()) == 2  # one translation a line, whatever the (barely trained) model says
+    capsys.readouterr()
+    main(["translate", "--checkpoint", str(parallel_run), "Ein Mann läuft.", "Die Katze schläft."])
+    assert len(capsys.readouterr().out.splitlines()) == 2  # one translation a line, whatever the model says
 
 
 def test_misaligned_or_missing_parallel_files_are_named(tmp_path):

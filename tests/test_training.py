@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 import vitlab
 from conftest import launch_env, max_weight_diff, reset_accelerate, tiny_overrides
 from vitlab import checkpoint as ckpt
+from vitlab.cli import main
 from vitlab.config import load_config
 from vitlab.errors import CheckpointError, ConfigError, TrainingError
 from vitlab.training import lr_multiplier, train
@@ -238,12 +239,11 @@ def test_missing_and_corrupt_checkpoints_are_named(trained_run, tmp_path):
         vitlab.load_model(broken)
 
 
-def test_eval_command_writes_metrics_and_confusion_matrix(trained_run, tmp_path):
+def test_eval_command_writes_metrics_and_confusion_matrix(trained_run, tmp_path, capsys):
     run_dir, summary = trained_run
     out = tmp_path / "eval" / "metrics.json"
-    result = subprocess.run([sys.executable, "-m", "vitlab.cli", "eval", "--checkpoint", str(run_dir),
-                             "--output", str(out)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
+    main(["eval", "--checkpoint", str(run_dir), "--output", str(out)])  # in this process: no interpreter start-up
+    stdout = capsys.readouterr().out
     metrics = json.loads(out.read_text())
     assert set(metrics) >= {"top1", "top5", "loss", "per_class"}
     best_epoch = _evals(run_dir)[summary["best_epoch"] - 1]
@@ -256,7 +256,7 @@ def test_eval_command_writes_metrics_and_confusion_matrix(trained_run, tmp_path)
     assert list(metrics["per_class"].values()) == pytest.approx([matrix[i][i] / sum(matrix[i]) for i in range(3)])
     assert (out.parent / "confusion_matrix.png").stat().st_size > 1000
     assert (out.parent / "mistakes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "top-1 " in result.stdout and "%" in result.stdout and "class_2" in result.stdout
+    assert "top-1 " in stdout and "%" in stdout and "class_2" in stdout
 
 
 @pytest.mark.parametrize("split, size", [("val", 15), ("train", 81)])
@@ -265,9 +265,7 @@ def test_eval_split_val_and_train_score_exactly_the_examples_training_used(train
     # validation record of the checkpoint's epoch in metrics.jsonl.
     run_dir, summary = trained_run
     out = tmp_path / "m.json"
-    result = subprocess.run([sys.executable, "-m", "vitlab.cli", "eval", "--checkpoint", str(run_dir / "checkpoints/last"),
-                             "--split", split, "--output", str(out)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
+    main(["eval", "--checkpoint", str(run_dir / "checkpoints/last"), "--split", split, "--output", str(out)])
     metrics = json.loads(out.read_text())
     assert metrics["num_images"] == size
     if split == "val":
@@ -313,9 +311,7 @@ def test_eval_and_predict_preprocess_as_training_did_when_images_are_stored_at_a
     expected = ModelInput(model.pretrained_cfg["mean"], model.pretrained_cfg["std"])(eval_transform((16, 16))(stored))
     assert torch.equal(create_transform(model)(read_image(first, decode_size(model))), expected)
     assert not torch.equal(create_transform(model)(read_image(first)), expected)
-    result = subprocess.run([sys.executable, "-m", "vitlab.cli", "predict", "--checkpoint", str(run_dir), "--topk", "1",
-                             str(first)], capture_output=True, text=True)
-    assert result.returncode == 0, result.stderr[-2000:]
+    main(["predict", "--checkpoint", str(run_dir), "--topk", "1", str(first)])
 
 
 def test_device_loader_resizes_as_the_dataloader_does():
@@ -331,6 +327,8 @@ def test_device_loader_resizes_as_the_dataloader_does():
 
 
 def test_eval_split_val_of_a_run_without_validation_is_refused(tiny_imagefolder, tmp_path):
+    # A real `python -m vitlab.cli` process (the other command tests call main() in this one): its exit
+    # status and stderr as a user sees them, without a traceback.
     run_dir = tmp_path / "run"
     train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=1")))
     result = subprocess.run([sys.executable, "-m", "vitlab.cli", "eval", "--checkpoint", str(run_dir), "--split", "val"],
@@ -339,19 +337,18 @@ def test_eval_split_val_of_a_run_without_validation_is_refused(tiny_imagefolder,
     assert "held out no validation images (data.val_size=0)" in result.stderr and "Traceback" not in result.stderr
 
 
-def test_predict_command_prints_top_classes_and_names_unreadable_files(trained_run, tiny_imagefolder, tmp_path):
+def test_predict_command_prints_top_classes_and_names_unreadable_files(trained_run, tiny_imagefolder, tmp_path,
+                                                                       capsys):
     run_dir, _ = trained_run
     image = next((tiny_imagefolder / "test" / "class_2").glob("*.png"))
-    ok = subprocess.run([sys.executable, "-m", "vitlab.cli", "predict", "--checkpoint", str(run_dir), "--topk", "2",
-                         str(image)], capture_output=True, text=True)
-    assert ok.returncode == 0, ok.stderr[-2000:]
-    assert ok.stdout.startswith(f"{image}: class_2 ")
+    main(["predict", "--checkpoint", str(run_dir), "--topk", "2", str(image)])
+    assert capsys.readouterr().out.startswith(f"{image}: class_2 ")
     bad = tmp_path / "bad.jpg"
     bad.write_text("nope")
-    fail = subprocess.run([sys.executable, "-m", "vitlab.cli", "predict", "--checkpoint", str(run_dir), str(bad)],
-                          capture_output=True, text=True)
-    assert fail.returncode == 1
-    assert fail.stderr.startswith(f"error: cannot read image '{bad}'") and "Traceback" not in fail.stderr
+    with pytest.raises(SystemExit) as fail:
+        main(["predict", "--checkpoint", str(run_dir), str(bad)])
+    err = capsys.readouterr().err
+    assert fail.value.code == 1 and err.startswith(f"error: cannot read image '{bad}'") and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("loader", ["torch", "gpu"])

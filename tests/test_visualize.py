@@ -2,9 +2,7 @@
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
-import sys
 
 import pytest
 import torch
@@ -109,10 +107,6 @@ def image_run(tiny_imagefolder, tmp_path_factory):
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vitlab.cli", *args], capture_output=True, text=True)
-
-
 def test_plot_attention_from_python_draws_each_image_and_its_overlay(image_run, tiny_imagefolder):
     model = load_model(image_run)
     images = [read_image(p) for p in sorted((tiny_imagefolder / "test" / "class_1").glob("*.png"))[:3]]
@@ -127,13 +121,11 @@ def test_attention_command_writes_pngs_and_refuses_bad_input_in_one_line(image_r
                                                                          capsys):
     files = [str(p) for p in sorted((tiny_imagefolder / "test" / "class_0").glob("*.png"))[:2]]
     out = tmp_path / "attention.png"
-    ok = _cli("attention", "--checkpoint", str(image_run), *files, "--output", str(out), "--discard-ratio", "0.9")
-    assert ok.returncode == 0, ok.stderr[-2000:]
+    main(["attention", "--checkpoint", str(image_run), *files, "--output", str(out), "--discard-ratio", "0.9"])
     with Image.open(out) as img:
         assert img.format == "PNG" and img.size == (560, 500)  # 2 rows of 5.6 x 2.5 inches at 100 dpi
     grid = tmp_path / "grid.png"
-    ok = _cli("attention", "--checkpoint", str(image_run), files[0], "--grid", "--output", str(grid))
-    assert ok.returncode == 0, ok.stderr[-2000:]
+    main(["attention", "--checkpoint", str(image_run), files[0], "--grid", "--output", str(grid)])
     with Image.open(grid) as img:
         assert img.size == (320, 360)  # 2 blocks x 2 heads, 1.6 inches each + a title
     bad_image = tmp_path / "bad.png"
@@ -145,7 +137,7 @@ def test_attention_command_writes_pngs_and_refuses_bad_input_in_one_line(image_r
         ([files[0], str(bad_image)], 1, f"cannot read image '{bad_image}'"),
     ]:
         target = tmp_path / "never.png"
-        with pytest.raises(SystemExit) as exit_info:  # in this process: the same run_command, without a start-up
+        with pytest.raises(SystemExit) as exit_info:
             main(["attention", "--checkpoint", str(image_run), "--output", str(target), *args])
         err = capsys.readouterr().err
         assert exit_info.value.code == code and err.count("\n") == 1 and message in err, err
