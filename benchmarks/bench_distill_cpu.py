@@ -20,11 +20,17 @@ distill.type=hard distill.teacher=...`` for the student), one after the other, i
 top-1 read from its ``summary.json`` (no selection: the quick config has no validation split). The
 teacher's cost is its forward pass on a batch of 128 training images, timed alone, against a student
 training step (forward, backward, AdamW) on the same batch: medians of 20.
+
+A run's accuracy is reproducible only with the same torch build and the same number of torch threads (CPU
+kernels sum in an order that depends on both): the seed-0 baseline at 5,000 images and 40 epochs gave 50.45%,
+51.55% and 51.71% under three of them (benchmarks/RESULTS.md). So the results name both, and arms are compared
+only where they match.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -109,7 +115,12 @@ def main() -> None:
         kind = "hard" if arm == "distilled" else "soft"
         return ["model.distilled=true", f"distill.type={kind}", f"distill.teacher={teacher(seed)}", *args.distill_set]
 
-    results: dict = {arm: {} for arm in args.only}
+    import torch
+
+    threads = int(os.environ.get("OMP_NUM_THREADS") or torch.get_num_threads())
+    results: dict = {"environment": {"torch": torch.__version__, "torch_threads": threads}}
+    results.update({arm: {} for arm in args.only})
+    print(f"torch {torch.__version__}, {threads} torch thread(s) a run", flush=True)
     for seed in args.seeds:
         if args.teacher_per_seed and set(args.only) - {"baseline"}:
             results.setdefault("teachers", {})[seed] = run([*data, *args.set, f"train.seed={seed}"], teacher(seed),
