@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -117,7 +116,7 @@ def main() -> None:
 
     import torch
 
-    threads = int(os.environ.get("OMP_NUM_THREADS") or torch.get_num_threads())
+    threads = torch.get_num_threads()  # what each train.py child gets too: OMP_NUM_THREADS, else a thread a core
     results: dict = {"environment": {"torch": torch.__version__, "torch_threads": threads}}
     results.update({arm: {} for arm in args.only})
     print(f"torch {torch.__version__}, {threads} torch thread(s) a run", flush=True)
