@@ -57,10 +57,11 @@ class DataConfig:
     label_key: str = ""
     train_subset: int = 0     # use only N training images, balanced across classes; 0 = all
     test_subset: int = 0      # likewise for the test set
-    val_size: int = 0         # hold out N training images (balanced) for validation/best-checkpoint choice
+    val_size: int = 0         # hold out N training images (stratified) for validation/best-checkpoint choice
     # No test split (one folder of class folders, a data set with only 'train'): hold out this share (< 1) or
-    # count (>= 1) of data.train_split, balanced and chosen by train.seed, as the test split; the run records
-    # it, and eval and resume use exactly those images. 0 = read data.test_split.
+    # count (>= 1) of data.train_split, stratified (each class in proportion, at least one image of each on
+    # each side) and chosen by train.seed, as the test split; the run records it, and eval and resume use
+    # exactly those images. 0 = read data.test_split.
     test_size: float = 0.0
     # The normalization, (x - mean) / std per channel (timm's --mean / --std): null = the pretrained
     # weights' (model.pretrained), else CIFAR-10's statistics. The run keeps it (eval, predict, a teacher).

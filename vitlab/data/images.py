@@ -10,19 +10,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 from torchvision.transforms import v2
 
+from ..errors import DataError
 from ..seeding import process_seed
 from .decode import pil_to_tensor, read_image
 from .transforms import CIFAR10_MEAN, CIFAR10_STD, create_transform, decode_size, eval_transform, image_transform, \
     resize_images, train_transform
 
-__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "balanced_indices",
+__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "balanced_indices", "stratified_indices",
            "train_transform", "eval_transform", "image_transform", "create_transform", "read_image", "DeviceImageLoader",
            "rand_augment", "seeded_transform", "resize_images", "decode_size", "pil_to_tensor"]
 
@@ -112,6 +113,43 @@ def balanced_indices(labels: Tensor, n: int, seed: int = 0) -> Tensor:
         members = (labels == c).nonzero().flatten()
         take = min(len(members), per_class + (1 if i < extra else 0))
         chosen.append(members[torch.randperm(len(members), generator=g)[:take]])
+    return torch.cat(chosen).sort().values
+
+
+def stratified_indices(labels: Tensor, n: int, seed: int, classes: Sequence[str], what: str) -> Tensor:
+    """About ``n`` indices taken from every class in proportion to its size, as scikit-learn's
+    ``train_test_split(stratify=labels)`` and ``datasets``' ``stratify_by_column`` do: ``n * c_k / N``
+    images of a class of ``c_k``, rounded by largest remainders (so that they add up to ``n``), then kept
+    between 1 and ``c_k - 1``, so that every class is on both sides of the split. Those bounds can move
+    the total (``n`` below the number of classes: one of each); the length of the result is the real
+    count. Random within each class, fixed by ``seed`` (equal classes and ``n`` a multiple of their number
+    give the images :func:`balanced_indices` gives); sorted.
+
+    Args:
+        labels: int64 ``(N,)`` class indices.
+        n: How many to take, ``0 < n < N``.
+        seed: Chooses the images within each class.
+        classes: The class names, for the message.
+        what: The split in words, for the message (``"data.test_size=0.2 of ..."``).
+
+    Raises:
+        DataError: one line, if a class has a single image (it cannot be on both sides).
+    """
+    counts = torch.bincount(labels, minlength=len(classes))
+    present = counts.nonzero().flatten()
+    single = [classes[int(k)] for k in present if counts[k] == 1]
+    if single:
+        raise DataError(f"{what}: class(es) {single[:10]}{' ...' if len(single) > 10 else ''} have a single image, "
+                        f"which cannot be both trained on and held out; add images of them, or remove their folders")
+    sizes = counts[present]
+    take, remainder = (n * sizes).div(len(labels), rounding_mode="floor"), (n * sizes) % len(labels)
+    # The largest remainders round up (ties: the larger class, then the first), so the takes add up to n.
+    order = sorted(range(len(sizes)), key=lambda i: (-int(remainder[i]), -int(sizes[i]), i))
+    take[order[:n - int(take.sum())]] += 1
+    take = torch.minimum(take.clamp(min=1), sizes - 1)
+    g = torch.Generator().manual_seed(seed)
+    by_class = torch.sort(labels, stable=True).indices.split(sizes.tolist())  # each class's indices, ascending
+    chosen = [members[torch.randperm(len(members), generator=g)[:k]] for members, k in zip(by_class, take.tolist())]
     return torch.cat(chosen).sort().values
 
 

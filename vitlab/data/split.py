@@ -19,7 +19,7 @@ from torch import Tensor
 from ..errors import DataError
 from ..progress import Progress
 from .decode import EncodedImage, dct_scale, decode_all, decode_region, jpeg_size, pil_to_tensor
-from .images import ImageData, balanced_indices
+from .images import ImageData, balanced_indices, stratified_indices
 
 __all__ = ["SplitIndex", "StreamedImages", "label_indices", "hold_out"]
 
@@ -120,20 +120,32 @@ class _Picked:
         return self.fn(int(self.ids[i]))
 
 
-def hold_out(index: SplitIndex, size: float, seed: int) -> tuple[SplitIndex, SplitIndex]:
+def hold_out(index: SplitIndex, size: float, seed: int, rule: str = "stratified") -> tuple[SplitIndex, SplitIndex]:
     """Split ``index`` into training and test splits: ``size`` of its samples (a share below 1, else a
-    count), balanced across classes and chosen by ``seed``, are the test split (``data.test_size``). The
-    test split's ``held_out`` is the record a run keeps of it: the size, the count and a SHA-256 of the
-    held-out samples' keys and labels, which changes if the samples, their files or the choice do."""
+    count) are the test split (``data.test_size``), stratified (:func:`~vitlab.data.images.stratified_indices`:
+    every class in proportion, at least one image of each on each side) and chosen by ``seed``. The test
+    split's ``held_out`` is the record a run keeps of it: the size, the real count, the seed, the rule and a
+    SHA-256 of the held-out samples' keys and labels, which changes if the samples, their files or the
+    choice do. ``rule="balanced"`` chooses as runs recorded before the rule was kept did (an equal count of
+    every class, :func:`~vitlab.data.images.balanced_indices`), so that those runs keep their test split.
+
+    Raises:
+        DataError: one line, if ``size`` leaves no images on a side, or a class has a single image.
+    """
     n = round(size * len(index)) if size < 1 else int(size)
     if not 0 < n < len(index):
         raise DataError(f"data.test_size={size:g} holds out {n} of the {len(index)} images of {index.where}; "
                         f"choose a share in (0, 1) or a count below {len(index)}")
-    test = balanced_indices(index.labels, n, seed=seed + 2)  # seed + 1 picks the validation images
+    if rule == "balanced":
+        test = balanced_indices(index.labels, n, seed=seed + 2)
+    else:  # seed + 1 picks the validation images
+        test = stratified_indices(index.labels, n, seed + 2, index.classes, f"data.test_size={size:g} of {index.where}")
     rest = torch.ones(len(index), dtype=torch.bool)
     rest[test] = False
     keys = sorted(f"{index.key(int(i))}\t{int(index.labels[i])}" for i in test)
-    record = {"test_size": size, "images": n, "sha256": hashlib.sha256("\n".join(keys).encode()).hexdigest()}
+    record = {"test_size": size, "images": len(test), "sha256": hashlib.sha256("\n".join(keys).encode()).hexdigest()}
+    if rule != "balanced":
+        record.update(seed=seed, rule=rule)
     held = index.subset(test, f"the test images held out of {index.where}")
     held.held_out = record
     return index.subset(rest.nonzero().flatten(), index.where), held

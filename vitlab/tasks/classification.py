@@ -14,7 +14,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader
 from torchvision.transforms import v2
 
-from ..data.images import DeviceImageLoader, ImageData, TensorImageDataset, balanced_indices
+from ..data.images import DeviceImageLoader, ImageData, TensorImageDataset, balanced_indices, stratified_indices
 from ..data.transforms import CIFAR10_MEAN, CIFAR10_STD, ModelInput, center_crop_transform, eval_transform, \
     rrc_train_transform, src_train_transform, train_transform
 from ..data.repeat import RepeatAugSampler
@@ -66,13 +66,19 @@ def index_splits(d: DataConfig, classes: list[str] | None = None, seed: int = 0,
                           f"set data.test_size={kept:g}, or start a new run")
     if not d.test_size:
         return train, index_split(d.dataset, d.root, d.test_split, **keys, classes=train.classes)
-    train, test = hold_out(train, d.test_size, seed)
+    if held_out and held_out.get("seed", seed) != seed:
+        raise ConfigError(f"train.seed={seed}: the run held out its test split with train.seed={held_out['seed']}, "
+                          f"which chooses those images; a run keeps its test split: set train.seed={held_out['seed']}, "
+                          f"or start a new run")
+    # A run recorded before the rule was kept held out an equal count of every class.
+    train, test = hold_out(train, d.test_size, seed, held_out.get("rule", "balanced") if held_out else "stratified")
     record = test.held_out
     if held_out is not None and held_out != record:
         raise DataError(f"the images held out as the test split changed on disk since the run started ({test.where}: "
                         f"{record['images']} images now, SHA-256 {record['sha256'][:12]}, against {held_out['images']}, "
                         f"{held_out['sha256'][:12]} recorded): its test metrics would be of other images; restore "
-                        f"data.root as it was, or start a new run")
+                        f"data.root as it was{'' if 'seed' in held_out else ' (and train.seed, if it changed)'}, or "
+                        f"start a new run")
     return train, test
 
 
@@ -150,17 +156,23 @@ def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int], index: 
                         keep_in_memory: bool = True) -> tuple[ImageData, ImageData | None]:
     """Decode the training images of ``index`` (at :func:`_decode_size` for the model's input ``size``;
     into memory, or when read with ``keep_in_memory=False``) and hold out the validation set:
-    ``data.val_size`` images, balanced, chosen by ``seed`` (None if 0). The same config and seed give
-    the same images, so ``vitlab eval --split val`` scores exactly the validation images training used."""
+    ``data.val_size`` images, stratified (:func:`~vitlab.data.images.stratified_indices`: every class in
+    proportion, at least one of each on each side), chosen by ``seed`` (None if 0), before any image is
+    decoded. The same config and seed give the same images, so ``vitlab eval --split val`` scores exactly
+    the validation images training used."""
     # Only the images used are decoded: the training subset plus the validation images.
     wanted = d.train_subset + d.val_size if d.train_subset else 0
     if d.val_size and d.val_size >= (wanted or len(index)):
         raise ConfigError(f"data.val_size={d.val_size} leaves no training images (the training set has "
                           f"{wanted or len(index)})")
+    val_index = None
+    if d.val_size:  # from the labels of the images load() decodes (its balanced subset), before decoding them
+        labels = index.labels[balanced_indices(index.labels, wanted, seed)]
+        val_index = stratified_indices(labels, d.val_size, seed + 1, index.classes,
+                                       f"data.val_size={d.val_size} of {index.where}")
     train = index.load(_decode_size(d, size, keep_in_memory), wanted, seed, keep_in_memory, d.scaled_decode)
-    if d.val_size == 0:
+    if val_index is None:
         return train, None
-    val_index = balanced_indices(train.labels, d.val_size, seed=seed + 1)
     keep = torch.ones(len(train.labels), dtype=torch.bool)
     keep[val_index] = False
     return train.subset(keep.nonzero().flatten()), train.subset(val_index)
@@ -343,13 +355,22 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     teacher = _teacher(cfg, len(train_index.classes), accelerator, mean, std)  # before any image is decoded too
     record = test_index.held_out
     if record is not None:
-        accelerator.print(f"data: held out {record['images']:,} of the {len(train_index) + len(test_index):,} images "
-                          f"under data.root={d.root!r} as the test split, balanced over {len(train_index.classes)} "
-                          f"classes and chosen by train.seed={t.seed} (data.test_size={d.test_size:g}); recorded in "
+        total = len(train_index) + len(test_index)
+        asked = round(d.test_size * total) if d.test_size < 1 else int(d.test_size)
+        rule = "stratified: each of the" if record.get("rule") == "stratified" else "balanced over"
+        accelerator.print(f"data: held out {record['images']:,} of the {total:,} images under data.root={d.root!r} as "
+                          f"the test split, {rule} {len(train_index.classes)} classes"
+                          + (" in proportion" if record.get("rule") == "stratified" else "")
+                          + (f" ({asked:,} asked; at least one image of each class on each side)"
+                             if asked != record["images"] else "")
+                          + f", chosen by train.seed={t.seed} (data.test_size={d.test_size:g}); recorded in "
                           f"the checkpoints: vitlab eval and a resumed run use exactly these")
     keep, where = in_memory(d, train_index, test_index, size)
     accelerator.print(where)
     train_data, val_data = load_train_val_data(d, t.seed, size, train_index, keep)
+    if val_data is not None and len(val_data.labels) != d.val_size:
+        accelerator.print(f"data: {len(val_data.labels):,} validation images held out of training (data.val_size="
+                          f"{d.val_size}): at least one image of each of the {len(train_data.classes)} classes on each side")
     test = load_test_data(d, t.seed, size, test_index, keep)
     _fit_head(cfg, model, train_data.classes)
     eval_sets = {"test": test} if val_data is None else {"val": val_data, "test": test}
