@@ -85,3 +85,32 @@ def test_a_repeated_run_resumes_bit_identical_and_is_refused_where_it_cannot_hol
         load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "x", "data.aug_repeats=3", "data.loader=gpu"))
     with pytest.raises(ConfigError, match=r"^data.aug_repeats=0 is invalid"):
         load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "x", "data.aug_repeats=0"))
+
+
+def test_every_epoch_reaches_the_sampler_inside_accelerates_shards_of_two_processes():
+    # Accelerate before 1.7 passed set_epoch to a sampler under a BatchSampler but not under its
+    # BatchSamplerShard (several processes): repeated augmentation read epoch 0's order every epoch
+    # (process 0 saw 85 of 300 images in 3 epochs). make test-lowest (accelerate 1.1.0) runs this.
+    from accelerate.data_loader import prepare_data_loader
+    from torch.utils.data import DataLoader
+
+    from vitlab.training import set_epoch
+
+    n, batch = 300, 32
+    data = ImageData(torch.zeros(n, 3, 4, 4, dtype=torch.uint8), torch.arange(n) % 3, ["a", "b", "c"])
+    sampler = RepeatAugSampler(n, 3, seed=0, batch_size=batch)
+    loader = DataLoader(TensorImageDataset(data, lambda x: x, seed=0), batch_size=batch, sampler=sampler, drop_last=True)
+    seen, first, orders = set(), set(), []
+    for rank in (0, 1):
+        shard = prepare_data_loader(loader, num_processes=2, process_index=rank, split_batches=True,
+                                    put_on_device=False)
+        for epoch in (1, 2, 3):
+            set_epoch(shard, epoch)
+            assert sampler.epoch == epoch
+            order = list(shard.batch_sampler)
+            orders.append(order)
+            if rank == 0:
+                seen |= {j % n for part in order for j in part}
+                first = first or set(seen)
+    assert orders[0] != orders[1] != orders[2] and orders[0] != orders[3]  # epochs differ; the ranks' shares differ
+    assert len(seen) > 1.5 * len(first)  # 3 epochs see more images than one (the frozen order: the same 85)

@@ -649,8 +649,14 @@ def set_epoch(loader: Any, epoch: int) -> None:
     """Start ``epoch`` in a training loader: its order (the sampler's) and its dataset's per-image
     augmentation seeds. Accelerate's ``DataLoaderShard.set_epoch`` sets the dataset's epoch only when
     the sampler is not sharded (an ``elif``): with several processes it never did, and every image got
-    the same augmentation in every epoch. So the dataset's epoch is set here, where vitlab owns it."""
+    the same augmentation in every epoch. Before Accelerate 1.7 it did not reach a sampler under its
+    ``BatchSamplerShard`` either (several processes): repeated augmentation's order stayed epoch 0's. So
+    both are set here, where vitlab owns them."""
     (loader if hasattr(loader, "set_epoch") else loader.batch_sampler).set_epoch(epoch)
+    shard = getattr(getattr(loader, "batch_sampler", None), "batch_sampler", None)  # BatchSamplerShard's own
+    sampler = getattr(shard, "sampler", None)
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
     dataset = getattr(loader, "dataset", None)
     if hasattr(dataset, "set_epoch"):
         dataset.set_epoch(epoch)
