@@ -11,8 +11,10 @@ resumes on another count with the same global batches):
    batches; so an epoch sees about ``N / repeats`` distinct images;
 3. global batch ``s`` holds positions ``[sB, (s + 1)B)`` of that sequence, as it does in DeiT across all
    ranks, dealt so that position ``q`` of the batch goes before ``q'`` when ``(q % repeats, q // repeats)``
-   is smaller: on ``repeats`` processes (or a multiple of it) the copies of an image land on different
-   processes, and each process reads exactly what timm's sampler gives its rank (tested against timm).
+   is smaller: on ``repeats`` processes, or a multiple of it, the copies of an image land on different
+   processes; on exactly ``repeats`` processes each reads what timm's sampler gives its rank (tested
+   against timm). On a multiple of it (6 processes, 3 repeats) the ranks' samples are not timm's: timm
+   deals each rank every P-th sample of the repeated sequence, vitlab keeps the global batch whole.
 
 The sampler yields ``image + copy * N``: :class:`~vitlab.data.images.TensorImageDataset` reads image
 ``j % N`` and seeds its augmentation by ``j``, so the copies draw independent augmentations and copy 0
