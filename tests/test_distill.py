@@ -161,3 +161,41 @@ def test_data_mean_and_std_normalize_the_run_and_stay_with_it(tiny_imagefolder, 
     with pytest.raises(ConfigError, match=r"^data.mean=\[0.4, 0.5, 0.5\] differs from the run's \[0.5, 0.5, 0.5\]"):
         train(other, resume=tmp_path / "cut")
     reset_accelerate()
+
+
+def test_a_timm_distilled_deit_as_the_student_trains_its_distillation_head_on_the_teacher(
+        teacher_run, tiny_imagefolder, tmp_path, monkeypatch, on_cpu):
+    # As the vitlab preset does (model.distilled=true): timm's VisionTransformerDistilled in distilled training
+    # returns (head, head_dist); the class term acts on the first, the distillation term on the second.
+    import timm
+
+    from vitlab.models import TimmClassifier
+    from vitlab.tasks import distill
+
+    small = dict(num_classes=3, img_size=32, patch_size=8, depth=1, embed_dim=32, num_heads=2)
+    model = TimmClassifier("deit_tiny_distilled_patch16_224", **small)
+    assert model.distilled
+    reference = timm.create_model("deit_tiny_distilled_patch16_224", **small)
+    reference.load_state_dict(model.state_dict())
+    model.set_distilled_training(True)
+    reference.set_distilled_training(True)
+    x = torch.randn(2, 3, 32, 32)
+    head, head_dist = model.train()(x)
+    theirs = reference.train()(x)
+    assert torch.equal(head, theirs[0]) and torch.equal(head_dist, theirs[1]) and not torch.equal(head, head_dist)
+    assert not TimmClassifier("test_vit", num_classes=3).distilled
+
+    outputs_seen = []
+    original = distill.DistillationLoss.forward
+
+    def recording(self, outputs, inputs, labels):
+        outputs_seen.append(isinstance(outputs, tuple) and len(outputs) == 2)
+        return original(self, outputs, inputs, labels)
+
+    monkeypatch.setattr(distill.DistillationLoss, "forward", recording)
+    overrides = [o for o in tiny_overrides(tiny_imagefolder, tmp_path / "student", "train.epochs=1")
+                 if not o.startswith(("model.name", "model.depth", "model.embed_dim", "model.num_heads"))]
+    train(load_config(None, overrides + ["model.name=timm:deit_tiny_distilled_patch16_224", "model.img_size=32",
+                                         "model.patch_size=8", "model.depth=1", "model.embed_dim=32",
+                                         "model.num_heads=2", "distill.type=hard", f"distill.teacher={teacher_run}"]))
+    assert outputs_seen and all(outputs_seen)

@@ -88,6 +88,17 @@ class TimmClassifier(nn.Module, HubMixin):
         """``(B, C, H, W)`` images → ``(B, num_classes)`` logits."""
         return self.model(x)
 
+    @property
+    def distilled(self) -> bool:
+        """Whether timm's model has a distillation token and head (DeiT's ``VisionTransformerDistilled``)."""
+        return hasattr(self.model, "set_distilled_training")
+
+    @torch.jit.ignore
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """In training, return both heads' logits ``(head, head_dist)`` (distillation) instead of their
+        average: timm's ``set_distilled_training``, as vitlab's distilled ViT."""
+        self.model.set_distilled_training(enable)
+
     def reset_classifier(self, num_classes: int) -> None:
         """A new head of ``num_classes``, initialised as timm initialises it."""
         self.model.reset_classifier(num_classes)
