@@ -199,3 +199,22 @@ def test_a_timm_distilled_deit_as_the_student_trains_its_distillation_head_on_th
                                          "model.patch_size=8", "model.depth=1", "model.embed_dim=32",
                                          "model.num_heads=2", "distill.type=hard", f"distill.teacher={teacher_run}"]))
     assert outputs_seen and all(outputs_seen)
+
+
+def test_a_teacher_built_for_another_input_size_is_one_line_before_any_image_is_decoded(
+        tiny_imagefolder, tmp_path, monkeypatch, on_cpu):
+    import vitlab
+    from vitlab.data.split import SplitIndex
+
+    big = tmp_path / "teacher64"
+    vitlab.create_model("vit_cifar_tiny_patch4_32", img_size=64, depth=1, embed_dim=32, num_heads=2,
+                        num_classes=3).save_pretrained(big)
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("images were decoded before the teacher was checked")
+
+    monkeypatch.setattr(SplitIndex, "load", no_decoding)
+    with pytest.raises(ConfigError, match=r"^distill.teacher=.*teacher64' takes 64 x 64 images and the student's are "
+                                          r"32 x 32 .*train the teacher at the student's size"):
+        train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "s", "distill.type=hard",
+                                               f"distill.teacher={big}")))

@@ -352,7 +352,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     kept = read_json(resume_from / "trainer_state.json").get("data", {}) if resume_from is not None else None
     # Labels checked before any image is decoded; a held-out test split is the one the run started with.
     train_index, test_index = index_splits(d, seed=t.seed, held_out=None if kept is None else kept.get("held_out", {}))
-    teacher = _teacher(cfg, len(train_index.classes), accelerator, mean, std)  # before any image is decoded too
+    teacher = _teacher(cfg, len(train_index.classes), accelerator, mean, std, size)  # before any image is decoded too
     record = test_index.held_out
     if record is not None:
         total = len(train_index) + len(test_index)
@@ -424,7 +424,7 @@ def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model:
                                      accelerator.num_processes, accelerator.process_index,
                                      partitions=kept.get("partitions", 0), mean=mean)
     _fit_head(cfg, model, classes)
-    teacher = _teacher(cfg, len(classes), accelerator, mean, std)
+    teacher = _teacher(cfg, len(classes), accelerator, mean, std, size)
     train = streams.pop("train")
     plan = train.plan
     accelerator.print(f"data: {train.total:,} training samples in {len(train.segments)} shards, cut into "
@@ -465,13 +465,14 @@ def classification_criterion(mixing: bool, label_smoothing: float, loss: str = "
 
 
 def _teacher(cfg: Config, num_classes: int, accelerator: Accelerator, mean: tuple[float, ...],
-             std: tuple[float, ...]) -> nn.Module | None:
-    """The frozen teacher of ``distill`` (None without distillation), read before any image is decoded, given
-    the batch normalized by the run's ``mean`` / ``std`` in its own normalization."""
+             std: tuple[float, ...], size: tuple[int, int]) -> nn.Module | None:
+    """The frozen teacher of ``distill`` (None without distillation), read and tried on one image of the
+    student's ``size`` before any image is decoded, given the batch normalized by the run's ``mean`` /
+    ``std`` in its own normalization."""
     k = cfg.distill
     if k.type == "none":
         return None
-    return load_teacher(k.teacher, k.teacher_file, num_classes, accelerator.device, mean, std)
+    return load_teacher(k.teacher, k.teacher_file, num_classes, accelerator.device, mean, std, tuple(size))
 
 
 def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, ...], std: tuple[float, ...],

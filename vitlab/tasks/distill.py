@@ -96,7 +96,8 @@ class Renormalized(nn.Module):
 
 
 def load_teacher(source: str, file: str, num_classes: int, device: torch.device | str,
-                 mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None) -> nn.Module:
+                 mean: tuple[float, ...] | None = None, std: tuple[float, ...] | None = None,
+                 input_size: tuple[int, int] | None = None) -> nn.Module:
     """The teacher ``source`` names (``distill.teacher``), frozen in evaluation mode on ``device``:
     ``timm:<name>`` (timm's pretrained weights, or ``file``: a local copy of them, or the weights of a
     ``timm:<name>`` model vitlab trained), a vitlab run, checkpoint or ``save_pretrained`` directory (its EMA
@@ -106,8 +107,13 @@ def load_teacher(source: str, file: str, num_classes: int, device: torch.device 
     timm's weights, its run's for vitlab's) differs, the teacher comes :class:`Renormalized` from the run's
     to its own; where it is the same, or not known, the teacher is given the run's batch as it is.
 
+    ``input_size``: the student's images ``(H, W)``, which the teacher is given as they are (as DeiT does: no
+    resizing); a teacher that does not take them (a ViT built for another size) is refused here, on one
+    image, before the run decodes any.
+
     Raises:
-        ConfigError: one line, if the teacher cannot be had, or gives other than ``num_classes`` classes.
+        ConfigError: one line, if the teacher cannot be had, gives other than ``num_classes`` classes, or
+            does not take ``input_size`` images.
     """
     from ..models.hub import load_model
 
@@ -140,4 +146,22 @@ def load_teacher(source: str, file: str, num_classes: int, device: torch.device 
     if mean is not None and std is not None and own.get("mean") is not None and own.get("std") is not None and \
             (tuple(own["mean"]), tuple(own["std"])) != (tuple(mean), tuple(std)):
         teacher = Renormalized(teacher, mean, std, tuple(own["mean"]), tuple(own["std"]))
-    return teacher.to(device).eval().requires_grad_(False)
+    teacher = teacher.to(device).eval().requires_grad_(False)
+    if input_size is not None:
+        _check_input_size(teacher, where, own, tuple(input_size), device)
+    return teacher
+
+
+def _check_input_size(teacher: nn.Module, where: str, own: dict[str, Any], size: tuple[int, int],
+                      device: torch.device | str) -> None:
+    """Refuse, in one line, a ``teacher`` that fails on one black image of the student's ``size``."""
+    try:
+        with torch.no_grad():
+            teacher(torch.zeros(1, 3, *size, device=device))
+    except (RuntimeError, ValueError, AssertionError) as e:
+        built = tuple(own.get("input_size", ())[-2:])
+        takes = f"takes {built[0]} x {built[1]} images" if len(built) == 2 else \
+            f"fails on images of the student's size ({type(e).__name__}: {str(e).splitlines()[0]})"
+        raise ConfigError(f"{where} {takes} and the student's are {size[0]} x {size[1]} (model.img_size), which a "
+                          f"teacher is given as they are, as in DeiT; train the teacher at the student's size, or the "
+                          f"student at the teacher's") from None
