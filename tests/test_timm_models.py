@@ -175,3 +175,21 @@ def test_layer_decay_of_a_timm_model_gives_timms_own_groups(name):
     assert ours.keys() == theirs.keys() == {id(p) for p in model.parameters()}
     assert all(ours[k] == pytest.approx(theirs[k], rel=1e-12) for k in theirs)
     assert len({scale for scale, _ in theirs.values()}) >= 3  # layers by depth, not one group
+
+
+def test_a_timm_vit_fine_tunes_at_another_image_size_with_timms_own_resampling(tmp_path):
+    # timm:<name> at model.img_size=32 from the weights of its 160-px default: timm itself resamples pos_embed
+    # (create_model(pretrained=True, img_size=32), its checkpoint_filter_fn); vitlab gives the same weights.
+    torch.manual_seed(0)
+    file = tmp_path / "test_vit.safetensors"
+    save_file(timm.create_model("test_vit").state_dict(), str(file))
+    reference = timm.create_model("test_vit", pretrained=True, img_size=32, num_classes=3,
+                                  pretrained_cfg_overlay=dict(file=str(file)))
+    for source, name in (("timm:test_vit", str(file)), (str(file), "")):  # timm's name and a bare file alike
+        model = vitlab.create_model("timm:test_vit", num_classes=3, img_size=32)
+        load_pretrained(model, source, name, model_name="timm:test_vit")
+        mine, theirs = model.state_dict(), reference.state_dict()
+        assert mine["pos_embed"].shape == (1, 1 + 2 * 2, 64)
+        assert {k for k in theirs if not torch.equal(mine[k], theirs[k])} <= {"head.weight", "head.bias"}  # drawn anew
+    with pytest.raises(Exception, match="pos_embed"):  # what timm's filter changes matters
+        model.model.load_state_dict(load_file(str(file)), strict=False)

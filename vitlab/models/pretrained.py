@@ -28,7 +28,7 @@ from .interop import from_timm
 from .timm_classifier import TIMM_PREFIX, TimmClassifier
 from .vit import VisionTransformer, checkpoint_filter_fn
 
-__all__ = ["load_pretrained", "timm_model"]
+__all__ = ["load_pretrained", "timm_model", "timm_filter"]
 
 _HEAD = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias")  # head_dist: a distilled model's
 
@@ -57,9 +57,7 @@ def timm_model(name: str, file: str, key: str = "model.pretrained_file") -> nn.M
         state = load_state_dict(str(path))
     except Exception as e:  # noqa: BLE001 (a corrupt file raises whatever its reader raises)
         raise CheckpointError(f"cannot read {key}={file!r}: {type(e).__name__}: {e}") from None
-    filter_fn = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
-    if filter_fn is not None:
-        state = filter_fn(state, model)
+    state = timm_filter(state, model)
     heads = model.pretrained_cfg.get("classifier") or ()
     for head in (heads,) if isinstance(heads, str) else heads:  # a head of the file's classes (a fine-tuned model's)
         weight = state.get(f"{head}.weight")
@@ -77,6 +75,14 @@ def timm_model(name: str, file: str, key: str = "model.pretrained_file") -> nn.M
     if meta.get("mean") is not None and meta.get("std") is not None:
         model.pretrained_cfg = {**model.pretrained_cfg, "mean": tuple(meta["mean"]), "std": tuple(meta["std"])}
     return model
+
+
+def timm_filter(state: dict[str, Tensor], model: nn.Module) -> dict[str, Tensor]:
+    """``state`` adapted to timm's ``model`` by timm itself: the ``checkpoint_filter_fn`` of the model's module,
+    where it has one (a ViT's: ``pos_embed`` resampled to the model's patch grid, ``patch_embed`` to its patch
+    size), as timm's ``load_pretrained`` does."""
+    filter_fn = getattr(sys.modules[type(model).__module__], "checkpoint_filter_fn", None)
+    return filter_fn(state, model) if filter_fn is not None else state
 
 
 def _head_keys(model: nn.Module) -> tuple[str, ...]:
@@ -154,8 +160,8 @@ def load_pretrained(model: nn.Module, source: str, file: str = "", model_name: s
         else:
             raise CheckpointError(f"model.pretrained={source!r} is neither timm:<name>, a weights file nor a "
                                   f"vitlab run or save_pretrained directory")
-    if vit:
-        state = checkpoint_filter_fn(state, model)  # resample pos_embed to the model's patch grid
+    # pos_embed resampled to the model's patch grid: by vitlab's filter, or a timm model's by timm's own
+    state = checkpoint_filter_fn(state, model) if vit else timm_filter(state, model.model)
     own, head = model.state_dict(), _head_keys(model)
     reset_head = any(k in own and (k not in state or state[k].shape != own[k].shape) for k in head)
     state = {k: v for k, v in state.items() if not (k in head and (reset_head or k not in own))}
