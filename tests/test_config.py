@@ -98,3 +98,38 @@ def test_an_unquoted_no_is_the_option_no_not_a_boolean():
     assert load_config(None, ["train.mixed_precision=no"]).train.mixed_precision == "no"
     with pytest.raises(ConfigError, match="train.mixed_precision=True is not allowed"):
         load_config(None, ["train.mixed_precision=yes"])
+
+
+def test_mean_and_std_on_the_0_255_scale_are_refused_with_their_0_1_values():
+    # timm's --mean / --std are on the 0-1 scale; ImageNet's statistics times 255 left inputs near -500.
+    with pytest.raises(ConfigError, match=r"^data.mean=\[123.675, 116.28, 103.53\] is on the 0-255 scale; vitlab's "
+                                          r"\(timm's\) are on the 0-1 scale: data.mean=\[0.485, 0.456, 0.406\]$"):
+        load_config(None, ["data.mean=[123.675, 116.28, 103.53]", "data.std=[0.229, 0.224, 0.225]"])
+    with pytest.raises(ConfigError, match=r"^data.std=\[58.395, 57.12, 57.375\] is on the 0-255 scale; .*"
+                                          r"data.std=\[0.229, 0.224, 0.225\]$"):
+        load_config(None, ["data.mean=[0.485, 0.456, 0.406]", "data.std=[58.395, 57.12, 57.375]"])
+    with pytest.raises(ConfigError, match=r"^data.mean=\[-0.1, 0.5, 0.5\] is invalid"):
+        load_config(None, ["data.mean=[-0.1, 0.5, 0.5]"])
+    assert load_config(None, ["data.mean=[0.5, 0.5, 0.5]", "data.std=[1, 1, 1]"]).data.std == (1.0, 1.0, 1.0)
+
+
+def test_an_explicit_lr_beside_lr_base_wins_as_timms_lr(tmp_path):
+    # timm's train.py: --lr given is the learning rate; --lr-base scales only when --lr is not given.
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("optim:\n  lr_base: 5.0e-4\n  lr_base_size: 512\ntrain:\n  batch_size: 1024\n")
+    assert load_config(recipe).optim.peak_lr(1024) == pytest.approx(1e-3)
+    cfg = load_config(recipe, ["optim.lr=2e-4"])
+    assert cfg.optim.peak_lr(1024) == 2e-4 and cfg.optim.lr_base == 0
+    # what a run records says what it ran: written and read again, the same peak
+    from vitlab.config import save_config
+
+    for run in (load_config(recipe), cfg):
+        save_config(run, tmp_path / "run_config.yaml")
+        assert load_config(tmp_path / "run_config.yaml").optim.peak_lr(1024) == run.optim.peak_lr(1024)
+    # a run_config.yaml written before (every key, lr beside lr_base): lr_base was its learning rate
+    old = tmp_path / "old_run_config.yaml"
+    old.write_text("optim:\n  lr: 0.001\n  lr_base: 5.0e-4\n  lr_base_size: 512\ntrain:\n  batch_size: 1024\n")
+    assert load_config(old, recorded=True).optim.peak_lr(1024) == pytest.approx(1e-3 * 1)
+    assert load_config(old, recorded=True).optim.lr_base == 5e-4
+    with_lr = load_config(old, ["optim.lr=2e-4"], recorded=True).optim  # --resume RUN optim.lr=...: the override wins
+    assert with_lr.peak_lr(1024) == 2e-4 and with_lr.lr_base == 0

@@ -643,9 +643,10 @@ def test_lr_base_scales_the_learning_rate_by_the_global_batch_as_timm_and_deit_d
 
     for batch, scale, expected in ((16, "linear", 5e-4 * 16 / 512), (32, "linear", 5e-4 * 32 / 512),
                                    (32, "sqrt", 5e-4 * (32 / 512) ** 0.5)):
-        cfg = load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / f"{batch}{scale}", f"train.batch_size={batch}",
-                                               "optim.lr_base=5e-4", "optim.lr_base_size=512",
-                                               f"optim.lr_base_scale={scale}", "optim.min_lr=0"))
+        overrides = tiny_overrides(tiny_imagefolder, tmp_path / f"{batch}{scale}", f"train.batch_size={batch}",
+                                   "optim.lr_base=5e-4", "optim.lr_base_size=512", f"optim.lr_base_scale={scale}",
+                                   "optim.min_lr=0")
+        cfg = load_config(None, [o for o in overrides if not o.startswith("optim.lr=")])  # an optim.lr would win
         loop = _Loop(cfg, tmp_path / f"{batch}{scale}", None)
         reset_accelerate()
         assert loop.scheduler.base_lrs == pytest.approx([expected] * len(loop.scheduler.base_lrs))

@@ -252,10 +252,11 @@ def train_main(argv: list[str] | None = None) -> None:
             raise ConfigError("pass --config configs/<name>.yaml (or --resume <run dir>)")
         if args.resume is not None and not Path(args.resume).is_dir():
             raise ConfigError(f"--resume {args.resume}: no such run or checkpoint directory")
-        if args.resume is not None and args.config is None:
+        recorded = args.resume is not None and args.config is None
+        if recorded:
             _, checkpoint = resolve_resume(args.resume)  # the config the checkpoint was trained with
             args.config = str(checkpoint / "run_config.yaml")
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, args.overrides, recorded=recorded)
         try:
             summary = train(cfg, resume=args.resume)
         except KeyboardInterrupt:

@@ -193,7 +193,8 @@ class OptimConfig:
     layer_decay: float = 0.0  # layer-wise lr decay (BEiT / timm): block i of n gets lr * layer_decay ** (n + 1 - i);
                               # 0 = off (a ViT only)
     # The learning rate from a recipe's base (timm's, DeiT's): lr_base * global batch / lr_base_size (linear),
-    # or its square root (sqrt: timm's rule for Adam-like optimizers); 0 = off, optim.lr is the peak.
+    # or its square root (sqrt: timm's rule for Adam-like optimizers); 0 = off, optim.lr is the peak. An
+    # optim.lr given beside it wins, as timm's --lr does (lr_base is then set to 0).
     lr_base: float = 0.0
     lr_base_size: int = 256
     lr_base_scale: Literal["linear", "sqrt"] = "linear"
@@ -346,7 +347,13 @@ def _check_values(cfg: Config) -> None:
         need(d.test_size == 0 or not (d.dataset == "wds" or d.streaming), "data.test_size", d.test_size,
              "0 with shards (data.dataset=wds, data.streaming=true): hold out shards as a test split instead "
              "(vitlab shards --split)")
-        need(d.std is None or min(d.std) > 0, "data.std", d.std, "three numbers > 0")
+        for key in ("mean", "std"):
+            values = getattr(d, key)
+            if values is not None and max(values) > 1:
+                raise ConfigError(f"data.{key}={list(values)} is on the 0-255 scale; vitlab's (timm's) are on the 0-1 "
+                                  f"scale: data.{key}={[round(v / 255, 6) for v in values]}")
+        need(d.mean is None or min(d.mean) >= 0, "data.mean", list(d.mean or ()), "three numbers in [0, 1]")
+        need(d.std is None or min(d.std) > 0, "data.std", d.std, "three numbers in (0, 1]")
         need(d.aug_repeats >= 1, "data.aug_repeats", d.aug_repeats, "an integer >= 1 (1 = off; DeiT: 3)")
         need(d.aug_repeats == 1 or d.loader != "gpu", "data.aug_repeats", d.aug_repeats,
              "1 with data.loader=gpu (repeated augmentation orders the DataLoader's samples: data.loader=torch)")
@@ -529,8 +536,13 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
 
 
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = (),
-                base: dict[str, Any] | None = None) -> Config:
+                base: dict[str, Any] | None = None, recorded: bool = False) -> Config:
     """Read a YAML config (or ``base``, a dict of the same form), apply overrides, validate.
+
+    An ``optim.lr`` given beside ``optim.lr_base`` is the learning rate, as timm's ``--lr`` beside its
+    ``--lr-base``: ``optim.lr_base`` becomes 0. ``recorded``: ``path`` is a config a run wrote
+    (``run_config.yaml``), taken as it ran: there (every key written) ``optim.lr_base`` keeps its meaning, and
+    only an ``optim.lr`` among ``overrides`` wins over it.
 
     Raises:
         ConfigError: on a missing file, unknown key, wrong type or invalid value.
@@ -551,6 +563,7 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
             raise ConfigError(f"config file {str(path)!r} is not valid YAML: {e}".splitlines()[0]) from None
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {str(path)!r} must be a mapping of sections, got {type(raw).__name__}")
+    lr_given = not recorded and isinstance(raw.get("optim"), dict) and "lr" in raw["optim"]
     for item in overrides:
         if item.startswith("task="):
             raw["task"] = item.split("=", 1)[1]
@@ -566,6 +579,8 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
                               f"(sections: task, {', '.join(_SECTIONS)})")
     task = _coerce("task", raw.get("task", "classification"), typing.get_type_hints(Config)["task"])
     cfg = Config(task=task, **{name: _build_section(name, raw.get(name), task) for name in _SECTIONS})
+    if lr_given or "optim.lr" in {item.split("=", 1)[0].strip() for item in overrides}:
+        cfg.optim.lr_base = 0.0
     _check_values(cfg)
     return cfg
 
@@ -576,6 +591,8 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     out.update({name: dataclasses.asdict(getattr(cfg, name)) for name in _SECTIONS})
     m = cfg.model
     out["model"] = {"name": m.name, **{k: getattr(m, k) for k in _MODEL_OPTIONS[1:] if getattr(m, k)}, **m.args}
+    if cfg.optim.lr_base:  # optim.lr would win over it when the file is read again
+        del out["optim"]["lr"]
     for section in out.values():
         if not isinstance(section, dict):
             continue

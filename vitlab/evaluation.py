@@ -31,7 +31,7 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: 
     A classifier also gets its confusion matrix (JSON + PNG) beside ``output`` or in the checkpoint.
     ``record`` adds the result to the checkpoint (:func:`record_evaluation`) for its model card."""
     directory = resolve_checkpoint(checkpoint)
-    cfg = load_config(directory / "run_config.yaml", overrides)
+    cfg = load_config(directory / "run_config.yaml", overrides, recorded=True)
     model = load_model(directory, use_ema=use_ema)
     run = (_evaluate_classifier if cfg.task == "classification" else _evaluate_lm if cfg.task == "lm"
            else _evaluate_seq2seq)

@@ -194,7 +194,7 @@ def _refuse_other_samples(cfg: Config, checkpoint: Path) -> None:
     state = ckpt.read_json(checkpoint / "trainer_state.json")
     if not state.get("epoch_step") or not (checkpoint / "run_config.yaml").is_file():
         return
-    saved, wanted = _flat_hparams(load_config(checkpoint / "run_config.yaml")), _flat_hparams(cfg)
+    saved, wanted = _flat_hparams(load_config(checkpoint / "run_config.yaml", recorded=True)), _flat_hparams(cfg)
     changed = [f"{k} {saved.get(k)} -> {wanted.get(k)}" for k in SAMPLE_KEYS if saved.get(k) != wanted.get(k)]
     if changed:
         epoch = state["epoch"] + 1
@@ -229,7 +229,7 @@ def _find_resume_point(cfg: Config, resume: str | Path | None) -> tuple[Path, Pa
         return run_dir, None, ""
     if not saved_file.is_file():
         return run_dir, None, ""
-    saved, wanted = _flat_hparams(load_config(saved_file)), _flat_hparams(cfg)
+    saved, wanted = _flat_hparams(load_config(saved_file, recorded=True)), _flat_hparams(cfg)
     changed = [k for k in sorted(saved.keys() | wanted.keys()) if saved.get(k) != wanted.get(k)]
     differ = [f"{k}: {saved.get(k)!r} there, {wanted.get(k)!r} now" for k in changed if not _result_neutral(k, cfg)]
     if differ:
