@@ -88,6 +88,23 @@ def test_cls_map_has_the_patch_grid_shape_and_block_maps_pick_a_block_and_head()
         block_attention_map(maps, model, block=0, head=7)
 
 
+@pytest.mark.parametrize("args", [dict(reg_tokens=4, class_token=False, global_pool="avg"),  # ..._reg4_gap_256
+                                  dict(reg_tokens=2, global_pool="avg"),  # a CLS token the pool does not read
+                                  dict(reg_tokens=2)])  # the CLS token's row
+def test_the_map_reads_the_rows_the_classifier_pools(args):
+    # An average pool reads the mean of the patch tokens (forward_head: x[:, prefix:].mean(1)), so its map is
+    # the mean of the patch rows; the token pool reads the CLS token's row. Registers are read by neither.
+    torch.manual_seed(0)
+    model = create_model("vit_cifar_tiny_patch4_32", depth=2, **args).eval()
+    maps = model.get_attention_maps(torch.randn(2, 3, 32, 32))
+    rollout, prefix = attention_rollout(maps, num_prefix_tokens=model.num_prefix_tokens), model.num_prefix_tokens
+    rows = rollout[:, prefix:] if model.global_pool == "avg" else rollout[:, :1]
+    torch.testing.assert_close(cls_attention_map(rollout, model), rows.mean(1)[:, prefix:].reshape(2, 8, 8))
+    block = maps[-1].mean(1)
+    rows = block[:, prefix:] if model.global_pool == "avg" else block[:, :1]
+    torch.testing.assert_close(block_attention_map(maps, model), rows.mean(1)[:, prefix:].reshape(2, 8, 8))
+
+
 def test_rollout_rejects_bad_options():
     maps = _random_maps()
     with pytest.raises(ValueError, match="head_fusion='median'.*mean, max, min"):

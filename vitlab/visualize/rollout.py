@@ -19,6 +19,7 @@ _FUSIONS = ("mean", "max", "min")
 
 class _PatchModel(Protocol):
     num_prefix_tokens: int
+    global_pool: str  # 'token' (the CLS token's row) or 'avg' (the mean of the patch rows)
     patch_embed: object  # has .grid_size
 
 
@@ -71,9 +72,10 @@ def attention_rollout(maps: Sequence[Tensor], head_fusion: HeadFusion = "mean", 
 
 def _to_grid(rows: Tensor, model: _PatchModel) -> Tensor:
     """Token-to-token weights ``(B, N, N)`` -> the patch grid ``(B, gh, gw)`` as the classifier reads it:
-    the CLS token's row, or without one the mean over the rows (what the average pool reads)."""
+    the CLS token's row (``global_pool='token'``), or the mean over the patch rows (``'avg'``: what the
+    average pool reads); registers and other prefix tokens are read by neither."""
     prefix = model.num_prefix_tokens
-    read = rows[:, 0] if prefix else rows.mean(1)
+    read = rows[:, prefix:].mean(1) if getattr(model, "global_pool", "token") == "avg" else rows[:, 0]
     return read[:, prefix:].reshape(rows.shape[0], *model.patch_embed.grid_size)
 
 
