@@ -58,17 +58,7 @@ class TimmClassifier(nn.Module, HubMixin):
         problem = timm_problem(name)
         if problem:
             raise ValueError(problem)
-        args = dict(num_classes=num_classes, in_chans=in_chans, **kwargs)
-        try:
-            try:
-                self.model = timm.create_model(name, pretrained=False, **args,
-                                               **({} if img_size is None else {"img_size": img_size}))
-            except TypeError as e:
-                if img_size is None or "img_size" not in str(e):
-                    raise
-                self.model = timm.create_model(name, pretrained=False, **args)  # a convnet: any input size
-        except TypeError as e:  # an argument timm's model does not take
-            raise ValueError(f"timm's {name!r}: {e}") from None
+        self.model = _create(name, dict(num_classes=num_classes, in_chans=in_chans), img_size, kwargs)
         if img_size is None:
             img_size = tuple(self.model.pretrained_cfg["input_size"][1:])
         self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
@@ -138,6 +128,49 @@ class TimmClassifier(nn.Module, HubMixin):
         """timm's parameters kept out of weight decay (positional embeddings and tokens), under this module's names."""
         names = self.model.no_weight_decay() if hasattr(self.model, "no_weight_decay") else set()
         return {f"model.{n}" for n in names}
+
+
+def _create(name: str, args: dict[str, Any], img_size: int | tuple[int, int] | None,
+            kwargs: dict[str, Any]) -> nn.Module:
+    """``timm.create_model(name, **args, img_size=img_size, **kwargs)``, without ``img_size`` for a model that
+    takes any (a convnet).
+
+    Raises:
+        ValueError: one line naming every argument of ``kwargs`` that timm's model does not take (each found
+            by building it without the ones before).
+    """
+    import inspect
+    import re
+
+    import timm
+
+    sized = {} if img_size is None else {"img_size": img_size}
+    extra, refused = dict(kwargs), []
+    while True:
+        try:
+            model = timm.create_model(name, pretrained=False, **args, **sized, **extra)
+        except TypeError as e:
+            found = re.search(r"unexpected keyword argument '(\w+)'", str(e))
+            key = found.group(1) if found else None
+            if key == "img_size" and sized:
+                sized = {}  # a convnet: any input size
+                continue
+            if key in extra:
+                refused.append(key)
+                del extra[key]
+                continue
+            if not refused:
+                raise ValueError(f"timm's {name!r}: {e}") from None
+            break  # another error once those are left out: name those
+        if not refused:
+            return model
+        break
+    from .vit import VisionTransformer
+
+    keys = ", ".join(f"model.{k}" for k in refused)
+    vit = set(refused) <= set(inspect.signature(VisionTransformer).parameters)
+    raise ValueError(f"timm's {name!r} does not take {keys}" + (" (arguments of vitlab's ViT, which a config written "
+                     "for one sets)" if vit else "") + "; leave them out of the config's model section and overrides")
 
 
 def _drop_prefix(module: nn.Module, state: dict[str, Tensor], prefix: str, local_metadata: Any) -> None:
