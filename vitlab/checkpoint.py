@@ -30,8 +30,9 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from .errors import CheckpointError
-from .models.hub import OLD_SUFFIX, load_model, load_model_dir, load_tensors, load_weights, read_json, resolve_checkpoint, \
+from .models.hub import OLD_SUFFIX, load_model_dir, load_tensors, load_weights, read_json, resolve_checkpoint, \
     write_json, write_model_files
+from .models.registry import load_model
 
 __all__ = ["resolve_checkpoint", "replace_dir", "save_model", "load_model", "save_optimizer", "load_optimizer",
            "read_json", "write_json", "load_tensors", "load_weights"]

@@ -10,8 +10,9 @@ A ``save_pretrained`` directory has the layout of a training checkpoint's model 
     tokenizer.json     a text model's tokenizer, when it has one
     README.md          the model card
 
-so ``vitlab.load_model`` reads run directories, checkpoint directories and ``save_pretrained``
-directories alike. Nothing is unpickled.
+so ``vitlab.load_model`` (:mod:`.registry`, which knows the classes by their ``"architecture"``) reads run
+directories, checkpoint directories and ``save_pretrained`` directories alike. Nothing is unpickled. This
+module knows no model class: the models import it, never the other way.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from ..errors import CheckpointError
 
 __all__ = ["HubMixin", "CONFIG_NAME", "WEIGHTS_NAME", "TOKENIZER_NAME", "read_json", "write_json", "load_tensors",
            "weights_for_saving", "load_weights", "write_model_files", "load_model_dir",
-           "resolve_checkpoint", "OLD_SUFFIX", "load_model", "image_input_size"]
+           "resolve_checkpoint", "OLD_SUFFIX", "image_input_size"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -273,31 +274,3 @@ class HubMixin(PyTorchModelHubMixin, library_name="vitlab", tags=["vitlab"], mod
         if config is None:
             raise CheckpointError(f"{model_id!r} has no {CONFIG_NAME}; it was not written by save_pretrained")
         return load_model_dir(cls, directory, config, map_location=map_location, **overrides)
-
-
-def load_model(path: str | Path, use_ema: bool = True, map_location: str | torch.device = "cpu") -> nn.Module:
-    """Load a trained model from a run directory (its best checkpoint), a checkpoint directory or a
-    ``save_pretrained`` directory.
-
-    The model comes back in eval mode with ``model.pretrained_cfg`` describing its input: for a ViT
-    the input size, normalization and class names (``vitlab.create_transform(model)`` gives the
-    preprocessing); for a text model the task and tokenizer file. For a model on the Hugging Face
-    Hub use its class: ``vitlab.models.VisionTransformer.from_pretrained("user/repo")``.
-
-    Args:
-        path: Run directory, checkpoint directory or ``save_pretrained`` directory.
-        use_ema: Load the EMA weights when the run kept them.
-        map_location: Device for the weights.
-
-    Raises:
-        CheckpointError: if the checkpoint is missing, incomplete or corrupt.
-    """
-    from .registry import model_class  # the registry imports the models, which import this module
-
-    directory = resolve_checkpoint(path)
-    meta = read_json(directory / "config.json")
-    try:
-        cls = model_class(meta.get("architecture", ""))
-    except (ValueError, AttributeError):
-        raise CheckpointError(f"{str(directory / 'config.json')!r} does not describe a vitlab model") from None
-    return load_model_dir(cls, directory, meta, use_ema=use_ema, map_location=map_location)

@@ -6,24 +6,29 @@ presets run on 32x32 images cut into 4x4 patches (64 patch tokens + CLS = 65 tok
 need ``src_vocab_size`` and ``tgt_vocab_size``, as do the ``rnn_attention_*`` RNN encoder-decoders
 (:class:`vitlab.models.RNNSeq2Seq`). The ``gpt_*`` presets are decoder-only language models
 (:class:`vitlab.models.GPT`); they need ``vocab_size``. ``timm:<name>`` is timm's image classifier
-``<name>`` (:class:`vitlab.models.TimmClassifier`), built without pretrained weights.
+``<name>`` (:class:`vitlab.models.TimmClassifier`), built without pretrained weights. :func:`load_model`
+builds a saved model from its ``config.json``'s architecture (one of the classes here).
 """
 from __future__ import annotations
 
 import difflib
 import fnmatch
 import inspect
+from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
+from ..errors import CheckpointError
 from .gpt import GPT
+from .hub import load_model_dir, read_json, resolve_checkpoint
 from .rnn import RNNSeq2Seq
 from .timm_classifier import TIMM_PREFIX, TimmClassifier
 from .transformer import Seq2SeqTransformer
 from .vit import VisionTransformer
 
-__all__ = ["create_model", "list_models", "model_args", "preset_class", "model_class"]
+__all__ = ["create_model", "list_models", "model_args", "preset_class", "model_class", "load_model"]
 
 _PRESETS: dict[str, dict[str, Any]] = {
     # timm's ImageNet ViTs (224x224, 16x16 patches, 1000 classes).
@@ -144,3 +149,29 @@ def create_model(name: str, pretrained: bool = False, **overrides: Any) -> nn.Mo
         raise ValueError(f"model {name!r} needs {', '.join(missing)} (e.g. create_model({name!r}, "
                          f"{', '.join(f'{k}=...' for k in missing)}))")
     return cls(**args)
+
+
+def load_model(path: str | Path, use_ema: bool = True, map_location: str | torch.device = "cpu") -> nn.Module:
+    """Load a trained model from a run directory (its best checkpoint), a checkpoint directory or a
+    ``save_pretrained`` directory.
+
+    The model comes back in eval mode with ``model.pretrained_cfg`` describing its input: for a ViT
+    the input size, normalization and class names (``vitlab.create_transform(model)`` gives the
+    preprocessing); for a text model the task and tokenizer file. For a model on the Hugging Face
+    Hub use its class: ``vitlab.models.VisionTransformer.from_pretrained("user/repo")``.
+
+    Args:
+        path: Run directory, checkpoint directory or ``save_pretrained`` directory.
+        use_ema: Load the EMA weights when the run kept them.
+        map_location: Device for the weights.
+
+    Raises:
+        CheckpointError: if the checkpoint is missing, incomplete or corrupt.
+    """
+    directory = resolve_checkpoint(path)
+    meta = read_json(directory / "config.json")
+    try:
+        cls = model_class(meta.get("architecture", ""))
+    except (ValueError, AttributeError):
+        raise CheckpointError(f"{str(directory / 'config.json')!r} does not describe a vitlab model") from None
+    return load_model_dir(cls, directory, meta, use_ema=use_ema, map_location=map_location)

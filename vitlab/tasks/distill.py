@@ -66,7 +66,8 @@ class DistillationLoss(nn.Module):
 
 def _from_weights_file(path: Path, where: str) -> nn.Module:
     """A vitlab checkpoint's ``model.safetensors`` or ``ema.safetensors``, built from the ``config.json`` beside it."""
-    from ..models.hub import CONFIG_NAME, load_model
+    from ..models.hub import CONFIG_NAME
+    from ..models.registry import load_model
 
     if path.name not in ("model.safetensors", "ema.safetensors") or not (path.parent / CONFIG_NAME).is_file():
         raise ConfigError(f"{where} is a weights file without the {CONFIG_NAME} beside it that says its architecture; "
@@ -115,7 +116,7 @@ def load_teacher(source: str, file: str, num_classes: int, device: torch.device 
         ConfigError: one line, if the teacher cannot be had, gives other than ``num_classes`` classes, or
             does not take ``input_size`` images.
     """
-    from ..models.hub import load_model
+    from ..models.registry import load_model
 
     where = f"distill.teacher={source!r}"
     if source.startswith("timm:"):
