@@ -29,12 +29,11 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
-from .errors import CheckpointError
-from .models.hub import OLD_SUFFIX, load_model_dir, load_tensors, load_weights, read_json, resolve_checkpoint, \
+from .models.hub import OLD_SUFFIX, load_tensors, load_weights, read_json, resolve_checkpoint, \
     write_json, write_model_files
 from .models.registry import load_model
 
-__all__ = ["resolve_checkpoint", "replace_dir", "save_model", "load_model", "save_optimizer", "load_optimizer",
+__all__ = ["resolve_checkpoint", "replace_dir", "keep_step_copy", "save_model", "load_model", "save_optimizer", "load_optimizer",
            "read_json", "write_json", "load_tensors", "load_weights"]
 
 
@@ -102,3 +101,20 @@ def load_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:
         idx, name = key.split(".", 1)
         state.setdefault(int(idx), {})[name] = value
     optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def keep_step_copy(checkpoint: Path, checkpoints: Path, step: int, keep: int) -> None:
+    """``checkpoints/step_<step>/`` as hard links to a written checkpoint's files (no second write;
+    copies where the file system has no hard links); only the ``keep`` newest are kept."""
+    copy = checkpoints / f"step_{step}"
+    staging = copy.with_name(f".{copy.name}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        shutil.copytree(checkpoint, staging, copy_function=os.link)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(checkpoint, staging)
+    replace_dir(staging, copy)
+    steps = sorted(int(p.name[5:]) for p in checkpoints.glob("step_*") if p.name[5:].isdigit())
+    for old in steps[:-keep]:
+        shutil.rmtree(checkpoints / f"step_{old}")

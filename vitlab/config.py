@@ -23,7 +23,7 @@ from .models import list_models, preset_class
 from .models.timm_classifier import TIMM_PREFIX, TimmClassifier, timm_problem
 
 __all__ = ["ConfigError", "Config", "ModelConfig", "DataConfig", "TextDataConfig", "LMDataConfig", "OptimConfig", "TrainConfig",
-           "GenerateConfig", "load_config", "config_to_dict", "save_config"]
+           "GenerateConfig", "load_config", "config_to_dict", "config_to_flat", "save_config"]
 
 
 @dataclass
@@ -600,6 +600,17 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
             if isinstance(value, tuple):
                 section[key] = list(value)
     return out
+
+
+def config_to_flat(cfg: Config) -> dict[str, Any]:
+    """The config as ``{"section.key": value}``, values that are not numbers, strings or booleans as strings:
+    what trackers log as hyperparameters and what a resume compares."""
+    flat: dict[str, Any] = {}
+    for section, values in config_to_dict(cfg).items():
+        for key, value in (values.items() if isinstance(values, dict) else [("", values)]):
+            name = f"{section}.{key}" if key else section
+            flat[name] = value if isinstance(value, (int, float, str, bool)) else str(value)
+    return flat
 
 
 def save_config(cfg: Config, path: str | Path) -> None:

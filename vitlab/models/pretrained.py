@@ -26,7 +26,7 @@ from ..errors import CheckpointError
 from .hub import CONFIG_NAME, load_model_dir, read_json, resolve_checkpoint
 from .interop import from_timm
 from .timm_classifier import TIMM_PREFIX, TimmClassifier
-from .vit import VisionTransformer, checkpoint_filter_fn
+from .vit import checkpoint_filter_fn
 
 __all__ = ["load_pretrained", "timm_model", "timm_filter"]
 

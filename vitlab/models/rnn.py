@@ -13,7 +13,6 @@ The interface is the Transformer's: ``model(src, tgt_in, src_key_mask, tgt_key_m
 """
 from __future__ import annotations
 
-from typing import Literal
 
 import torch
 from torch import Tensor, nn

@@ -53,7 +53,6 @@ class TimmClassifier(nn.Module, HubMixin):
     def __init__(self, name: str, num_classes: int = 1000, img_size: int | tuple[int, int] | None = None,
                  in_chans: int = 3, **kwargs: Any) -> None:
         super().__init__()
-        import timm
 
         problem = timm_problem(name)
         if problem:

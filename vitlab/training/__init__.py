@@ -1,0 +1,527 @@
+"""The training loop on Hugging Face Accelerate: config -> task -> loop -> checkpoints.
+
+One straight line for every task (image classification, sequence-to-sequence, language modelling) on
+one CPU, one GPU or several processes (``accelerate launch``). ``train.batch_size`` is global:
+Accelerate splits each batch across processes (``split_batches=True``), and gradient accumulation splits
+it further in time. This file is the loop, read top to bottom: :func:`train`, and :class:`_Loop`'s step,
+epoch, epoch's end and checkpoint. Its other jobs have files of their own:
+
+- :mod:`.optim`: the optimizer's parameter groups and the learning-rate schedule;
+- :mod:`.resume`: finding and vetting the checkpoint a run continues from (or refusing it in one line);
+- :mod:`.trackers`: TensorBoard, W&B, MLflow and Aim through Accelerate;
+- :mod:`.report`: what a run says and leaves: its last line, ``summary.json``, ``curves.png``.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shlex
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+from accelerate import Accelerator, DataLoaderConfiguration
+from accelerate.utils import set_seed
+from timm.utils import ModelEmaV3
+from torch import nn
+
+from .. import checkpoint as ckpt
+from ..config import Config, save_config
+from ..errors import PREEMPTED_EXIT_CODE, ConfigError, Preempted, TrainingError
+from ..layers import expert_utilization, moe_aux_loss
+from ..preemption import StopSignals, elastic_restart_advice, ignore_in_workers
+from ..progress import Progress
+from ..seeding import rng_state, seed_process, set_rng_state
+from ..tasks import TaskSetup, bare_model
+from .optim import create_optimizer, create_scheduler, lr_multiplier, param_groups
+from .report import busy_machine_advice, last_eval, plot_curves, result_line, summary_of, truncate_lines
+from .resume import find_resume_point, interrupted_message, resolve_resume, resume_state
+from .trackers import resolve_trackers, start_trackers
+
+# The names this module had before it became a package (tests and scripts use them).
+_busy_machine_advice, _result_line = busy_machine_advice, result_line
+
+__all__ = ["train", "summary_of", "interrupted_message", "resolve_resume", "set_epoch", "create_accelerator",
+           "param_groups", "lr_multiplier", "plot_curves"]
+
+
+def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int | None = None) -> dict[str, Any]:
+    """Train ``cfg``: a new run in ``train.output_dir``, or (``train.resume: auto``) the run there
+    continued from its last checkpoint; with ``resume`` (a run directory) continue that run.
+
+    Model selection uses the validation split only: ``checkpoints/best/`` is written when the task
+    has a ``'val'`` loader, chosen on its metric; otherwise there is no ``best/`` and the run's
+    figure is the final epoch's test metric. On a signal of ``train.stop_signals`` every process
+    finishes its optimizer step, ``last/`` is written and :class:`~vitlab.errors.Preempted` (exit status
+    75) is raised. ``stop_after_epoch`` ends the run early after that epoch's checkpoint, as an
+    interruption would (the schedule still spans ``train.epochs``). Returns a summary: the last
+    evaluation, the best validation metric (if any), epochs, the wall time of the whole run (every
+    command that continued it)."""
+    start_time = time.time()
+    run_dir, resume_from, note = find_resume_point(cfg, resume)  # bad input fails here, before data is read
+    loop = _Loop(cfg, run_dir, resume_from)
+    t, acc, state = cfg.train, loop.accelerator, loop.state
+    for line in (note, elastic_restart_advice(), busy_machine_advice()):
+        if line:
+            acc.print(line)
+    summary: dict[str, Any] = {}
+    loop.model.train()
+    with StopSignals(t.stop_signals, acc.num_processes) as stop:
+        for epoch in range(state["epoch"] + 1, t.epochs + 1):
+            stopped = not loop.train_epoch(epoch, stop)
+            if not stopped:
+                summary = loop.end_epoch(epoch, stop_after_epoch)
+                stopped = epoch < t.epochs and epoch != stop_after_epoch and stop.agreed()  # a signal in evaluation
+            if stopped:
+                if loop.saved_step != state["global_step"]:
+                    loop.save("last")
+                acc.end_training()
+                preempted = Preempted(
+                    f"stopped by {stop.received or 'a signal to another process'} after step {state['global_step']} "
+                    f"(epoch {state['epoch'] + 1}, step {state['epoch_step']} of {loop.steps_per_epoch}); "
+                    f"{run_dir / 'checkpoints' / 'last'} holds it, nothing was lost: run the same command to continue "
+                    f"(exit status {PREEMPTED_EXIT_CODE})")
+                acc.print(preempted.message)
+                raise preempted
+            if epoch == stop_after_epoch:
+                break
+    acc.end_training()
+    if acc.is_main_process and state["epoch"] == t.epochs:
+        plot_curves(loop.metrics_file, run_dir / "curves.png")
+    if not summary and state["epoch"] == t.epochs:
+        acc.print(f"{run_dir} holds a finished run ({t.epochs} epochs): nothing to train")
+        summary = last_eval(loop.metrics_file)
+    result = {**summary, "best_metric": state["best_metric"], "best_epoch": state["best_epoch"],
+              "epochs_done": state["epoch"], "run_dir": str(run_dir),
+              "wall_time": loop.wall_time_before + time.time() - start_time}  # the run's: its earlier commands' too
+    if state["epoch"] == t.epochs:
+        if acc.is_main_process:
+            ckpt.write_json(run_dir / "summary.json", summary_of(result))
+        acc.print(result_line(result, loop.task.select, "val" in loop.eval_loaders, run_dir))
+    return result
+
+
+def _setup_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
+                resume_from: Path | None) -> TaskSetup:
+    if cfg.task == "seq2seq":
+        from ..tasks.seq2seq import seq2seq_task
+
+        return seq2seq_task(cfg, accelerator, micro_batch, run_dir, resume_from)
+    if cfg.task == "lm":
+        from ..tasks.lm import lm_task
+
+        return lm_task(cfg, accelerator, micro_batch, run_dir, resume_from)
+    from ..tasks.classification import image_classification_task
+
+    return image_classification_task(cfg, accelerator, micro_batch, resume_from)
+
+
+def create_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Accelerator:
+    """An ``Accelerator`` that also works for several processes on a machine without GPUs: there
+    Accelerate's gloo (multi-CPU) path needs ``cpu=True``, otherwise each process would silently
+    work alone. ``ACCELERATE_USE_CPU=1`` (what ``accelerate launch --cpu`` sets) keeps every process
+    on the CPU on a machine with GPUs too.
+
+    Raises:
+        ConfigError: before any process group starts, if more processes were started on this machine
+            than it has GPUs (NCCL needs a GPU of its own for each process).
+    """
+    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    if launched and on_cpu:
+        _hide_gpus()
+    gpus = torch.cuda.device_count()
+    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if launched and not on_cpu and 0 < gpus < local_processes:
+        raise ConfigError(f"{local_processes} processes were started on this machine, which has {gpus} GPU(s): each "
+                          f"process needs a GPU of its own; start {gpus} (torchrun --nproc_per_node {gpus}, accelerate "
+                          f"launch --num_processes {gpus}), or run them on the CPU with ACCELERATE_USE_CPU=1 "
+                          f"(accelerate launch --cpu)")
+    return Accelerator(cpu=launched and not gpus, mixed_precision=mixed_precision, **kwargs)
+
+
+def _hide_gpus() -> None:
+    """Hide the GPUs from this process, as ``CUDA_VISIBLE_DEVICES=`` would: processes launched to run on
+    the CPU must not reach a GPU. Accelerate's ``wait_for_everyone`` passes the local rank to
+    ``torch.distributed.barrier(device_ids=...)`` also for gloo, and torch then names ``cuda:<rank>``
+    wherever CUDA is available: on a machine with one GPU the process of rank 1 failed (seen on an H100).
+    Takes effect only before anything in the process asked CUDA for its devices (say so if too late)."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    if torch.cuda.is_initialized():
+        raise ConfigError("ACCELERATE_USE_CPU is set but CUDA was initialised before the Accelerator was created; "
+                          "start the processes with CUDA_VISIBLE_DEVICES= as well")
+
+
+@dataclass
+class _Meter:
+    """One process's sums over the epoch's optimizer steps: its task loss since the last log line
+    (``window``) and over the epoch (``total``), the MoE balancing loss since the last log line, the
+    examples all processes trained on (``samples``: what the task counts, images or target tokens), the
+    seconds spent and waiting for data. Kept in a checkpoint written inside an epoch."""
+
+    window: torch.Tensor
+    total: torch.Tensor
+    moe_aux: torch.Tensor
+    samples: torch.Tensor
+    window_steps: int = 0
+    steps: int = 0
+    seconds: float = 0.0
+    data_seconds: float = 0.0
+    expert_counts: list[list[float]] | None = None  # routing counts of the epoch before a resume
+
+    @classmethod
+    def start(cls, device: torch.device, saved: dict[str, Any] | None = None) -> "_Meter":
+        saved = dict(saved or {})
+        tensors = {k: torch.tensor(saved.pop(k, 0.0), device=device) for k in ("window", "total", "moe_aux")}
+        samples = torch.tensor(int(saved.pop("samples", 0)), dtype=torch.long, device=device)
+        return cls(**tensors, samples=samples, **saved)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {k: v.item() if isinstance(v, torch.Tensor) else v for k, v in vars(self).items()}
+
+
+class _Loop:
+    """A run set up to train: model, optimizer, schedule, EMA and loaders prepared by Accelerate, its
+    state restored from ``resume_from``. Its parts: :meth:`step` (one optimizer step),
+    :meth:`train_epoch`, :meth:`end_epoch` (evaluation, logs, checkpoint policy), :meth:`save`."""
+
+    def __init__(self, cfg: Config, run_dir: Path, resume_from: Path | None) -> None:
+        t = cfg.train
+        self.cfg, self.run_dir = cfg, run_dir
+        trackers = resolve_trackers(t.log_with)
+        self.accelerator = acc = create_accelerator(
+            t.mixed_precision, log_with=trackers or None, project_dir=str(run_dir / "tensorboard"),
+            # non_blocking: batches pinned by the DataLoader go to the GPU without the host waiting for it
+            dataloader_config=DataLoaderConfiguration(split_batches=True, use_seedable_sampler=True, data_seed=t.seed,
+                                                      non_blocking=True),
+        )
+        micro_batch = t.batch_size // t.grad_accum_steps
+        if micro_batch % acc.num_processes:
+            raise ConfigError(f"train.batch_size={t.batch_size} / train.grad_accum_steps={t.grad_accum_steps} = "
+                              f"{micro_batch} is not divisible by the {acc.num_processes} processes")
+        set_seed(t.seed)  # the initial weights depend on train.seed only: equal on every process
+        self.task = task = _setup_task(cfg, acc, micro_batch, run_dir, resume_from)
+        for loader in (task.train_loader, *task.eval_loaders.values()):
+            ignore_in_workers(loader, t.stop_signals)  # before Accelerate copies them
+        optimizer = create_optimizer(task.model, cfg.optim, t.batch_size, acc.device)
+        self.model, self.optimizer = acc.prepare(task.model, optimizer)
+        if t.compile:  # after prepare: DDP's buckets are compiled with the model (checkpoints strip the wrapper)
+            self.model = torch.compile(self.model)
+        self.eval_loaders = ({k: acc.prepare(v) for k, v in task.eval_loaders.items()} if task.prepare_eval_loaders
+                             else task.eval_loaders)
+        self.train_loader = acc.prepare(task.train_loader) if task.prepare_train_loader else task.train_loader
+        # Gradient accumulation is done here, not by Accelerate: each optimizer step takes exactly
+        # grad_accum_steps micro-batches, a partial group at the end of an epoch is dropped (as
+        # drop_last drops a partial batch), so no gradient carries into the next epoch.
+        self.accum = t.grad_accum_steps
+        self.steps_per_epoch = len(self.train_loader) // self.accum
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"one epoch has {len(self.train_loader)} micro-batches, fewer than "
+                              f"train.grad_accum_steps={self.accum}; lower train.batch_size or train.grad_accum_steps")
+        self.scheduler = create_scheduler(self.optimizer.optimizer, cfg.optim, t.batch_size, self.steps_per_epoch,
+                                          t.epochs)
+        self.ema = ModelEmaV3(self.plain_model, decay=t.ema_decay) if t.ema_decay > 0 else None
+        self.scaler = acc.scaler  # fp16 only
+        self.has_moe = bool(expert_utilization(self.model))
+        # epoch: epochs done; epoch_step: optimizer steps done in the next one (a checkpoint inside it).
+        self.state: dict[str, Any] = {"epoch": 0, "epoch_step": 0, "global_step": 0, "best_metric": None,
+                                      "best_epoch": None, **({"data": task.data_state} if task.data_state else {})}
+        self.process_state: dict[str, Any] | None = None  # this process's RNG and sums, inside an epoch
+        self.meter = _Meter.start(acc.device)
+        self.started = time.time()
+        self.last_evaluation: dict[str, Any] = {}  # the record of the last evaluated epoch
+        keep_lines = self._load(resume_from) if resume_from is not None else 0
+        self.wall_time_before = self.state.get("wall_time", 0.0)  # of the run's earlier commands
+        self.saved_step = self.state["global_step"] if resume_from is not None else None  # last/'s step
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_file = run_dir / "metrics.jsonl"
+        self.metrics_lines = truncate_lines(self.metrics_file, keep_lines) if acc.is_main_process else 0
+        if acc.is_main_process:
+            save_config(cfg, run_dir / "config.yaml")
+        if trackers:
+            start_trackers(acc, trackers, run_dir, cfg, self.state, resumed=resume_from is not None)
+        n_params = sum(p.numel() for p in self.model.parameters())
+        selection = (f"best/ chosen on {'ema_' if self.ema is not None else ''}val_{task.select}"
+                     if "val" in self.eval_loaders else "no validation split: no best/, the final epoch's test metric "
+                                                        "is the result")
+        workers = getattr(task.train_loader, "num_workers", 0)
+        acc.print(f"model {cfg.model.name}: {n_params / 1e6:.2f}M params | train {task.train_size} examples, "
+                  f"{self.steps_per_epoch} steps/epoch x {t.epochs} epochs | {acc.num_processes} process(es) on "
+                  f"{acc.device}, {torch.get_num_threads()} torch thread(s) each"
+                  f"{f', {workers} DataLoader workers' if workers else ''} | mixed precision {t.mixed_precision} | "
+                  f"{selection} | run dir {run_dir}"
+                  + (f" | resumed at epoch {self.state['epoch'] + 1}, step {self.state['epoch_step']}"
+                     if resume_from is not None else ""))
+
+    @property
+    def plain_model(self) -> nn.Module:
+        """The model without DDP's and ``torch.compile``'s wrappers (the same parameters)."""
+        return bare_model(self.model, self.accelerator)
+
+    def _load(self, resume_from: Path) -> int | None:
+        """Restore weights, EMA, optimizer, schedule, scaler and position; returns how many lines of
+        ``metrics.jsonl`` the checkpoint had seen (None: all, for a checkpoint that did not count)."""
+        acc = self.accelerator
+        saved = resume_state(resume_from, self.run_dir)
+        ckpt.load_weights(self.plain_model, resume_from / "model.safetensors")
+        if self.ema is not None:
+            ckpt.load_weights(self.ema.module, resume_from / "ema.safetensors")
+        ckpt.load_optimizer(self.optimizer.optimizer, resume_from)
+        self.scheduler.load_state_dict(saved.pop("scheduler"))
+        grad_scaler = saved.pop("grad_scaler", None)
+        if self.scaler is not None and grad_scaler is not None:
+            self.scaler.load_state_dict(grad_scaler)
+        num_processes, lines = saved.pop("num_processes", acc.num_processes), saved.pop("metrics_lines", None)
+        self.last_evaluation = ckpt.read_json(resume_from / "config.json").get("training", {}).get("evaluation", {})
+        self.state.update(saved)
+        if self.state["epoch_step"]:
+            if num_processes == acc.num_processes:
+                self.process_state = ckpt.read_json(resume_from / f"process_{acc.process_index}.json")
+            else:
+                acc.print(f"the checkpoint was written by {num_processes} processes, not {acc.num_processes}: the rest "
+                          f"of epoch {self.state['epoch'] + 1} reads the samples the run would have read, augmented "
+                          f"alike, but what each process draws for the model (dropout, drop path, mixup) is drawn "
+                          f"afresh")
+        return lines
+
+    def log(self, record: dict[str, Any]) -> None:
+        self.accelerator.log({k: v for k, v in record.items() if isinstance(v, (int, float)) and k != "step"},
+                             step=record["step"])
+        if self.accelerator.is_main_process:
+            with self.metrics_file.open("a") as f:
+                f.write(json.dumps(record) + "\n")
+            self.metrics_lines += 1
+
+    def step(self, group: list[Any]) -> None:
+        """Forward and backward over one global batch (this process's micro-batches ``group``), then one
+        update of the weights, the schedule and the EMA; the task loss (this process's share of the
+        global mean) and the MoE balancing loss go to the meter."""
+        acc, model, meter = self.accelerator, self.model, self.meter
+        # Each micro-batch's mean loss, weighted by its share of the global batch: the step's loss is
+        # the mean over the global batch, wherever its examples ran. DDP averages gradients over
+        # processes, hence the factor num_processes. Even batches give weights of exactly 1 / k.
+        counts = [self.task.count(b) for b in group]
+        # torch.full launches a fill kernel with the number as its argument; torch.tensor(x, device=cuda)
+        # would copy from pageable host memory, which waits for the GPU to finish the step before.
+        total = acc.reduce(torch.full((), float(sum(counts)), device=acc.device), reduction="sum")
+        meter.samples += total.long()  # on the device: no host sync per step
+        for i, batch in enumerate(group):
+            with contextlib.nullcontext() if i == len(group) - 1 else acc.no_sync(model):
+                loss = self.task.loss(model, batch) * (counts[i] * acc.num_processes / total)
+                aux = moe_aux_loss(model)  # mixture-of-experts load balancing, already weighted
+                acc.backward(loss if aux is None else loss + aux / len(group))
+            meter.window += loss.detach()
+            meter.total += loss.detach()
+            if aux is not None:
+                meter.moe_aux += aux.detach() / len(group)
+        if self.cfg.optim.grad_clip > 0:
+            acc.clip_grad_norm_(model.parameters(), self.cfg.optim.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        meter.window_steps += 1
+        meter.steps += 1
+        self.state["global_step"] += 1
+        self.state["epoch_step"] += 1
+        if self.ema is not None:
+            self.ema.update(self.plain_model, step=self.state["global_step"])
+
+    def _batches(self, epoch: int, skip: int) -> Iterable[Any]:
+        """The epoch's training micro-batches (in the order of (seed, epoch)) from the ``skip``-th on."""
+        loader = self.train_loader
+        set_epoch(loader, epoch)
+        if skip == 0:
+            return loader
+        if hasattr(loader, "batches_from"):  # vitlab's device-resident loaders
+            return loader.batches_from(skip)
+        skipped = self.accelerator.skip_first_batches(loader, skip)  # a DataLoader: its sampler skips
+        # Its epoch: the new loader sets it on the sampler and the dataset as it starts. Accelerate before
+        # 1.15 started it at 0, so a run resumed inside an epoch drew epoch 0's order and augmentations.
+        skipped.iteration = getattr(loader, "iteration", epoch)
+        return skipped
+
+    def train_epoch(self, epoch: int, stop: StopSignals) -> bool:
+        """Train ``epoch`` from its step ``state['epoch_step']`` (0, or where a checkpoint inside it was
+        written), with a checkpoint every ``train.save_every_steps``. Returns False if the processes
+        agreed to stop (:class:`StopSignals`) before its last step."""
+        t, acc, state = self.cfg.train, self.accelerator, self.state
+        seed_process(t.seed, acc.process_index, epoch)
+        resumed, self.process_state = self.process_state, None
+        self.meter = _Meter.start(acc.device, resumed["meter"] if resumed else None)
+        skip = state["epoch_step"] * self.accum
+        with Progress(self._batches(epoch, skip), desc=f"epoch {epoch}/{t.epochs}", total=len(self.train_loader),
+                      initial=skip, enabled=acc.is_main_process, unit="batches") as bar:
+            return self._train_batches(epoch, stop, bar, resumed)
+
+    def _train_batches(self, epoch: int, stop: StopSignals, bar: Progress, resumed: dict[str, Any] | None) -> bool:
+        t, acc, state, meter = self.cfg.train, self.accelerator, self.state, self.meter
+        started, waiting_since = time.time() - meter.seconds, time.perf_counter()
+        group: list[Any] = []
+        for batch in bar:
+            meter.data_seconds += time.perf_counter() - waiting_since
+            group.append(batch)
+            if len(group) == self.accum:
+                if resumed is not None:  # where the checkpoint left the global generators (the loader has started)
+                    set_rng_state(resumed["rng"], acc.device)
+                    resumed = None
+                self.step(group)
+                group = []
+                if state["global_step"] % t.log_every == 0:
+                    self._log_window(epoch, bar)
+                meter.seconds = time.time() - started
+                if state["epoch_step"] < self.steps_per_epoch:  # the epoch's end has its own checkpoint policy
+                    if t.save_every_steps and state["global_step"] % t.save_every_steps == 0:
+                        self.save("last")
+                    if stop.agreed():
+                        return False
+            waiting_since = time.perf_counter()
+        if meter.window_steps:
+            _checked_mean(acc, meter.window / meter.window_steps, epoch, state["global_step"])
+        meter.seconds = time.time() - started
+        return True
+
+    def _log_window(self, epoch: int, bar: Progress) -> None:
+        """A training log line: the mean loss since the last one (checked finite), the learning rate."""
+        acc, meter = self.accelerator, self.meter
+        mean_loss = _checked_mean(acc, meter.window / meter.window_steps, epoch, self.state["global_step"])
+        lr = max(self.scheduler.get_last_lr())
+        bar.set_postfix(loss=f"{mean_loss:.4f}", lr=f"{lr:.2e}")
+        record = {"split": "train", "epoch": epoch, "step": self.state["global_step"], "loss": mean_loss, "lr": lr}
+        if self.has_moe:
+            record["moe_aux_loss"] = acc.reduce(meter.moe_aux / meter.window_steps, reduction="mean").item()
+            meter.moe_aux.zero_()
+        self.log(record)
+        meter.window.zero_()
+        meter.window_steps = 0
+
+    def end_epoch(self, epoch: int, stop_after_epoch: int | None = None) -> dict[str, Any]:
+        """The epoch's record (training loss, time, evaluation when due), its line and log, then the
+        checkpoint policy: ``best/`` on a better validation metric, ``last/`` every ``train.save_every``
+        epochs and at the end. Returns the record."""
+        t, acc, state, meter = self.cfg.train, self.accelerator, self.state, self.meter
+        record: dict[str, Any] = {"split": "eval", "epoch": epoch, "step": state["global_step"],
+                                  "train_loss": acc.reduce(meter.total / max(meter.steps, 1), reduction="mean").item(),
+                                  "train_samples": int(meter.samples.item()),
+                                  "epoch_time": meter.seconds, "data_time": meter.data_seconds,
+                                  "examples_per_s": self.task.train_size / meter.seconds,
+                                  "lr": max(self.scheduler.get_last_lr())}
+        if self.has_moe:  # share of routing assignments per expert, per MoE layer, over all processes this epoch
+            counts = [acc.reduce(c, reduction="sum") for c in _epoch_expert_counts(self.model, meter, reset=True)]
+            record["expert_utilization"] = [[round(x, 4) for x in (c / c.sum().clamp(min=1)).tolist()]
+                                            for c in counts]
+        is_best = False
+        if epoch == t.epochs or (t.eval_every and epoch % t.eval_every == 0):
+            eval_start = time.time()
+            for name, loader in self.eval_loaders.items():
+                nets = [("", self.model)] + ([("ema_", self.ema.module)] if self.ema is not None else [])
+                for prefix, net in nets:
+                    record.update({f"{prefix}{name}_{k}": v for k, v in self.task.evaluate(net, loader, acc).items()})
+            if "val" in self.eval_loaders:
+                metric = record[("ema_" if self.ema is not None else "") + "val_" + self.task.select]
+                best = state["best_metric"]
+                if best is None or (metric < best if self.task.select_lower else metric > best):
+                    state.update(best_metric=metric, best_epoch=epoch)
+                    is_best = True
+            record["eval_time"] = time.time() - eval_start
+        # One line per epoch, evaluated or not, so a run without evaluations still shows its progress.
+        acc.print(f"epoch {epoch}: " + ", ".join(
+            f"{k} {v:.4f}" for k, v in record.items() if k.startswith(("train_loss", "val", "test", "ema")))
+            + f" | {meter.seconds:.1f}s ({record['examples_per_s']:.0f} examples/s)"
+            + (f" | expert use {record['expert_utilization']}" if self.has_moe else ""))
+        self.log(record)
+        if "eval_time" in record:
+            self.last_evaluation = record
+        state.update(epoch=epoch, epoch_step=0)
+        if is_best:
+            self.save("best")
+        step_due = t.save_every_steps and state["global_step"] % t.save_every_steps == 0
+        if epoch % t.save_every == 0 or epoch == t.epochs or epoch == stop_after_epoch or step_due:
+            self.save("last")
+        return record
+
+    def _record(self) -> dict[str, Any]:
+        """What the run has measured, for the model card: data, epochs, steps, wall time, the command,
+        the metrics of the last evaluated epoch."""
+        d = self.cfg.data
+        return {"dataset": f"{d.dataset}" + (f" ({d.root})" if getattr(d, "root", "") else ""),
+                "epochs": self.state["epoch"], "steps": self.state["global_step"], "wall_time": self.state["wall_time"],
+                "command": shlex.join(["python", *sys.argv]),
+                "evaluation": {k: v for k, v in self.last_evaluation.items() if k == "epoch" or (
+                    k.startswith(("train_loss", "val_", "test_", "ema_")) and isinstance(v, (int, float)))}}
+
+    def save(self, name: str) -> None:
+        """Write ``checkpoints/<name>/`` atomically: into a temporary directory, then swapped in. Inside an
+        epoch every process adds its ``process_<rank>.json`` (its global generators and sums). ``last/``
+        is also kept as ``step_<global step>/`` (the ``train.keep_last`` newest)."""
+        acc, state = self.accelerator, self.state
+        final = self.run_dir / "checkpoints" / name
+        tmp = final.with_name(f".{name}.tmp")
+        if acc.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        acc.wait_for_everyone()
+        if state["epoch_step"]:
+            process_state = {"rng": rng_state(acc.device), "meter": self.meter.state_dict()}
+            if self.has_moe:
+                process_state["meter"]["expert_counts"] = [c.tolist() for c in _epoch_expert_counts(self.model, self.meter)]
+            ckpt.write_json(tmp / f"process_{acc.process_index}.json", process_state)
+        state["wall_time"] = self.wall_time_before + time.time() - self.started
+        if acc.is_main_process:
+            ckpt.save_model(self.plain_model, tmp, self.cfg.model.name, {**self.task.meta, "training": self._record()},
+                            self.ema.module if self.ema is not None else None)
+            self.task.save_files(tmp)
+            ckpt.save_optimizer(self.optimizer.optimizer, tmp)
+            ckpt.write_json(tmp / "trainer_state.json", {
+                **state, "scheduler": self.scheduler.state_dict(), "num_processes": acc.num_processes,
+                "metrics_lines": self.metrics_lines,
+                **({"grad_scaler": self.scaler.state_dict()} if self.scaler is not None else {})})
+            save_config(self.cfg, tmp / "run_config.yaml")
+        acc.wait_for_everyone()
+        if acc.is_main_process:
+            if name == "last" and self.cfg.train.keep_last:
+                ckpt.keep_step_copy(tmp, self.run_dir / "checkpoints", state["global_step"], self.cfg.train.keep_last)
+            ckpt.replace_dir(tmp, final)
+        acc.wait_for_everyone()
+        if name == "last":
+            self.saved_step = state["global_step"]
+
+
+def set_epoch(loader: Any, epoch: int) -> None:
+    """Start ``epoch`` in a training loader: its order (the sampler's) and its dataset's per-image
+    augmentation seeds. Accelerate's ``DataLoaderShard.set_epoch`` sets the dataset's epoch only when
+    the sampler is not sharded (an ``elif``): with several processes it never did, and every image got
+    the same augmentation in every epoch. Before Accelerate 1.7 it did not reach a sampler under its
+    ``BatchSamplerShard`` either (several processes): repeated augmentation's order stayed epoch 0's. So
+    both are set here, where vitlab owns them."""
+    (loader if hasattr(loader, "set_epoch") else loader.batch_sampler).set_epoch(epoch)
+    shard = getattr(getattr(loader, "batch_sampler", None), "batch_sampler", None)  # BatchSamplerShard's own
+    sampler = getattr(shard, "sampler", None)
+    if hasattr(sampler, "set_epoch"):
+        sampler.set_epoch(epoch)
+    dataset = getattr(loader, "dataset", None)
+    if hasattr(dataset, "set_epoch"):
+        dataset.set_epoch(epoch)
+
+
+def _epoch_expert_counts(model: nn.Module, meter: _Meter, reset: bool = False) -> list[torch.Tensor]:
+    """This process's routing counts per MoE layer over the epoch so far (before and after a resume)."""
+    counts = expert_utilization(model, reset=reset)
+    if meter.expert_counts is None:
+        return counts
+    return [c + torch.tensor(before, device=c.device) for c, before in zip(counts, meter.expert_counts)]
+
+
+def _checked_mean(accelerator: Accelerator, local_mean: torch.Tensor, epoch: int, step: int) -> float:
+    """The loss averaged over processes; stop (on every process alike) if it is not finite."""
+    value = accelerator.reduce(local_mean.detach().float(), reduction="mean").item()
+    if not math.isfinite(value):
+        raise TrainingError(f"the training loss became {value} at epoch {epoch}, step {step}; training stopped "
+                            f"and the checkpoints on disk were left as they were. Lower optim.lr, keep "
+                            f"optim.grad_clip > 0, or use train.mixed_precision=bf16 instead of fp16")
+    return value

@@ -1,0 +1,152 @@
+"""Where a run continues from: the run directory and checkpoint a command resumes, vetted before any data
+is read (a changed config is one line, except the keys that do not change the result), the trainer state
+to restore, and what an interrupted run kept."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .. import checkpoint as ckpt
+from ..config import Config, config_to_flat, load_config
+from ..errors import CheckpointError, ConfigError
+
+__all__ = ["RESULT_NEUTRAL_KEYS", "SAMPLE_KEYS", "result_neutral", "newest_checkpoint", "resolve_resume",
+           "refuse_other_samples", "find_resume_point", "resume_state", "interrupted_message"]
+
+
+# Keys that change how a run is watched, stored or stopped, never its numbers: train.resume=auto
+# continues a run across a change of them and says which changed. data.in_memory too, where it does not
+# change the pixels (:func:`result_neutral`).
+RESULT_NEUTRAL_KEYS = frozenset({"train.resume", "train.log_with", "train.stop_signals", "train.log_every",
+                                 "train.save_every", "train.save_every_steps", "train.keep_last", "data.num_workers",
+                                 "data.in_memory"})
+
+
+def result_neutral(key: str, cfg: Config) -> bool:
+    """Whether a change of ``key`` leaves ``cfg``'s numbers as they were: one of :data:`RESULT_NEUTRAL_KEYS`,
+    but not ``data.in_memory`` for ImageNet-style crops of files without ``data.decode_size`` (held in
+    memory they are stored at the model's input size first; streamed, cropped at their own sizes)."""
+    if key == "data.in_memory" and getattr(cfg.data, "train_crop", "pad") != "pad" and not cfg.data.decode_size:
+        return False
+    return key in RESULT_NEUTRAL_KEYS
+
+
+def newest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run directory, ``last/`` or ``best/`` (``best/`` is the newer
+    when the run died after a better epoch and before ``last/`` was due, with ``train.save_every`` > 1)."""
+    found = []
+    for which in ("last", "best"):
+        try:  # the directory, or its .old twin left by a crash between the renames of a checkpoint write
+            directory: Path | None = ckpt.resolve_checkpoint(run_dir / "checkpoints" / which)
+        except CheckpointError:
+            directory = None
+        if directory is not None and (directory / "trainer_state.json").is_file():
+            found.append((ckpt.read_json(directory / "trainer_state.json")["global_step"], which == "last", directory))
+    return max(found)[2] if found else None
+
+
+def resolve_resume(path: str | Path) -> tuple[Path, Path]:
+    """The run directory and the checkpoint ``--resume PATH`` continues: PATH is a run directory (its
+    newest checkpoint) or a checkpoint inside one (``RUN/checkpoints/step_800``), whose run it continues.
+
+    Raises:
+        ConfigError: one line, if PATH is neither.
+    """
+    path = Path(path)
+    if (path / "trainer_state.json").is_file():
+        if path.parent.name != "checkpoints":
+            raise ConfigError(f"--resume {path}: a checkpoint continues the run it belongs to, and this one is not in "
+                              f"a run's checkpoints/ folder; give the run directory or RUN/checkpoints/<name>")
+        return path.parent.parent, path
+    checkpoint = newest_checkpoint(path)
+    if checkpoint is None:
+        raise ConfigError(f"--resume {path}: no checkpoint there (expected a run directory with checkpoints/last/ or "
+                          f"a checkpoint directory RUN/checkpoints/<name>)")
+    return path, checkpoint
+
+
+# Keys that decide which samples each step of an epoch reads (with the processes' count, which the
+# epoch's plan makes irrelevant): changed inside an epoch, the rest of it could not be what it was.
+SAMPLE_KEYS = ("train.batch_size", "train.grad_accum_steps", "train.seed", "data.dataset", "data.root",
+               "data.train_split", "data.val_size", "data.train_subset", "data.partitions", "data.shuffle_buffer",
+               "data.streaming", "data.image_key", "data.label_key", "data.aug_repeats",
+               "data.test_size")
+
+
+def refuse_other_samples(cfg: Config, checkpoint: Path) -> None:
+    """Refuse, in one line, ``--resume CHECKPOINT key=value`` that changes a key deciding the samples of an
+    epoch (:data:`SAMPLE_KEYS`) from a checkpoint written inside one: that epoch would continue on other
+    samples than it began with. At an epoch's end any change starts the next epoch cleanly."""
+    state = ckpt.read_json(checkpoint / "trainer_state.json")
+    if not state.get("epoch_step") or not (checkpoint / "run_config.yaml").is_file():
+        return
+    saved, wanted = config_to_flat(load_config(checkpoint / "run_config.yaml", recorded=True)), config_to_flat(cfg)
+    changed = [f"{k} {saved.get(k)} -> {wanted.get(k)}" for k in SAMPLE_KEYS if saved.get(k) != wanted.get(k)]
+    if changed:
+        epoch = state["epoch"] + 1
+        raise ConfigError(f"--resume {checkpoint}: {', '.join(changed)} inside epoch {epoch} (the checkpoint is at its "
+                          f"step {state['epoch_step']}) would continue that epoch on other samples than it began with; "
+                          f"finish epoch {epoch} as it was (--resume {checkpoint} train.epochs={epoch}), then change it")
+
+
+def find_resume_point(cfg: Config, resume: str | Path | None) -> tuple[Path, Path | None, str]:
+    """The run directory, the checkpoint to continue from (None: a new run) and a line to print about
+    it (or ''), decided before any data is read.
+
+    ``resume`` (a run directory, or a checkpoint in one) continues that run with ``cfg`` as it is now
+    (more epochs, say). Otherwise ``train.output_dir`` decides. With ``train.resume: auto`` a directory
+    holding a run (a checkpoint, or the ``config.yaml`` a run writes first) must hold ``cfg``'s run: the
+    keys that differ are one line, except the result-neutral ones (:func:`result_neutral`), which are continued across and
+    named; the run continues from its newest checkpoint, or starts anew if it died before its first.
+    With ``train.resume: no`` any run there is refused.
+    """
+    if resume is not None:
+        run_dir, checkpoint = resolve_resume(resume)
+        cfg.train.output_dir = str(run_dir)
+        refuse_other_samples(cfg, checkpoint)
+        return run_dir, checkpoint, ""
+    run_dir = Path(cfg.train.output_dir)
+    checkpoint = newest_checkpoint(run_dir)
+    saved_file = checkpoint / "run_config.yaml" if checkpoint is not None else run_dir / "config.yaml"
+    if cfg.train.resume == "no":
+        if checkpoint is not None or saved_file.is_file() or (run_dir / "metrics.jsonl").exists():
+            raise ConfigError(f"train.output_dir={str(run_dir)!r} already holds a run and train.resume=no; continue "
+                              f"it with train.resume=auto (or --resume {run_dir}), or choose another train.output_dir")
+        return run_dir, None, ""
+    if not saved_file.is_file():
+        return run_dir, None, ""
+    saved, wanted = config_to_flat(load_config(saved_file, recorded=True)), config_to_flat(cfg)
+    changed = [k for k in sorted(saved.keys() | wanted.keys()) if saved.get(k) != wanted.get(k)]
+    differ = [f"{k}: {saved.get(k)!r} there, {wanted.get(k)!r} now" for k in changed if not result_neutral(k, cfg)]
+    if differ:
+        raise ConfigError(f"train.output_dir={str(run_dir)!r} holds a run with another config ({'; '.join(differ)}); "
+                          f"run its own config to continue it, change it on purpose with --resume {run_dir} "
+                          f"key=value, or choose another train.output_dir")
+    neutral = [f"{k} {saved.get(k)} -> {wanted.get(k)}" for k in changed if k != "train.resume"]
+    note = f"continuing with keys that do not change the result changed: {', '.join(neutral)}" if neutral else ""
+    return run_dir, checkpoint, note if checkpoint is not None else ""
+
+
+def resume_state(resume_from: Path, run_dir: Path) -> dict[str, Any]:
+    """The trainer state of ``last/``, with the best metric of ``best/`` when it exists: ``best/`` may
+    have been written after ``last/`` (with ``train.save_every > 1``) and must not be overwritten by
+    a worse epoch after the resume."""
+    state = ckpt.read_json(resume_from / "trainer_state.json")
+    best_file = run_dir / "checkpoints" / "best" / "trainer_state.json"
+    if best_file.is_file():
+        best = ckpt.read_json(best_file)
+        state.update(best_metric=best["best_metric"], best_epoch=best["best_epoch"])
+    return state
+
+
+def interrupted_message(run_dir: str | Path) -> str:
+    """What an interrupted run (Ctrl-C, a crash) kept and lost, and how to continue it."""
+    checkpoint = newest_checkpoint(Path(run_dir))
+    if checkpoint is None:
+        return (f"interrupted: {run_dir} holds no checkpoint yet, so this run is lost; the same command starts it "
+                f"again")
+    state = ckpt.read_json(checkpoint / "trainer_state.json")
+    where = f"epoch {state['epoch'] + 1}, step {state['epoch_step']}" if state["epoch_step"] else \
+        f"the end of epoch {state['epoch']}"
+    return (f"interrupted: kept {checkpoint} (step {state['global_step']}, {where}); the steps after it are lost "
+            f"(a stop signal, SIGTERM, would have kept them); the same command continues from it")
