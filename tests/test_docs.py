@@ -242,7 +242,10 @@ def _what_is_missing(block: Block, run: PageRun) -> str | None:
                 for tracker in re.findall(r"train\.log_with=(\w+)", block.code)
                 if tracker not in ("none", "all") and importlib.util.find_spec(tracker) is None]
     if reasons:
-        run.unwritten.update({out: reasons[0] for out in re.findall(r"train\.output_dir=(\S+)", block.code)})
+        # what it would have written: the run directories it names, else its configs' (the quick start's)
+        outs = re.findall(r"train\.output_dir=(\S+)", block.code) or [
+            (yaml.safe_load(c.read_text()).get("train") or {}).get("output_dir") for c in configs]
+        run.unwritten.update({out: reasons[0] for out in outs if out})
         return reasons[0]
     # A block that reads what a skipped block would have written (its run directory) skips with it.
     return next((reason for out, reason in run.unwritten.items() if out in block.code), None)
