@@ -14,7 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import launch_env, reset_accelerate, same_run_records, signal_at_step, tiny_overrides, torchrun_worker
+from conftest import launch_env, reset_accelerate, same_run_records, signal_at_step, tiny_overrides, torchrun_worker, \
+    train_until_signal
 from vitlab import checkpoint as ckpt
 from vitlab.config import load_config
 from vitlab.data.images import ImageData, TensorImageDataset, train_transform
@@ -528,6 +529,24 @@ def test_a_killed_worker_under_torchrun_max_restarts_resumes_from_its_step_check
     assert out.count("resumed at epoch") == 1  # the restarted workers continued from a step checkpoint
     assert _equal(_weights(two_process_whole), _weights(run_dir))
     assert _equal(_weights(two_process_whole, "ema.safetensors"), _weights(run_dir, "ema.safetensors"))
+
+
+def test_a_run_ends_its_dataloader_workers_however_it_ends(tiny_imagefolder, tmp_path, monkeypatch, on_cpu):
+    # Stopped inside an epoch, a run's loaders sat in a reference cycle; the garbage collector's torch shutdown
+    # then waited 5 s for each of their 4 workers, in whatever ran next in the process (a notebook cell, a test).
+    import gc
+    import multiprocessing
+    import time
+
+    keys = ("data.in_memory=false", "data.num_workers=2", "train.log_with=none")
+    cfg = load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "run", *keys))
+    train_until_signal(monkeypatch, cfg, 4)
+    assert multiprocessing.active_children() == []
+    started = time.perf_counter()
+    gc.collect()
+    assert time.perf_counter() - started < 2.5
+    train(cfg)  # resumed to its end: the same
+    assert multiprocessing.active_children() == []
 
 
 def test_sigterm_to_the_whole_process_group_with_dataloader_workers_still_checkpoints_and_exits_75(

@@ -28,6 +28,7 @@ from torchvision.transforms import v2
 from .images import seeded_transform
 from .plan import EpochPlan, Segment, pieces, shuffle
 from .shards import ShardIndex
+from .workers import shutdown_workers
 
 __all__ = ["Segment", "spread", "ShardStream", "ShardLoader"]
 
@@ -206,6 +207,11 @@ class ShardLoader:
 
     def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
         return self.batches_from(0)
+
+    def shutdown_workers(self) -> None:
+        """End the workers now (:func:`~vitlab.data.workers.shutdown_workers`); the next epoch starts new ones."""
+        if self._loader is not None:
+            shutdown_workers(self._loader)
 
     def batches_from(self, start: int) -> Iterator[tuple[Tensor, Tensor]]:
         """The epoch's batches from batch ``start`` on, equal to those of a whole epoch."""
