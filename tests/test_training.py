@@ -116,33 +116,45 @@ def test_inverse_sqrt_schedule_is_the_papers():
         assert peak * lr_multiplier(step - 1, warmup, 10 ** 6, 0.0, "inverse_sqrt") == pytest.approx(paper(step))
 
 
-@pytest.mark.parametrize("loader", ["torch", "gpu", "moe", "torch-streamed"])
-def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder, tmp_path, loader, on_cpu):
-    # No randomness beyond the (shared, seeded) shuffling: same global batches, same updates. The
-    # device loader shards evaluation itself (36 test images over 2 processes, gathered unevenly).
-    # "moe": a mixture of experts under DDP (balancing loss off: it is computed per process).
-    # "torch-streamed": each process's images decoded when read, by 2 DataLoader workers (2 x 2 readers).
-    moe = ("model.mlp_layer=moe", "model.num_experts=3", "model.moe_aux_loss_weight=0") if loader == "moe" else ()
-    streamed = ("data.in_memory=false", "data.num_workers=2") if loader == "torch-streamed" else ()
-    loader = "torch" if loader in ("moe", "torch-streamed") else loader
-    extra = ("data.crop_padding=0", "data.hflip=false", "train.epochs=1", "train.label_smoothing=0.0",
-             f"data.loader={loader}", "train.batch_size=24", "data.test_subset=35", *moe, *streamed)  # eval: 6 + 5
-    env = {**launch_env(2, exact=True), "OMP_NUM_THREADS": "1"}  # both runs where the comparison holds
-    train(load_config(ROOT / "configs/cifar10_cpu_quick.yaml", tiny_overrides(tiny_imagefolder, tmp_path / "one", *extra)))
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          str(29533 + (loader == "gpu") + 2 * bool(moe) + 3 * bool(streamed)), str(ROOT / "train.py"), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
-                          *tiny_overrides(tiny_imagefolder, tmp_path / "two", *extra)],
-                         capture_output=True, text=True, env=env)
-    assert two.returncode == 0, two.stderr[-3000:]
-    assert "2 process(es)" in two.stdout
-    assert max_weight_diff(_weights(tmp_path / "one"), _weights(tmp_path / "two")) < 1e-5
+# Each variant of the two-process test: no randomness beyond the (shared, seeded) shuffling, so the same
+# global batches give the same updates. The device loader shards evaluation itself (35 test images over 2
+# processes, gathered unevenly). "moe": a mixture of experts under DDP (balancing loss off: it is computed
+# per process). "torch-streamed": each process's images decoded when read, by 2 DataLoader workers (2 x 2).
+AGREE = {"torch": ("data.loader=torch",), "gpu": ("data.loader=gpu",),
+         "moe": ("data.loader=torch", "model.mlp_layer=moe", "model.num_experts=3", "model.moe_aux_loss_weight=0"),
+         "torch-streamed": ("data.loader=torch", "data.in_memory=false", "data.num_workers=2")}
+AGREE_KEYS = ("data.crop_padding=0", "data.hflip=false", "train.epochs=1", "train.label_smoothing=0.0",
+              "train.batch_size=24", "data.test_subset=35")  # eval: 6 + 5 batches of 35 images
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(tiny_imagefolder, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """Every variant of :data:`AGREE` trained on 2 processes, one after the other in one torchrun launch of
+    the quick config (its processes started once, not once a variant)."""
+    root, argv = tmp_path_factory.mktemp("two"), []
+    for name, extra in AGREE.items():
+        argv += [*(["--then"] if argv else []), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
+                 *tiny_overrides(tiny_imagefolder, root / name, *AGREE_KEYS, *extra)]
+    return root, _torchrun(29533, str(HELPER), *argv, exact=True)
+
+
+@pytest.mark.parametrize("loader", list(AGREE))
+def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder, tmp_path, loader, on_cpu,
+                                                               two_process_runs):
+    train(load_config(ROOT / "configs/cifar10_cpu_quick.yaml",
+                      tiny_overrides(tiny_imagefolder, tmp_path / "one", *AGREE_KEYS, *AGREE[loader])))
+    root, launch = two_process_runs
+    assert launch.returncode == 0, launch.stderr[-3000:]
+    two = root / loader
+    assert launch.stdout.count("| 2 process(es) on") == len(AGREE) and f"run dir {two}" in launch.stdout
+    assert max_weight_diff(_weights(tmp_path / "one"), _weights(two)) < 1e-5
     # Evaluation shards the test set and gathers it back: same accuracy over all 35 images.
     last = lambda run: [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()][-1]
-    assert last(tmp_path / "one")["test_top1"] == last(tmp_path / "two")["test_top1"]
-    assert last(tmp_path / "one")["test_loss"] == pytest.approx(last(tmp_path / "two")["test_loss"], abs=1e-5)
-    assert last(tmp_path / "one")["train_samples"] == last(tmp_path / "two")["train_samples"] == 96  # 4 steps of 24
-    if moe:  # expert use is counted over every process's tokens
-        assert last(tmp_path / "one")["expert_utilization"] == last(tmp_path / "two")["expert_utilization"]
+    assert last(tmp_path / "one")["test_top1"] == last(two)["test_top1"]
+    assert last(tmp_path / "one")["test_loss"] == pytest.approx(last(two)["test_loss"], abs=1e-5)
+    assert last(tmp_path / "one")["train_samples"] == last(two)["train_samples"] == 96  # 4 steps of 24
+    if loader == "moe":  # expert use is counted over every process's tokens
+        assert last(tmp_path / "one")["expert_utilization"] == last(two)["expert_utilization"]
 
 
 def test_non_finite_loss_stops_and_leaves_checkpoints_as_they_were(tiny_imagefolder, tmp_path, monkeypatch):
@@ -477,16 +489,24 @@ def identical_imagefolder(tmp_path_factory) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def two_process_draws(identical_imagefolder, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """Each loader's first training batch and random draws on 2 processes (one launch for both loaders)."""
+    root, argv = tmp_path_factory.mktemp("draws"), []
+    for loader in ("torch", "gpu"):
+        argv += [*(["--then"] if argv else []), "--record", str(root / f"{loader}.draws"), "--stop-after-epoch", "1",
+                 *tiny_overrides(identical_imagefolder, root / loader, f"data.loader={loader}", "data.crop_padding=4",
+                                 "data.hflip=true")]
+    return root, _torchrun(29541, str(HELPER), *argv)
+
+
 @pytest.mark.parametrize("loader", ["torch", "gpu"])
-def test_two_processes_draw_different_augmentation_dropout_and_mixup(identical_imagefolder, tmp_path, loader):
+def test_two_processes_draw_different_augmentation_dropout_and_mixup(two_process_draws, loader):
     # Every training image is the same picture, so two processes' batches can differ only through
     # their crops and flips. The same stream on both would give the same image in every slot.
-    record = tmp_path / "draws"
-    result = _torchrun(29541 + (loader == "gpu"), str(HELPER), "--record", str(record), "--stop-after-epoch", "1",
-                       *tiny_overrides(identical_imagefolder, tmp_path / "run", f"data.loader={loader}",
-                                       "data.crop_padding=4", "data.hflip=true"))
+    root, result = two_process_draws
     assert result.returncode == 0, result.stderr[-3000:]
-    draws = [json.loads((tmp_path / f"draws.{rank}.json").read_text()) for rank in (0, 1)]
+    draws = [json.loads((root / f"{loader}.draws.{rank}.json").read_text()) for rank in (0, 1)]
     images = [torch.tensor(d["images"]) for d in draws]
     assert images[0].shape == images[1].shape == (8, 3, 32, 32)  # global batch 16 over 2 processes
     same_slots = sum(torch.equal(a, b) for a, b in zip(*images))
