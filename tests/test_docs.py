@@ -229,6 +229,15 @@ def _commands(code: str) -> list[str]:
     return [line for line in joined.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
+# What a block uses that an optional extra of pyproject.toml brings: (pattern in the block, module, extra).
+EXTRAS = ((r"data\.dataset=hf|^import datasets", "datasets", "hf"), (r"data\.dataset=wds|vitlab shards", "webdataset", "wds"),
+          (r"--format onnx", "onnxscript", "export"))
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
 def _what_is_missing(block: Block, run: PageRun) -> str | None:
     """Why ``block`` cannot run here (real data or a tracker's package not installed, as on the GPU
     machine without mlflow), or None."""
@@ -241,6 +250,9 @@ def _what_is_missing(block: Block, run: PageRun) -> str | None:
     reasons += [f"the {tracker} package is not installed: pip install 'vitlab[{tracker}]'"
                 for tracker in re.findall(r"train\.log_with=(\w+)", block.code)
                 if tracker not in ("none", "all") and importlib.util.find_spec(tracker) is None]
+    # An optional extra the environment lacks (make test-lowest installs the test extra alone).
+    reasons += [f"the {extra} extra is not installed: pip install 'vitlab[{extra}]'"
+                for pattern, module, extra in EXTRAS if re.search(pattern, block.code, re.M) and not _installed(module)]
     if reasons:
         # what it would have written: the run directories it names, else its configs' (the quick start's)
         outs = re.findall(r"train\.output_dir=(\S+)", block.code) or [

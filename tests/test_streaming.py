@@ -179,14 +179,17 @@ def forked_results() -> dict[str, dict]:
     return {}  # source -> the run with workers started by fork, the reference
 
 
-@pytest.mark.parametrize("method", ["forkserver", "spawn"])
-@pytest.mark.parametrize("source", ["imagefolder", "hf", "wds"])
+@pytest.mark.parametrize("source, method", [("imagefolder", "forkserver"), ("imagefolder", "spawn"),
+                                            ("hf", "spawn"), ("wds", "spawn")])
 def test_streamed_sources_train_with_workers_started_by_forkserver_and_spawn_as_by_fork(
         streamed_sources, forked_results, tiny_imagefolder, tmp_path, on_cpu, source, method):
     # Python 3.14 starts multiprocessing workers by forkserver on Linux, macOS and Windows by spawn: both
     # pickle the dataset for each worker (a listed split held lambdas: "Can't pickle local object
     # 'index_imagefolder.<locals>.<lambda>'", and every streamed run there died at its first batch). The
     # workers read the same images, augmented by the same per-image seeds, whichever way they started.
+    # Both methods pickle the dataset alike (the same reducers; neither inherits the parent's memory): every
+    # source goes through spawn, which also imports the parent's main module anew, and one through forkserver
+    # (each run costs its workers' 3.5 s imports of torch and vitlab).
     import multiprocessing
 
     from vitlab.training import train
