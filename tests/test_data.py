@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from vitlab.data import load_split
 from vitlab.data.images import balanced_indices, eval_transform, image_transform, train_transform
@@ -174,3 +175,29 @@ def test_decoded_images_fill_one_preallocated_tensor_in_order(tiny_imagefolder):
     files = sorted((tiny_imagefolder / "test").rglob("*.png"))
     got = decode_all(lambda i: index.decode(i, None), [5, 0, 17])
     assert torch.equal(got, torch.stack([read_image(files[i]) for i in (5, 0, 17)]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_precision_recall_f1_and_balanced_accuracy_are_scikit_learns(seed):
+    # Uneven: class 5 never occurs nor is predicted (scikit-learn leaves it out of the averages), class 4 is
+    # never predicted (precision 0 by zero_division=0), a rare class 3.
+    from sklearn.metrics import balanced_accuracy_score, precision_recall_fscore_support
+
+    from vitlab.tasks.classification import metrics_from_predictions
+
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.cat([torch.randint(0, 3, (200,), generator=g), torch.tensor([3, 3, 4, 4, 4])])
+    logits = torch.randn(len(labels), 6, generator=g) + 2.5 * F.one_hot(labels, 6)
+    logits[:, 4:] = -10.0  # 4 and 5 never predicted
+    m = metrics_from_predictions(logits, labels, 6)
+    y, p = labels.numpy(), logits.argmax(1).numpy()
+    present = sorted(set(y) | set(p))
+    per_class = precision_recall_fscore_support(y, p, labels=present, average=None, zero_division=0)
+    for name, values in zip(("precision", "recall", "f1"), per_class[:3]):
+        assert [m[name][k] for k in present] == pytest.approx(values.tolist(), abs=1e-12)
+    for average in ("macro", "weighted"):
+        expected = precision_recall_fscore_support(y, p, average=average, zero_division=0)
+        got = [m[f"{average}_{name}"] for name in ("precision", "recall", "f1")]
+        assert got == pytest.approx(list(expected[:3]), abs=1e-12), average
+    assert m["balanced_top1"] == pytest.approx(balanced_accuracy_score(y, p), abs=1e-12)
+    assert m["f1"][5] == 0.0 and m["precision"][4] == 0.0

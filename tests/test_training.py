@@ -269,6 +269,11 @@ def test_eval_command_writes_metrics_and_confusion_matrix(trained_run, tmp_path,
     assert (out.parent / "confusion_matrix.png").stat().st_size > 1000
     assert (out.parent / "mistakes.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "top-1 " in stdout and "%" in stdout and "class_2" in stdout
+    # precision, recall and F1 from the same confusion matrix: recall is the per-class accuracy
+    precision = [matrix[i][i] / max(1, sum(row[i] for row in matrix)) for i in range(3)]
+    assert list(metrics["per_class_precision"].values()) == pytest.approx(precision)
+    assert metrics["macro_recall"] == pytest.approx(sum(metrics["per_class"].values()) / 3)
+    assert metrics["balanced_top1"] == pytest.approx(metrics["macro_recall"]) and "balanced top-1 " in stdout
 
 
 @pytest.mark.parametrize("split, size", [("val", 15), ("train", 81)])

@@ -142,9 +142,13 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
         return metrics
     print(f"checkpoint {directory} | {split} split: {metrics['num_images']} images")
     print(f"top-1 {100 * metrics['top1']:.2f}%  top-5 {100 * metrics['top5']:.2f}%  loss {metrics['loss']:.4f}")
-    print("accuracy per class:")
-    for name, acc in zip(classes, metrics["per_class"]):
-        print(f"  {name:>12s} {100 * acc:6.2f}%")
+    print(f"balanced top-1 {100 * metrics['balanced_top1']:.2f}%  macro precision {metrics['macro_precision']:.4f}  "
+          f"recall {metrics['macro_recall']:.4f}  F1 {metrics['macro_f1']:.4f}  weighted F1 {metrics['weighted_f1']:.4f}")
+    support = [sum(row) for row in metrics["confusion"]]
+    print(f"  {'class':>20s} {'accuracy':>8s} {'precision':>9s} {'F1':>6s} {'images':>7s}")
+    for i, name in enumerate(classes):  # a class's accuracy is its recall
+        print(f"  {name:>20s} {100 * metrics['per_class'][i]:7.2f}% {metrics['precision'][i]:9.4f} "
+              f"{metrics['f1'][i]:6.4f} {support[i]:7d}")
     out_dir = output.parent if output else directory
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "confusion_matrix.json", {"classes": classes, "matrix": metrics["confusion"]})
@@ -155,7 +159,10 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
         print(f"most confident mistakes: {out_dir / 'mistakes.png'}")
     if output:
         per_class = dict(zip(classes, metrics["per_class"]))
+        averages = {f"{how}_{name}": metrics[f"{how}_{name}"] for how in ("macro", "weighted")
+                    for name in ("precision", "recall", "f1")}
         write_json(output, {"top1": metrics["top1"], "top5": metrics["top5"], "loss": metrics["loss"],
-                            "per_class": per_class, "num_images": metrics["num_images"],
-                            "checkpoint": str(directory), "split": split})
+                            "balanced_top1": metrics["balanced_top1"], **averages, "per_class": per_class,
+                            **{f"per_class_{name}": dict(zip(classes, metrics[name])) for name in ("precision", "f1")},
+                            "num_images": metrics["num_images"], "checkpoint": str(directory), "split": split})
     return metrics

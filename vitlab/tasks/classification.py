@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 __all__ = ["image_classification_task", "resolve_loader", "in_memory", "index_splits", "shard_streams", "load_train_val_data", "load_test_data",
            "eval_dataset",
-           "evaluate_classifier", "metrics_from_predictions", "gather_uneven"]
+           "evaluate_classifier", "metrics_from_predictions", "report_metrics", "gather_uneven"]
 
 
 def _decode_size(d: DataConfig, size: tuple[int, int], keep_in_memory: bool = True) -> tuple[int, int] | None:
@@ -577,4 +577,25 @@ def metrics_from_predictions(logits: Tensor, labels: Tensor, num_classes: int) -
         "per_class": (confusion.diag() / per_class_total).tolist(),
         "confusion": confusion.tolist(),
         "num_images": len(labels),
+        **report_metrics(confusion),
     }
+
+
+def report_metrics(confusion: Tensor) -> dict[str, Any]:
+    """Precision, recall and F1 of every class, their macro and support-weighted means, and the balanced
+    accuracy, from a confusion matrix ``(K, K)`` (rows: true class, columns: predicted), as scikit-learn's
+    ``precision_recall_fscore_support(zero_division=0)`` and ``balanced_accuracy_score`` give them (tested
+    against both): a class that is neither a label nor a prediction is left out of the means, a ratio over
+    nothing is 0, and the balanced accuracy is the mean recall of the classes that have images."""
+    c = confusion.double()
+    tp, true, predicted = c.diag(), c.sum(1), c.sum(0)
+    scores = {"precision": torch.where(predicted > 0, tp / predicted, 0.0),
+              "recall": torch.where(true > 0, tp / true, 0.0),
+              "f1": torch.where(true + predicted > 0, 2 * tp / (true + predicted), 0.0)}
+    present = (true + predicted) > 0
+    out: dict[str, Any] = {name: v.tolist() for name, v in scores.items()}
+    for name, v in scores.items():
+        out[f"macro_{name}"] = v[present].mean().item()
+        out[f"weighted_{name}"] = ((v * true).sum() / true.sum()).item() if true.sum() > 0 else 0.0
+    out["balanced_top1"] = scores["recall"][true > 0].mean().item()
+    return out
