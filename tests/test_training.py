@@ -700,3 +700,67 @@ def test_the_bce_loss_is_binary_cross_entropy_on_smoothed_or_mixed_targets_as_ti
     torch.testing.assert_close(got, F.binary_cross_entropy_with_logits(logits, targets))
     ce = classification_criterion(mixing, s, "ce", None)
     assert type(ce).__name__ == ("SoftTargetCrossEntropy" if mixing else "CrossEntropyLoss")
+
+
+def test_best_metric_chooses_best_on_any_validation_metric_in_its_direction(tiny_imagefolder, tmp_path, capsys):
+    # transformers' metric_for_best_model: a name ending in "loss" is lower-better, any other higher-better.
+    for metric, pick in (("val_loss", min), ("val_macro_f1", max)):
+        run_dir = tmp_path / metric
+        summary = train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "data.val_size=12",
+                                                         "train.epochs=3", f"train.best_metric={metric}")))
+        reset_accelerate()
+        evals = _evals(run_dir)
+        assert {"val_balanced_top1", "val_macro_f1", "test_macro_f1"} <= set(evals[0])
+        values = [e[metric] for e in evals]
+        assert summary["best_epoch"] == values.index(pick(values)) + 1 and summary["best_metric"] == pick(values)
+        assert f"best/ chosen on {metric}" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"^train.best_metric=val_f1: this task's validation metrics are val_top1, "):
+        train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "x", "data.val_size=12",
+                                               "train.best_metric=val_f1")))
+    reset_accelerate()
+    with pytest.raises(ConfigError, match=r"^train.early_stop_patience=2 reads the validation split, and this run "
+                                          r"holds out none: set data.val_size=N"):
+        load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "y", "train.early_stop_patience=2"))
+
+
+def _scripted_top1(monkeypatch, values: list[float], done: int = 0) -> None:
+    """Evaluations that report ``values[e]`` as epoch ``e + 1``'s validation top-1 (from epoch ``done + 1``)."""
+    from vitlab.tasks import classification
+
+    calls = [2 * done]  # a validation and a test evaluation an epoch
+
+    def scripted(net, loader, acc, num_classes, model_input=None, keep_probs=False):
+        epoch, calls[0] = calls[0] // 2, calls[0] + 1
+        return {"top1": values[epoch], "top5": 1.0, "loss": 1.0 - values[epoch], "balanced_top1": values[epoch],
+                "macro_f1": values[epoch]}
+
+    monkeypatch.setattr(classification, "evaluate_classifier", scripted)
+
+
+def test_early_stopping_stops_after_patience_epochs_without_improvement_and_survives_a_resume(
+        tiny_imagefolder, tmp_path, monkeypatch, capsys):
+    top1 = [0.5, 0.7, 0.6, 0.65, 0.9, 0.95]  # best at epoch 2; patience 2: stop after epoch 4 of 6
+    keys = ("data.val_size=12", "train.epochs=6", "train.early_stop_patience=2")
+    whole = tmp_path / "whole"
+    _scripted_top1(monkeypatch, top1)
+    summary = train(load_config(None, tiny_overrides(tiny_imagefolder, whole, *keys)))
+    reset_accelerate()
+    out = capsys.readouterr().out
+    assert "stopped early after epoch 4: val_top1 has not improved for 2 epochs, its best at epoch 2 " \
+           "(train.early_stop_patience=2)" in out and "finished 4 epochs" in out
+    assert summary["epochs_done"] == 4 and summary["best_epoch"] == 2 and summary["stopped_early"] == 4
+    assert json.loads((whole / "summary.json").read_text())["stopped_early"] == 4
+    assert ckpt.read_json(whole / "checkpoints/last/trainer_state.json")["epoch"] == 4
+    # run again: finished, nothing to train
+    train(load_config(None, tiny_overrides(tiny_imagefolder, whole, *keys)))
+    reset_accelerate()
+    assert "holds a finished run (4 epochs, stopped early): nothing to train" in capsys.readouterr().out
+    # stopped by an interruption after epoch 3, continued: the same stop, the same weights
+    parts = tmp_path / "parts"
+    _scripted_top1(monkeypatch, top1)
+    train(load_config(None, tiny_overrides(tiny_imagefolder, parts, *keys)), stop_after_epoch=3)
+    reset_accelerate()
+    _scripted_top1(monkeypatch, top1, done=3)
+    resumed = train(load_config(None, tiny_overrides(tiny_imagefolder, parts, *keys)))
+    assert resumed["stopped_early"] == 4 and resumed["best_epoch"] == 2
+    assert all(torch.equal(a, b) for a, b in zip(_weights(whole).values(), _weights(parts).values()))

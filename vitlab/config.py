@@ -229,6 +229,14 @@ class TrainConfig:
     # MLFLOW_TRACKING_URI says otherwise.
     log_with: Literal["tensorboard", "wandb", "mlflow", "aim", "all", "none"] = "tensorboard"
     eval_every: int = 1       # epochs between evaluations; 0 = only after the last epoch
+    # The validation metric that chooses best/ (any val_ key of metrics.jsonl: val_macro_f1, val_balanced_top1,
+    # val_loss, ...; transformers' metric_for_best_model); "" = the task's (val_top1, val_bleu, val_loss).
+    # greater_is_better: null = lower is better for a name ending in "loss", higher for any other.
+    best_metric: str = ""
+    greater_is_better: bool | None = None
+    # Stop when the best metric has not improved for this many epochs (at an evaluated epoch); 0 = never.
+    # The schedule still spans train.epochs; the run is then finished (its last/ is its final epoch).
+    early_stop_patience: int = 0
     output_dir: str = "runs/vit_cifar10"
     seed: int = 0
     log_every: int = 50       # optimizer steps between training-metric log lines
@@ -449,6 +457,14 @@ def _check_values(cfg: Config) -> None:
          t.stop_signals, "comma-separated signal names such as SIGTERM,SIGUSR1 (not SIGKILL or SIGSTOP), or ''")
     need(t.eval_every >= 0, "train.eval_every", t.eval_every, "an integer >= 0 (0 = only after the last epoch)")
     need(t.log_every >= 1, "train.log_every", t.log_every, "an integer >= 1")
+    need(not t.best_metric or t.best_metric.startswith("val_"), "train.best_metric", t.best_metric,
+         "a validation metric of metrics.jsonl, val_<name> (val_top1, val_macro_f1, val_loss, ...), or '' (the task's)")
+    need(t.early_stop_patience >= 0, "train.early_stop_patience", t.early_stop_patience, "an integer >= 0 (0 = never)")
+    if (t.best_metric or t.early_stop_patience) and cfg.task == "classification" and isinstance(d, DataConfig) \
+            and not d.val_size:
+        key = "train.best_metric" if t.best_metric else "train.early_stop_patience"
+        raise ConfigError(f"{key}={getattr(t, key.split('.')[1])!r} reads the validation split, and this run holds out "
+                          f"none: set data.val_size=N (e.g. 5000 of CIFAR-10's training images)")
     need(bool(t.output_dir), "train.output_dir", t.output_dir, "a directory path")
 
 

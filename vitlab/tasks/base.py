@@ -67,6 +67,8 @@ class TaskSetup:
         save_files: ``save_files(checkpoint_directory)`` writes the task's own files (a tokenizer).
         data_state: What the data fixed when the run started and a resumed run must keep (the epoch
             plan's partitions of streamed shards), saved as ``data`` in ``trainer_state.json``.
+        metrics: The names ``evaluate`` returns, where the task declares them (``train.best_metric`` is
+            checked against them before training); empty: checked at the first evaluation.
     """
 
     model: nn.Module
@@ -83,3 +85,4 @@ class TaskSetup:
     save_files: Callable[[Path], None] = field(default=lambda directory: None)
     select_lower: bool = False
     data_state: dict[str, Any] = field(default_factory=dict)
+    metrics: tuple[str, ...] = ()

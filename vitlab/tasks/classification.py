@@ -464,6 +464,10 @@ def classification_criterion(mixing: bool, label_smoothing: float, loss: str = "
     return SoftTargetCrossEntropy() if mixing else nn.CrossEntropyLoss(label_smoothing=label_smoothing)
 
 
+# What each evaluation of a training run records (val_top1, test_macro_f1, ...; :func:`report_metrics`).
+SCORES = ("top1", "top5", "loss", "balanced_top1", "macro_f1")
+
+
 def _teacher(cfg: Config, num_classes: int, accelerator: Accelerator, mean: tuple[float, ...],
              std: tuple[float, ...], size: tuple[int, int]) -> nn.Module | None:
     """The frozen teacher of ``distill`` (None without distillation), read and tried on one image of the
@@ -507,7 +511,7 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
 
     def score(net: nn.Module, loader: Any, acc: Accelerator) -> dict[str, float]:
         m = evaluate_classifier(net, loader, acc, num_classes, model_input)
-        return {"top1": m["top1"], "top5": m["top5"], "loss": m["loss"]}
+        return {k: m[k] for k in SCORES}
 
     meta = {"task": "classification", "classes": classes, "mean": list(mean), "std": list(std),
             **({"decode_size": d.decode_size} if d.decode_size and d.dataset != "cifar10" else {}),
@@ -516,7 +520,7 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
             **({"distill": cfg.distill.type, "distilled_from": cfg.distill.teacher} if teacher is not None else {})}
     return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=prepare,
                      eval_loaders=eval_loaders, prepare_eval_loaders=prepare, loss=loss, count=count,
-                     evaluate=score, select="top1", meta=meta, train_size=train_size)
+                     evaluate=score, select="top1", meta=meta, train_size=train_size, metrics=SCORES)
 
 
 @torch.no_grad()

@@ -32,7 +32,7 @@ from timm.utils import ModelEmaV3
 from torch import nn
 
 from .. import checkpoint as ckpt
-from ..config import Config, save_config
+from ..config import Config, TrainConfig, save_config
 from ..data.workers import shutdown_workers
 from ..errors import PREEMPTED_EXIT_CODE, ConfigError, Preempted, TrainingError
 from ..layers import expert_utilization, moe_aux_loss
@@ -73,8 +73,9 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
             acc.print(line)
     summary: dict[str, Any] = {}
     loop.model.train()
+    last_epoch = state.get("stopped_early") or t.epochs  # a run stopped early is finished
     with StopSignals(t.stop_signals, acc.num_processes) as stop, contextlib.closing(loop):  # closing: its workers
-        for epoch in range(state["epoch"] + 1, t.epochs + 1):
+        for epoch in range(state["epoch"] + 1, last_epoch + 1):
             stopped = not loop.train_epoch(epoch, stop)
             if not stopped:
                 summary = loop.end_epoch(epoch, stop_after_epoch)
@@ -90,22 +91,43 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
                     f"(exit status {PREEMPTED_EXIT_CODE})")
                 acc.print(preempted.message)
                 raise preempted
+            if state.get("stopped_early"):
+                acc.print(f"stopped early after epoch {epoch}: {'ema_' if loop.ema is not None else ''}val_"
+                          f"{loop.task.select} has not improved for {epoch - state['best_epoch']} epochs, its best at "
+                          f"epoch {state['best_epoch']} (train.early_stop_patience={t.early_stop_patience})")
+                break
             if epoch == stop_after_epoch:
                 break
     acc.end_training()
-    if acc.is_main_process and state["epoch"] == t.epochs:
+    finished = state["epoch"] == t.epochs or bool(state.get("stopped_early"))
+    if acc.is_main_process and finished:
         plot_curves(loop.metrics_file, run_dir / "curves.png")
-    if not summary and state["epoch"] == t.epochs:
-        acc.print(f"{run_dir} holds a finished run ({t.epochs} epochs): nothing to train")
+    if not summary and finished:
+        acc.print(f"{run_dir} holds a finished run ({state['epoch']} epochs"
+                  f"{', stopped early' if state.get('stopped_early') else ''}): nothing to train")
         summary = last_eval(loop.metrics_file)
     result = {**summary, "best_metric": state["best_metric"], "best_epoch": state["best_epoch"],
               "epochs_done": state["epoch"], "run_dir": str(run_dir),
+              **({"stopped_early": state["stopped_early"]} if state.get("stopped_early") else {}),
               "wall_time": loop.wall_time_before + time.time() - start_time}  # the run's: its earlier commands' too
-    if state["epoch"] == t.epochs:
+    if finished:
         if acc.is_main_process:
             ckpt.write_json(run_dir / "summary.json", summary_of(result))
         acc.print(result_line(result, loop.task.select, "val" in loop.eval_loaders, run_dir))
     return result
+
+
+def _choose_best_metric(t: TrainConfig, task: TaskSetup) -> None:
+    """``train.best_metric`` (and ``train.greater_is_better``) over the task's own choice of the metric that
+    picks ``best/``; a name the task does not report is one line, here where it declares its names."""
+    if t.best_metric:
+        name = t.best_metric.removeprefix("val_")
+        if task.metrics and name not in task.metrics:
+            raise ConfigError(f"train.best_metric={t.best_metric}: this task's validation metrics are "
+                              f"{', '.join('val_' + m for m in task.metrics)}")
+        task.select, task.select_lower = name, name.endswith("loss")
+    if t.greater_is_better is not None:
+        task.select_lower = not t.greater_is_better
 
 
 def _setup_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
@@ -208,6 +230,7 @@ class _Loop:
                               f"{micro_batch} is not divisible by the {acc.num_processes} processes")
         set_seed(t.seed)  # the initial weights depend on train.seed only: equal on every process
         self.task = task = _setup_task(cfg, acc, micro_batch, run_dir, resume_from)
+        _choose_best_metric(t, task)
         for loader in (task.train_loader, *task.eval_loaders.values()):
             ignore_in_workers(loader, t.stop_signals)  # before Accelerate copies them
         optimizer = create_optimizer(task.model, cfg.optim, t.batch_size, acc.device)
@@ -430,7 +453,11 @@ class _Loop:
                 for prefix, net in nets:
                     record.update({f"{prefix}{name}_{k}": v for k, v in self.task.evaluate(net, loader, acc).items()})
             if "val" in self.eval_loaders:
-                metric = record[("ema_" if self.ema is not None else "") + "val_" + self.task.select]
+                key = ("ema_" if self.ema is not None else "") + "val_" + self.task.select
+                if key not in record:
+                    raise ConfigError(f"train.best_metric={t.best_metric}: the run's validation metrics are "
+                                      f"{', '.join(k for k in record if k.startswith('val_'))}")
+                metric = record[key]
                 best = state["best_metric"]
                 if best is None or (metric < best if self.task.select_lower else metric > best):
                     state.update(best_metric=metric, best_epoch=epoch)
@@ -445,10 +472,15 @@ class _Loop:
         if "eval_time" in record:
             self.last_evaluation = record
         state.update(epoch=epoch, epoch_step=0)
+        patience = t.early_stop_patience
+        if patience and "eval_time" in record and state["best_epoch"] is not None and epoch < t.epochs \
+                and epoch - state["best_epoch"] >= patience:
+            state["stopped_early"] = epoch  # kept in the checkpoint: the run is finished
         if is_best:
             self.save("best")
         step_due = t.save_every_steps and state["global_step"] % t.save_every_steps == 0
-        if epoch % t.save_every == 0 or epoch == t.epochs or epoch == stop_after_epoch or step_due:
+        if epoch % t.save_every == 0 or epoch == t.epochs or epoch == stop_after_epoch or step_due \
+                or state.get("stopped_early"):
             self.save("last")
         return record
 

@@ -38,10 +38,10 @@ def summary_of(result: dict[str, Any]) -> dict[str, Any]:
     """What a finished run reports (``<run>/summary.json``, ``train.py --json``): the last evaluation's
     validation and test metrics, the best validation metric, epochs, wall time, the run directory."""
     return {k: result[k] for k in result if k.startswith(("val_", "test_", "ema_")) or k in (
-        "best_metric", "best_epoch", "epochs_done", "wall_time", "run_dir")}
+        "best_metric", "best_epoch", "epochs_done", "stopped_early", "wall_time", "run_dir")}
 
 
-_FRACTIONS = ("top1", "top5", "exact_match")  # metrics in [0, 1], said in percent
+_FRACTIONS = ("top1", "top5", "exact_match", "balanced_top1", "macro_f1")  # metrics in [0, 1], said in percent
 
 
 def result_line(result: dict[str, Any], select: str, has_val: bool, run_dir: Path) -> str:
@@ -49,7 +49,8 @@ def result_line(result: dict[str, Any], select: str, has_val: bool, run_dir: Pat
     def said(value: float | None) -> str:
         if value is None:
             return "not evaluated"
-        name = {"top1": "top-1", "exact_match": "exact match"}.get(select, select)
+        name = {"top1": "top-1", "exact_match": "exact match", "balanced_top1": "balanced top-1",
+                "macro_f1": "macro F1"}.get(select, select)
         return f"{name} {100 * value:.2f}%" if select in _FRACTIONS else f"{name} {value:.4f}"
 
     prefix = "ema_" if "ema_test_" + select in result else ""
