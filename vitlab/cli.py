@@ -50,6 +50,13 @@ def _eval(args: argparse.Namespace) -> None:
                         batch_size=args.batch_size, output=args.output, record=args.record)
 
 
+def _calibrate(args: argparse.Namespace) -> None:
+    from .evaluation import calibrate_checkpoint
+
+    calibrate_checkpoint(args.checkpoint, "val", tuple(args.overrides), use_ema=not args.no_ema,
+                         batch_size=args.batch_size)
+
+
 def _translate(args: argparse.Namespace) -> None:
     from .checkpoint import load_model
     from .errors import CheckpointError
@@ -139,7 +146,7 @@ def _predict(args: argparse.Namespace) -> None:
     images = torch.stack([transform(open_image(path, decode_size(model), decode_upright(model)))
                           for path in args.images])
     with torch.no_grad():
-        probs = model(images).softmax(-1)
+        probs = (model(images) / model.pretrained_cfg.get("temperature", 1.0)).softmax(-1)  # calibrated, if it is
     k = min(args.topk, len(names))
     for path, p in zip(args.images, probs):
         top = p.topk(k)
@@ -300,6 +307,12 @@ def main(argv: list[str] | None = None) -> None:
     ev.add_argument("--record", action="store_true", help="add the result to the checkpoint's config.json: the model "
                                                           "card save_pretrained writes lists it")
     ev.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. data.root=... data.test_subset=1000")
+    ca = sub.add_parser("calibrate", help="fit a classifier's temperature on its validation split (temperature "
+                                          "scaling) and keep it with the model: eval and predict use it")
+    ca.add_argument("--checkpoint", required=True, help="run directory (its best checkpoint) or checkpoint directory")
+    ca.add_argument("--batch-size", type=int, default=256)
+    ca.add_argument("--no-ema", action="store_true", help="calibrate the raw weights even if the run kept an EMA")
+    ca.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. data.root=...")
     pr = sub.add_parser("predict", help="print the top-k classes of image files")
     pr.add_argument("--checkpoint", required=True)
     pr.add_argument("--topk", type=int, default=5)
@@ -354,7 +367,7 @@ def main(argv: list[str] | None = None) -> None:
     mo = sub.add_parser("models", help="list the model presets with their sizes")
     mo.add_argument("pattern", nargs="?", default="*")
     args = parser.parse_args(argv)
-    command = {"eval": _eval, "predict": _predict, "attention": _attention, "translate": _translate,
+    command = {"eval": _eval, "calibrate": _calibrate, "predict": _predict, "attention": _attention, "translate": _translate,
                "sample": _sample, "export": _export, "models": _models, "shards": _shards}[args.command]
     run_command(lambda: command(args))
 

@@ -10,6 +10,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+import torch.nn.functional as F
 from accelerate import PartialState
 from torch import nn
 from torch.utils.data import DataLoader
@@ -18,9 +19,9 @@ from .checkpoint import load_model, read_json, resolve_checkpoint, write_json
 from .config import Config, load_config
 from .errors import ConfigError
 from .training import create_accelerator
-from .visualize import plot_confusion_matrix, plot_mistakes, save_figure
+from .visualize import plot_confusion_matrix, plot_mistakes, plot_reliability, save_figure
 
-__all__ = ["evaluate_checkpoint", "record_evaluation"]
+__all__ = ["evaluate_checkpoint", "record_evaluation", "calibrate_checkpoint"]
 
 
 def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: tuple[str, ...] = (),
@@ -40,6 +41,49 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: 
         command = ["vitlab", "eval", "--checkpoint", str(checkpoint), "--split", split, *overrides]
         record_evaluation(directory, split, metrics, shlex.join(command + ([] if use_ema else ["--no-ema"])))
     return metrics
+
+
+def calibrate_checkpoint(checkpoint: str | Path, split: str = "val", overrides: tuple[str, ...] = (),
+                         use_ema: bool = True, batch_size: int = 256) -> float:
+    """Temperature scaling (Guo et al. 2017) of a classifier run: the temperature that minimises the
+    negative log-likelihood of its ``split`` (its validation images), fitted on the logits of every image
+    (:func:`~vitlab.tasks.calibration.fit_temperature`) and written into the checkpoint's ``config.json``,
+    where ``load_model``, ``vitlab eval`` and ``vitlab predict`` take it (top-1 unchanged). Returns it.
+
+    Raises:
+        ConfigError: one line, if the run is not a classifier, or holds out no validation images.
+    """
+    from .data.transforms import ModelInput
+    from .tasks.calibration import expected_calibration_error, fit_temperature
+    from .tasks.classification import evaluate_classifier
+
+    if split == "test":
+        raise ConfigError("a temperature fitted on the test split would make its test metrics chosen on it; calibrate "
+                          "on the validation split (data.val_size)")
+    directory = resolve_checkpoint(checkpoint)
+    cfg = load_config(directory / "run_config.yaml", overrides, recorded=True)
+    if cfg.task != "classification":
+        raise ConfigError(f"vitlab calibrate fits an image classifier's temperature; {directory} holds a {cfg.task} run")
+    model = load_model(directory, use_ema=use_ema)
+    info = model.pretrained_cfg
+    accelerator, loader, classes, _ = _classifier_split(directory, cfg, model, split, batch_size)
+    metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes),
+                                  ModelInput(info["mean"], info["std"]), keep_probs=True)
+    logits, labels = metrics["logits"], metrics["labels"]
+    temperature = fit_temperature(logits, labels)
+    if accelerator.is_main_process:
+        meta = read_json(directory / "config.json")
+        meta["temperature"] = temperature
+        tmp = directory / "config.json.tmp"
+        write_json(tmp, meta)
+        os.replace(tmp, directory / "config.json")
+        nll = lambda t: F.cross_entropy(logits / t, labels).item()
+        ece = lambda t: expected_calibration_error((logits / t).softmax(-1), labels)
+        print(f"temperature {temperature:.4f} fitted on the {len(labels)} {'validation' if split == 'val' else split} "
+              f"images of {directory}: their loss {nll(1.0):.4f} -> {nll(temperature):.4f}, calibration error (ECE) "
+              f"{100 * ece(1.0):.2f}% -> {100 * ece(temperature):.2f}%; kept in {directory / 'config.json'}: eval and "
+              f"predict use it")
+    return temperature
 
 
 def record_evaluation(directory: Path, split: str, metrics: dict[str, Any], command: str) -> None:
@@ -98,12 +142,13 @@ def _evaluate_seq2seq(directory: Path, cfg: Config, model: nn.Module, split: str
     return metrics
 
 
-def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
-                         output: Path | None) -> dict[str, Any]:
+def _classifier_split(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int
+                      ) -> tuple[Any, Any, list[str], Any]:
+    """The accelerator, a prepared loader of ``split`` of the run's own data, its class names and (unless
+    streamed from shards) its decoded images."""
     from .data.shard_stream import ShardLoader
-    from .data.transforms import ModelInput
-    from .tasks.classification import eval_dataset, evaluate_classifier, in_memory, index_splits, load_test_data, \
-        load_train_val_data, shard_streams, streamed_in_shards
+    from .tasks.classification import eval_dataset, in_memory, index_splits, load_test_data, load_train_val_data, \
+        shard_streams, streamed_in_shards
 
     info = model.pretrained_cfg
     size = tuple(info["input_size"][1:])
@@ -122,26 +167,40 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
         streams, classes = shard_streams(d, cfg.train.seed, size, batch_size, accelerator.num_processes,
                                          accelerator.process_index,
                                          classes=list(info["label_names"]), splits=(split,))
-        data = None
-        loader: Any = ShardLoader(streams[split], accelerator.device)
-    else:
-        state = directory / "trainer_state.json"  # a training checkpoint's: the test split it held out, if any
-        held_out = read_json(state).get("data", {}).get("held_out", {}) if state.is_file() else None
-        train_index, test_index = index_splits(d, classes=list(info["label_names"]), seed=cfg.train.seed,
-                                               held_out=held_out)
-        keep, _ = in_memory(d, train_index, test_index, size)
-        data = (load_test_data(d, cfg.train.seed, size, test_index, keep) if split == "test" else
-                dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, size, train_index, keep)))[split])
-        classes = data.classes
-        loader = accelerator.prepare(DataLoader(eval_dataset(data, size, info.get("crop_pct")),
-                                                batch_size=batch_size, num_workers=d.num_workers))
+        return accelerator, ShardLoader(streams[split], accelerator.device), classes, None
+    state = directory / "trainer_state.json"  # a training checkpoint's: the test split it held out, if any
+    held_out = read_json(state).get("data", {}).get("held_out", {}) if state.is_file() else None
+    train_index, test_index = index_splits(d, classes=list(info["label_names"]), seed=cfg.train.seed,
+                                           held_out=held_out)
+    keep, _ = in_memory(d, train_index, test_index, size)
+    data = (load_test_data(d, cfg.train.seed, size, test_index, keep) if split == "test" else
+            dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, size, train_index, keep)))[split])
+    loader = accelerator.prepare(DataLoader(eval_dataset(data, size, info.get("crop_pct")),
+                                            batch_size=batch_size, num_workers=d.num_workers))
+    return accelerator, loader, data.classes, data
+
+
+def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
+                         output: Path | None) -> dict[str, Any]:
+    from .data.transforms import ModelInput
+    from .tasks.calibration import calibration_bins
+    from .tasks.classification import evaluate_classifier
+
+    info = model.pretrained_cfg
+    accelerator, loader, classes, data = _classifier_split(directory, cfg, model, split, batch_size)
+    temperature = info.get("temperature", 1.0)
     metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes),
-                                  ModelInput(info["mean"], info["std"]), keep_probs=True)
-    probs = metrics.pop("probs")
+                                  ModelInput(info["mean"], info["std"]), keep_probs=True, temperature=temperature)
+    probs, labels = metrics.pop("probs"), metrics.pop("labels")
+    metrics.pop("logits")
+    metrics["temperature"] = temperature
     if not accelerator.is_main_process:
         return metrics
     print(f"checkpoint {directory} | {split} split: {metrics['num_images']} images")
     print(f"top-1 {100 * metrics['top1']:.2f}%  top-5 {100 * metrics['top5']:.2f}%  loss {metrics['loss']:.4f}")
+    print(f"calibration error (ECE, 15 bins) {100 * metrics['ece']:.2f}%"
+          + (f" at temperature {temperature:.4f} (vitlab calibrate)" if temperature != 1.0 else
+             " (uncalibrated: vitlab calibrate fits a temperature on the validation split)"))
     print(f"balanced top-1 {100 * metrics['balanced_top1']:.2f}%  macro precision {metrics['macro_precision']:.4f}  "
           f"recall {metrics['macro_recall']:.4f}  F1 {metrics['macro_f1']:.4f}  weighted F1 {metrics['weighted_f1']:.4f}")
     support = [sum(row) for row in metrics["confusion"]]
@@ -154,6 +213,9 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
     write_json(out_dir / "confusion_matrix.json", {"classes": classes, "matrix": metrics["confusion"]})
     save_figure(plot_confusion_matrix(metrics["confusion"], classes), out_dir / "confusion_matrix.png", dpi=120)
     print(f"confusion matrix: {out_dir / 'confusion_matrix.json'}, {out_dir / 'confusion_matrix.png'}")
+    save_figure(plot_reliability(*calibration_bins(probs, labels), metrics["ece"], temperature),
+                out_dir / "reliability.png", dpi=120)
+    print(f"reliability diagram: {out_dir / 'reliability.png'}")
     if accelerator.num_processes == 1 and data is not None:  # probabilities in the data's order (one process)
         save_figure(plot_mistakes(data.images, data.labels, probs, data.classes), out_dir / "mistakes.png")
         print(f"most confident mistakes: {out_dir / 'mistakes.png'}")
@@ -162,7 +224,8 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
         averages = {f"{how}_{name}": metrics[f"{how}_{name}"] for how in ("macro", "weighted")
                     for name in ("precision", "recall", "f1")}
         write_json(output, {"top1": metrics["top1"], "top5": metrics["top5"], "loss": metrics["loss"],
-                            "balanced_top1": metrics["balanced_top1"], **averages, "per_class": per_class,
+                            "balanced_top1": metrics["balanced_top1"], **averages, "ece": metrics["ece"],
+                            "temperature": temperature, "per_class": per_class,
                             **{f"per_class_{name}": dict(zip(classes, metrics[name])) for name in ("precision", "f1")},
                             "num_images": metrics["num_images"], "checkpoint": str(directory), "split": split})
     return metrics

@@ -184,7 +184,8 @@ def _meta_of(model: nn.Module) -> dict[str, Any]:
     meta = {}
     if cfg.get("label_names") is not None:
         meta["classes"] = list(cfg["label_names"])
-    for key in ("mean", "std", "task", "decode_size", "crop_pct", "exif_transpose", "training", "evaluations"):
+    for key in ("mean", "std", "task", "decode_size", "crop_pct", "exif_transpose", "temperature", "training",
+                "evaluations"):
         if cfg.get(key) is not None:
             meta[key] = list(cfg[key]) if isinstance(cfg[key], tuple) else cfg[key]
     return meta
@@ -222,6 +223,8 @@ def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], 
             cfg["crop_pct"] = meta["crop_pct"]
         if meta.get("exif_transpose") is False:  # trained on photos as stored, not turned upright
             cfg["exif_transpose"] = False
+        if meta.get("temperature"):  # calibrated (vitlab calibrate): probabilities are softmax(logits / temperature)
+            cfg["temperature"] = float(meta["temperature"])
     else:  # a text model: the task and the tokenizer saved beside the weights
         tokenizer = directory / TOKENIZER_NAME
         cfg = {"task": meta.get("task"), "tokenizer": str(tokenizer) if tokenizer.is_file() else None}

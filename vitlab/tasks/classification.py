@@ -26,6 +26,7 @@ from ..errors import ConfigError, DataError
 from ..models.hub import image_input_size, read_json
 from ..models.pretrained import load_pretrained
 from .base import TaskSetup, build_model
+from .calibration import expected_calibration_error
 from .distill import DistillationLoss, load_teacher
 
 if TYPE_CHECKING:
@@ -525,13 +526,16 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
 
 @torch.no_grad()
 def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator, num_classes: int,
-                        model_input: Callable[[Tensor], Tensor] | None = None, keep_probs: bool = False) -> dict[str, Any]:
+                        model_input: Callable[[Tensor], Tensor] | None = None, keep_probs: bool = False,
+                        temperature: float = 1.0) -> dict[str, Any]:
     """Top-1/top-5 accuracy, mean cross-entropy, per-class accuracy and the confusion matrix.
 
     ``loader`` must be prepared by ``accelerator`` (or shard itself); every process gets the same result.
     ``model_input`` makes its batches the model's input (:class:`~vitlab.data.transforms.ModelInput`). Accuracies
-    are fractions in [0, 1]; ``confusion[i][j]`` counts images of class i predicted as j. With
-    ``keep_probs`` also ``probs``, the predicted probabilities ``(N, num_classes)`` in the loader's order.
+    are fractions in [0, 1]; ``confusion[i][j]`` counts images of class i predicted as j. ``temperature``
+    divides the logits before the loss, the calibration error and the probabilities (a calibrated model's;
+    top-1 unchanged). With ``keep_probs`` also ``probs``, the predicted probabilities ``(N, num_classes)`` in
+    the loader's order, the raw ``logits`` and the ``labels``.
     """
     was_training = model.training
     model.eval()
@@ -550,9 +554,9 @@ def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator,
     logits, labels = torch.cat(logits_all), torch.cat(labels_all)
     if exact:
         logits, labels = gather_uneven(accelerator, logits), gather_uneven(accelerator, labels)
-    metrics = metrics_from_predictions(logits.cpu(), labels.cpu(), num_classes)
+    metrics = metrics_from_predictions(logits.cpu() / temperature, labels.cpu(), num_classes)
     if keep_probs:
-        metrics["probs"] = logits.cpu().softmax(-1)
+        metrics.update(probs=(logits.cpu() / temperature).softmax(-1), logits=logits.cpu(), labels=labels.cpu())
     return metrics
 
 
@@ -581,6 +585,7 @@ def metrics_from_predictions(logits: Tensor, labels: Tensor, num_classes: int) -
         "per_class": (confusion.diag() / per_class_total).tolist(),
         "confusion": confusion.tolist(),
         "num_images": len(labels),
+        "ece": expected_calibration_error(logits.softmax(-1), labels),
         **report_metrics(confusion),
     }
 

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = ["attention_heatmaps", "plot_attention", "plot_attention_grid", "plot_alignment", "plot_mistakes",
+           "plot_reliability",
            "plot_confusion_matrix", "save_figure"]
 
 Method = Literal["rollout", "block"]
@@ -218,4 +219,27 @@ def plot_confusion_matrix(confusion: Sequence[Sequence[int]], classes: Sequence[
         for j in range(n):
             ax.text(j, i, f"{frac[i, j]:.2f}", ha="center", va="center", fontsize=7,
                     color="white" if frac[i, j] > 0.5 else "black")
+    return fig
+
+
+def plot_reliability(confidence: Tensor, accuracy: Tensor, counts: Tensor, ece: float, temperature: float = 1.0
+                     ) -> "Figure":
+    """A reliability diagram: each confidence bin's accuracy (bars, from
+    :func:`~vitlab.tasks.calibration.calibration_bins`) against the diagonal of perfect calibration, the gap
+    to its mean confidence shaded, and the expected calibration error in the title."""
+    bins = len(counts)
+    centers = (torch.arange(bins, dtype=torch.float64) + 0.5) / bins
+    seen = counts > 0
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(4.5, 4.5), layout="constrained")
+    ax.bar(centers[seen].numpy(), accuracy[seen].numpy(), width=1 / bins, edgecolor="black", label="accuracy")
+    ax.bar(centers[seen].numpy(), (confidence - accuracy)[seen].numpy(), bottom=accuracy[seen].numpy(), width=1 / bins,
+           color="red", alpha=0.3, edgecolor="red", label="gap to confidence")
+    ax.plot([0, 1], [0, 1], "k--", linewidth=1)
+    ax.set_xlim(0, 1)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("confidence (top-1 probability)")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"ECE {100 * ece:.2f}% ({bins} bins)" + (f", temperature {temperature:.3f}" if temperature != 1 else ""))
+    ax.legend(loc="upper left")
     return fig

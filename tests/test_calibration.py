@@ -1,0 +1,91 @@
+"""Calibration (issue 50, 3): the expected calibration error against its definition written out here (Guo
+et al. 2017: 15 equal bins of the top-1 confidence), temperature scaling against SciPy's minimizer of the
+same negative log-likelihood, and vitlab calibrate / eval on a run: the temperature is kept with the model,
+top-1 unchanged, the probabilities of eval and predict calibrated."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy.optimize import minimize_scalar
+
+from conftest import reset_accelerate, tiny_overrides
+from vitlab.config import load_config
+from vitlab.tasks.calibration import calibration_bins, expected_calibration_error, fit_temperature
+from vitlab.training import train
+
+
+def _ece_by_hand(probs: np.ndarray, labels: np.ndarray, bins: int = 15) -> float:
+    confidence, predicted = probs.max(1), probs.argmax(1)
+    ece = 0.0
+    for lo, hi in zip(np.linspace(0, 1, bins + 1)[:-1], np.linspace(0, 1, bins + 1)[1:]):
+        inside = (confidence > lo) & (confidence <= hi)
+        if inside.any():
+            ece += inside.mean() * abs((predicted[inside] == labels[inside]).mean() - confidence[inside].mean())
+    return float(ece)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_expected_calibration_error_is_its_definition(seed):
+    g = torch.Generator().manual_seed(seed)
+    labels = torch.randint(0, 7, (500,), generator=g)
+    logits = 3 * torch.randn(500, 7, generator=g) + 2 * F.one_hot(labels, 7)
+    probs = logits.softmax(-1)
+    assert expected_calibration_error(probs, labels) == pytest.approx(_ece_by_hand(probs.numpy(), labels.numpy()),
+                                                                      abs=1e-6)
+    confidence, accuracy, counts = calibration_bins(probs, labels)
+    assert counts.sum() == 500 and len(confidence) == len(accuracy) == 15
+
+
+def test_temperature_scaling_minimizes_the_validation_nll_as_scipy_finds_it():
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 10, (2000,), generator=g)
+    logits = 4 * (torch.randn(2000, 10, generator=g) + 1.5 * F.one_hot(labels, 10))  # overconfident
+    nll = lambda t: F.cross_entropy(logits / t, labels).item()
+    reference = minimize_scalar(nll, bounds=(0.05, 20), method="bounded", options={"xatol": 1e-8}).x
+    fitted = fit_temperature(logits, labels)
+    assert fitted == pytest.approx(reference, abs=1e-3) and fitted > 1.5  # it softens an overconfident model
+    assert nll(fitted) < nll(1.0)
+    scaled = (logits / fitted).softmax(-1)
+    assert expected_calibration_error(scaled, labels) < expected_calibration_error(logits.softmax(-1), labels)
+
+
+def test_calibrate_keeps_the_temperature_with_the_model_and_eval_and_predict_use_it(
+        tiny_imagefolder, tmp_path, capsys, on_cpu):
+    from vitlab import load_model
+    from vitlab.cli import main
+
+    run = tmp_path / "run"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run, "data.val_size=12", "train.epochs=1")))
+    reset_accelerate()
+    before = tmp_path / "before.json"
+    main(["eval", "--checkpoint", str(run), "--output", str(before)])
+    reset_accelerate()
+    main(["calibrate", "--checkpoint", str(run)])
+    reset_accelerate()
+    out = capsys.readouterr().out
+    model = load_model(run)
+    temperature = model.pretrained_cfg["temperature"]
+    assert temperature > 0 and f"temperature {temperature:.4f} fitted on the 12 validation images" in out
+    after = tmp_path / "after.json"
+    main(["eval", "--checkpoint", str(run), "--output", str(after)])
+    reset_accelerate()
+    b, a = json.loads(before.read_text()), json.loads(after.read_text())
+    assert a["top1"] == b["top1"] and a["temperature"] == temperature and b["temperature"] == 1.0
+    assert a["loss"] != pytest.approx(b["loss"], abs=1e-6) and 0 <= a["ece"] <= 1
+    assert (after.parent / "reliability.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = sorted((tiny_imagefolder / "test" / "class_0").iterdir())[0]
+    main(["predict", "--checkpoint", str(run), "--topk", "1", str(image)])
+    shown = float(capsys.readouterr().out.strip().rsplit(" ", 1)[1])
+    from PIL import Image
+
+    from vitlab import create_transform
+
+    with torch.no_grad():
+        logits = model(create_transform(model)(Image.open(image))[None])
+    assert shown == pytest.approx((logits / temperature).softmax(-1).max().item(), abs=5e-4)
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--checkpoint", str(tmp_path / "nowhere")])
