@@ -764,3 +764,48 @@ def test_early_stopping_stops_after_patience_epochs_without_improvement_and_surv
     resumed = train(load_config(None, tiny_overrides(tiny_imagefolder, parts, *keys)))
     assert resumed["stopped_early"] == 4 and resumed["best_epoch"] == 2
     assert all(torch.equal(a, b) for a, b in zip(_weights(whole).values(), _weights(parts).values()))
+
+
+def test_eval_predictions_file_recomputes_every_metric_as_scikit_learn_on_one_and_two_processes(
+        tiny_imagefolder, tmp_path, capsys, on_cpu):
+    # A weak model (one epoch at a low rate), so the classes are confused; every image once, in the split's
+    # order, on 1 process and on 2 (whose evaluation is sharded and gathered).
+    import csv
+
+    from sklearn.metrics import accuracy_score, balanced_accuracy_score, precision_recall_fscore_support
+
+    from vitlab.cli import main
+
+    run = tmp_path / "run"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run, "train.epochs=1", "optim.lr=2e-4",
+                                           "optim.warmup_epochs=0")))
+    reset_accelerate()
+    out, one = tmp_path / "m.json", tmp_path / "one.csv"
+    main(["eval", "--checkpoint", str(run), "--output", str(out), "--predictions", str(one), "--batch-size", "8"])
+    reset_accelerate()
+    metrics = json.loads(out.read_text())
+    rows = list(csv.DictReader(one.open()))
+    files = sorted(str(p.relative_to(tiny_imagefolder / "test")) for p in (tiny_imagefolder / "test").rglob("*.png"))
+    assert sorted(r["image"] for r in rows) == files and len(rows) == metrics["num_images"] == 36
+    y, p = [r["label"] for r in rows], [r["prediction"] for r in rows]
+    assert 0 < accuracy_score(y, p) < 1  # confused, so the metrics say something
+    assert metrics["top1"] == pytest.approx(accuracy_score(y, p), abs=1e-6)
+    assert metrics["balanced_top1"] == pytest.approx(balanced_accuracy_score(y, p), abs=1e-6)
+    for average in ("macro", "weighted"):
+        expected = precision_recall_fscore_support(y, p, average=average, zero_division=0)[:3]
+        assert [metrics[f"{average}_{m}"] for m in ("precision", "recall", "f1")] == pytest.approx(expected, abs=1e-6)
+    probs = torch.tensor([[float(r[f"prob_class_{k}"]) for k in range(3)] for r in rows])
+    assert torch.allclose(probs.sum(1), torch.ones(36), atol=1e-6)
+    assert [f"class_{k}" for k in probs.argmax(1).tolist()] == p
+    two = tmp_path / "two.csv"
+    launched = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                               "29547", "-m", "vitlab.cli", "eval", "--checkpoint", str(run), "--predictions", str(two),
+                               "--batch-size", "8"], capture_output=True, text=True, env=launch_env(2, exact=True))
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    rows_two = list(csv.DictReader(two.open()))
+    assert [(r["image"], r["label"], r["prediction"]) for r in rows_two] == [(r["image"], r["label"], r["prediction"])
+                                                                             for r in rows]
+    probs_two = torch.tensor([[float(r[f"prob_class_{k}"]) for k in range(3)] for r in rows_two])
+    assert torch.allclose(probs_two, probs, atol=1e-5)
+    with pytest.raises(SystemExit):
+        main(["eval", "--checkpoint", str(run), "--predictions", str(tmp_path / "p.json")])

@@ -47,7 +47,8 @@ def _eval(args: argparse.Namespace) -> None:
     from .evaluation import evaluate_checkpoint
 
     evaluate_checkpoint(args.checkpoint, args.split, tuple(args.overrides), use_ema=not args.no_ema,
-                        batch_size=args.batch_size, output=args.output, record=args.record)
+                        batch_size=args.batch_size, output=args.output, record=args.record,
+                        predictions=args.predictions)
 
 
 def _calibrate(args: argparse.Namespace) -> None:
@@ -303,6 +304,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="test; val: the validation examples the run held out (same seed and indices); train: "
                          "the examples it trained on (a language model has only train and val: test means val)")
     ev.add_argument("--batch-size", type=int, default=256)
+    ev.add_argument("--predictions", help="an image classifier's: write every image's name, class, predicted class and "
+                                          "class probabilities to this .csv file, in the split's order")
     ev.add_argument("--no-ema", action="store_true", help="evaluate the raw weights even if the run kept an EMA")
     ev.add_argument("--record", action="store_true", help="add the result to the checkpoint's config.json: the model "
                                                           "card save_pretrained writes lists it")

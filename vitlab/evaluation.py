@@ -26,17 +26,25 @@ __all__ = ["evaluate_checkpoint", "record_evaluation", "calibrate_checkpoint"]
 
 def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: tuple[str, ...] = (),
                         use_ema: bool = True, batch_size: int = 256, output: str | Path | None = None,
-                        record: bool = False) -> dict[str, Any]:
+                        record: bool = False, predictions: str | Path | None = None) -> dict[str, Any]:
     """Evaluate a run (its best checkpoint) or a checkpoint directory on ``split`` (train, val, test) of
     its own data; print the metrics on the main process and write them to ``output`` (JSON) if given.
-    A classifier also gets its confusion matrix (JSON + PNG) beside ``output`` or in the checkpoint.
+    A classifier also gets its confusion matrix (JSON + PNG) beside ``output`` or in the checkpoint, and with
+    ``predictions`` a CSV of every image: its name in the split, its class, the predicted class and every
+    class's probability, in the split's order (any metric can be recomputed from it).
     ``record`` adds the result to the checkpoint (:func:`record_evaluation`) for its model card."""
     directory = resolve_checkpoint(checkpoint)
     cfg = load_config(directory / "run_config.yaml", overrides, recorded=True)
+    if predictions is not None and (cfg.task != "classification" or Path(predictions).suffix != ".csv"):
+        raise ConfigError(f"--predictions {predictions}: a .csv file of an image classifier's predictions"
+                          + ("" if cfg.task == "classification" else f"; {directory} holds a {cfg.task} run"))
     model = load_model(directory, use_ema=use_ema)
-    run = (_evaluate_classifier if cfg.task == "classification" else _evaluate_lm if cfg.task == "lm"
-           else _evaluate_seq2seq)
-    metrics = run(directory, cfg, model, split, batch_size, Path(output) if output else None)
+    if cfg.task == "classification":
+        metrics = _evaluate_classifier(directory, cfg, model, split, batch_size, Path(output) if output else None,
+                                       Path(predictions) if predictions else None)
+    else:
+        run = _evaluate_lm if cfg.task == "lm" else _evaluate_seq2seq
+        metrics = run(directory, cfg, model, split, batch_size, Path(output) if output else None)
     if record and PartialState().is_main_process:
         command = ["vitlab", "eval", "--checkpoint", str(checkpoint), "--split", split, *overrides]
         record_evaluation(directory, split, metrics, shlex.join(command + ([] if use_ema else ["--no-ema"])))
@@ -84,6 +92,25 @@ def calibrate_checkpoint(checkpoint: str | Path, split: str = "val", overrides: 
               f"{100 * ece(1.0):.2f}% -> {100 * ece(temperature):.2f}%; kept in {directory / 'config.json'}: eval and "
               f"predict use it")
     return temperature
+
+
+def _write_predictions(path: Path, keys: list[str] | None, labels: Any, probs: Any, classes: list[str]) -> None:
+    """``path`` (CSV, written whole, then renamed into place): ``image, label, prediction`` and a ``prob_<class>``
+    column for every class, one row an image in the split's order."""
+    import csv
+
+    if keys is None or len(keys) != len(probs):
+        raise ConfigError(f"--predictions: the split names {0 if keys is None else len(keys)} images and "
+                          f"{len(probs)} were evaluated")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["image", "label", "prediction", *(f"prob_{c}" for c in classes)])
+        for key, label, row in zip(keys, labels.tolist(), probs.tolist()):
+            writer.writerow([key, classes[label], classes[max(range(len(row)), key=row.__getitem__)],
+                             *(f"{p:.9g}" for p in row)])
+    os.replace(tmp, path)
 
 
 def record_evaluation(directory: Path, split: str, metrics: dict[str, Any], command: str) -> None:
@@ -181,12 +208,15 @@ def _classifier_split(directory: Path, cfg: Config, model: nn.Module, split: str
 
 
 def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
-                         output: Path | None) -> dict[str, Any]:
+                         output: Path | None, predictions: Path | None = None) -> dict[str, Any]:
     from .data.transforms import ModelInput
     from .tasks.calibration import calibration_bins
-    from .tasks.classification import evaluate_classifier
+    from .tasks.classification import evaluate_classifier, streamed_in_shards
 
     info = model.pretrained_cfg
+    if predictions is not None and streamed_in_shards(cfg.data):
+        raise ConfigError(f"--predictions {predictions}: shards are read as a stream, without the names of their "
+                          f"images here; evaluate an ImageFolder or Hugging Face split")
     accelerator, loader, classes, data = _classifier_split(directory, cfg, model, split, batch_size)
     temperature = info.get("temperature", 1.0)
     metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes),
@@ -219,6 +249,9 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
     if accelerator.num_processes == 1 and data is not None:  # probabilities in the data's order (one process)
         save_figure(plot_mistakes(data.images, data.labels, probs, data.classes), out_dir / "mistakes.png")
         print(f"most confident mistakes: {out_dir / 'mistakes.png'}")
+    if predictions is not None:
+        _write_predictions(predictions, data.keys, data.labels, probs, classes)
+        print(f"predictions of the {len(probs)} images: {predictions}")
     if output:
         per_class = dict(zip(classes, metrics["per_class"]))
         averages = {f"{how}_{name}": metrics[f"{how}_{name}"] for how in ("macro", "weighted")

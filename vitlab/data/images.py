@@ -33,14 +33,17 @@ __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "ba
 class ImageData:
     """A split: ``images`` uint8 ``(N, C, H, W)`` (a tensor in memory, or a
     :class:`~vitlab.data.split.StreamedImages` decoded when read, indexed alike), ``labels`` int64
-    ``(N,)``, class names."""
+    ``(N,)``, class names, and where the source names its images, ``keys``: what names each (a file's path
+    under the split's folder, a row's number)."""
 
     images: Tensor
     labels: Tensor
     classes: list[str]
+    keys: list[str] | None = None
 
     def subset(self, index: Tensor) -> "ImageData":
-        return ImageData(self.images[index], self.labels[index], self.classes)
+        keys = None if self.keys is None else [self.keys[int(i)] for i in index]
+        return ImageData(self.images[index], self.labels[index], self.classes, keys)
 
 
 class TensorImageDataset(Dataset):

@@ -100,14 +100,16 @@ class SplitIndex:
         index = balanced_indices(self.labels, subset, seed).tolist()
         if not index:
             raise DataError(f"{self.where} holds no images")
+        keys = [self.key(i) for i in index]
         if not in_memory:
-            return ImageData(StreamedImages(self, torch.tensor(index), size, scaled), self.labels[index], self.classes)
+            return ImageData(StreamedImages(self, torch.tensor(index), size, scaled), self.labels[index], self.classes,
+                             keys)
         with Progress(total=len(index), desc=f"decoding {len(index):,} images ({self.where})", unit="images",
                       interval=10.0) as progress:
             if not progress.terminal and progress.enabled:
                 print(f"decoding {len(index):,} images ({self.where}) ...", flush=True)
             images = decode_all(lambda i: self.decode(i, size, scaled), index, progress.update)
-        return ImageData(images, self.labels[index], self.classes)
+        return ImageData(images, self.labels[index], self.classes, keys)
 
 
 class _Picked:
