@@ -768,17 +768,27 @@ def test_early_stopping_stops_after_patience_epochs_without_improvement_and_surv
 
 def test_eval_predictions_file_recomputes_every_metric_as_scikit_learn_on_one_and_two_processes(
         tiny_imagefolder, tmp_path, capsys, on_cpu):
-    # A weak model (one epoch at a low rate), so the classes are confused; every image once, in the split's
-    # order, on 1 process and on 2 (whose evaluation is sharded and gathered).
+    # A test split where a third of each class's images are its neighbour's (the model, which tells the colours
+    # apart, gets them wrong whatever it learned); every image once, in the split's order, on 1 process and on 2
+    # (whose evaluation is sharded and gathered).
     import csv
 
     from sklearn.metrics import accuracy_score, balanced_accuracy_score, precision_recall_fscore_support
 
     from vitlab.cli import main
 
+    data = tmp_path / "data"
+    (data / "train").parent.mkdir(parents=True)
+    (data / "train").symlink_to(tiny_imagefolder / "train")
+    for k in range(3):
+        folder = data / "test" / f"class_{k}"
+        folder.mkdir(parents=True)
+        for i, own in enumerate(sorted((tiny_imagefolder / "test" / f"class_{k}").iterdir())):
+            source = own if i < 8 else tiny_imagefolder / "test" / f"class_{(k + 1) % 3}" / own.name
+            (folder / own.name).symlink_to(source)
+    tiny_imagefolder = data
     run = tmp_path / "run"
-    train(load_config(None, tiny_overrides(tiny_imagefolder, run, "train.epochs=1", "optim.lr=2e-4",
-                                           "optim.warmup_epochs=0")))
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run, "train.epochs=1")))
     reset_accelerate()
     out, one = tmp_path / "m.json", tmp_path / "one.csv"
     main(["eval", "--checkpoint", str(run), "--output", str(out), "--predictions", str(one), "--batch-size", "8"])
@@ -788,7 +798,7 @@ def test_eval_predictions_file_recomputes_every_metric_as_scikit_learn_on_one_an
     files = sorted(str(p.relative_to(tiny_imagefolder / "test")) for p in (tiny_imagefolder / "test").rglob("*.png"))
     assert sorted(r["image"] for r in rows) == files and len(rows) == metrics["num_images"] == 36
     y, p = [r["label"] for r in rows], [r["prediction"] for r in rows]
-    assert 0 < accuracy_score(y, p) < 1  # confused, so the metrics say something
+    assert 0 < accuracy_score(y, p) < 1  # wrong on some images, so the metrics say something
     assert metrics["top1"] == pytest.approx(accuracy_score(y, p), abs=1e-6)
     assert metrics["balanced_top1"] == pytest.approx(balanced_accuracy_score(y, p), abs=1e-6)
     for average in ("macro", "weighted"):
@@ -800,8 +810,12 @@ def test_eval_predictions_file_recomputes_every_metric_as_scikit_learn_on_one_an
     two = tmp_path / "two.csv"
     launched = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                                "29547", "-m", "vitlab.cli", "eval", "--checkpoint", str(run), "--predictions", str(two),
-                               "--batch-size", "8"], capture_output=True, text=True, env=launch_env(2, exact=True))
+                               "--batch-size", "8", "--output", str(tmp_path / "two.json")],
+                              capture_output=True, text=True, env=launch_env(2, exact=True))
     assert launched.returncode == 0, launched.stderr[-3000:]
+    on_two = json.loads((tmp_path / "two.json").read_text())  # no image counted twice, none dropped
+    counted = [k for k, v in metrics.items() if isinstance(v, (int, float)) and k not in ("loss", "ece")]
+    assert on_two["num_images"] == 36 and [on_two[k] for k in counted] == pytest.approx([metrics[k] for k in counted])
     rows_two = list(csv.DictReader(two.open()))
     assert [(r["image"], r["label"], r["prediction"]) for r in rows_two] == [(r["image"], r["label"], r["prediction"])
                                                                              for r in rows]
