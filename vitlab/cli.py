@@ -48,7 +48,7 @@ def _eval(args: argparse.Namespace) -> None:
 
     evaluate_checkpoint(args.checkpoint, args.split, tuple(args.overrides), use_ema=not args.no_ema,
                         batch_size=args.batch_size, output=args.output, record=args.record,
-                        predictions=args.predictions)
+                        predictions=args.predictions, adjust_logits=args.adjust_logits)
 
 
 def _calibrate(args: argparse.Namespace) -> None:
@@ -306,6 +306,9 @@ def main(argv: list[str] | None = None) -> None:
     ev.add_argument("--batch-size", type=int, default=256)
     ev.add_argument("--predictions", help="an image classifier's: write every image's name, class, predicted class and "
                                           "class probabilities to this .csv file, in the split's order")
+    ev.add_argument("--adjust-logits", type=float, metavar="TAU",
+                    help="an image classifier's: subtract TAU x log(its training class frequencies) from its logits "
+                         "(post-hoc logit adjustment, Menon et al. 2021; 1 = the balanced error's rule)")
     ev.add_argument("--no-ema", action="store_true", help="evaluate the raw weights even if the run kept an EMA")
     ev.add_argument("--record", action="store_true", help="add the result to the checkpoint's config.json: the model "
                                                           "card save_pretrained writes lists it")

@@ -26,22 +26,27 @@ __all__ = ["evaluate_checkpoint", "record_evaluation", "calibrate_checkpoint"]
 
 def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: tuple[str, ...] = (),
                         use_ema: bool = True, batch_size: int = 256, output: str | Path | None = None,
-                        record: bool = False, predictions: str | Path | None = None) -> dict[str, Any]:
+                        record: bool = False, predictions: str | Path | None = None,
+                        adjust_logits: float | None = None) -> dict[str, Any]:
     """Evaluate a run (its best checkpoint) or a checkpoint directory on ``split`` (train, val, test) of
     its own data; print the metrics on the main process and write them to ``output`` (JSON) if given.
     A classifier also gets its confusion matrix (JSON + PNG) beside ``output`` or in the checkpoint, and with
     ``predictions`` a CSV of every image: its name in the split, its class, the predicted class and every
     class's probability, in the split's order (any metric can be recomputed from it).
+    ``adjust_logits`` (``tau``): a classifier's logits less ``tau * log`` of its training class frequencies
+    (post-hoc logit adjustment, Menon et al. 2021: for the balanced error of a model trained on skewed classes).
     ``record`` adds the result to the checkpoint (:func:`record_evaluation`) for its model card."""
     directory = resolve_checkpoint(checkpoint)
     cfg = load_config(directory / "run_config.yaml", overrides, recorded=True)
+    if adjust_logits is not None and cfg.task != "classification":
+        raise ConfigError(f"--adjust-logits is for an image classifier; {directory} holds a {cfg.task} run")
     if predictions is not None and (cfg.task != "classification" or Path(predictions).suffix != ".csv"):
         raise ConfigError(f"--predictions {predictions}: a .csv file of an image classifier's predictions"
                           + ("" if cfg.task == "classification" else f"; {directory} holds a {cfg.task} run"))
     model = load_model(directory, use_ema=use_ema)
     if cfg.task == "classification":
         metrics = _evaluate_classifier(directory, cfg, model, split, batch_size, Path(output) if output else None,
-                                       Path(predictions) if predictions else None)
+                                       Path(predictions) if predictions else None, adjust_logits)
     else:
         run = _evaluate_lm if cfg.task == "lm" else _evaluate_seq2seq
         metrics = run(directory, cfg, model, split, batch_size, Path(output) if output else None)
@@ -74,7 +79,7 @@ def calibrate_checkpoint(checkpoint: str | Path, split: str = "val", overrides: 
         raise ConfigError(f"vitlab calibrate fits an image classifier's temperature; {directory} holds a {cfg.task} run")
     model = load_model(directory, use_ema=use_ema)
     info = model.pretrained_cfg
-    accelerator, loader, classes, _ = _classifier_split(directory, cfg, model, split, batch_size)
+    accelerator, loader, classes, _, _ = _classifier_split(directory, cfg, model, split, batch_size)
     metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes),
                                   ModelInput(info["mean"], info["std"]), keep_probs=True)
     logits, labels = metrics["logits"], metrics["labels"]
@@ -170,12 +175,12 @@ def _evaluate_seq2seq(directory: Path, cfg: Config, model: nn.Module, split: str
 
 
 def _classifier_split(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int
-                      ) -> tuple[Any, Any, list[str], Any]:
+                      ) -> tuple[Any, Any, list[str], Any, Any]:
     """The accelerator, a prepared loader of ``split`` of the run's own data, its class names and (unless
-    streamed from shards) its decoded images."""
+    streamed from shards) its decoded images and the images of each class the run trained on."""
     from .data.shard_stream import ShardLoader
     from .tasks.classification import eval_dataset, in_memory, index_splits, load_test_data, load_train_val_data, \
-        shard_streams, streamed_in_shards
+        shard_streams, streamed_in_shards, training_class_counts
 
     info = model.pretrained_cfg
     size = tuple(info["input_size"][1:])
@@ -194,7 +199,7 @@ def _classifier_split(directory: Path, cfg: Config, model: nn.Module, split: str
         streams, classes = shard_streams(d, cfg.train.seed, size, batch_size, accelerator.num_processes,
                                          accelerator.process_index,
                                          classes=list(info["label_names"]), splits=(split,))
-        return accelerator, ShardLoader(streams[split], accelerator.device), classes, None
+        return accelerator, ShardLoader(streams[split], accelerator.device), classes, None, None
     state = directory / "trainer_state.json"  # a training checkpoint's: the test split it held out, if any
     held_out = read_json(state).get("data", {}).get("held_out", {}) if state.is_file() else None
     train_index, test_index = index_splits(d, classes=list(info["label_names"]), seed=cfg.train.seed,
@@ -204,29 +209,37 @@ def _classifier_split(directory: Path, cfg: Config, model: nn.Module, split: str
             dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, size, train_index, keep)))[split])
     loader = accelerator.prepare(DataLoader(eval_dataset(data, size, info.get("crop_pct")),
                                             batch_size=batch_size, num_workers=d.num_workers))
-    return accelerator, loader, data.classes, data
+    return accelerator, loader, data.classes, data, training_class_counts(d, cfg.train.seed, train_index)
 
 
 def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
-                         output: Path | None, predictions: Path | None = None) -> dict[str, Any]:
+                         output: Path | None, predictions: Path | None = None,
+                         adjust_logits: float | None = None) -> dict[str, Any]:
     from .data.transforms import ModelInput
     from .tasks.calibration import calibration_bins
-    from .tasks.classification import evaluate_classifier, streamed_in_shards
+    from .tasks.classification import evaluate_classifier, logit_adjustment, streamed_in_shards
 
     info = model.pretrained_cfg
-    if predictions is not None and streamed_in_shards(cfg.data):
-        raise ConfigError(f"--predictions {predictions}: shards are read as a stream, without the names of their "
-                          f"images here; evaluate an ImageFolder or Hugging Face split")
-    accelerator, loader, classes, data = _classifier_split(directory, cfg, model, split, batch_size)
+    for option, value in (("--predictions", predictions), ("--adjust-logits", adjust_logits)):
+        if value is not None and streamed_in_shards(cfg.data):
+            raise ConfigError(f"{option} {value}: shards are read as a stream, without the names of their images or "
+                              f"the count of each class here; evaluate an ImageFolder or Hugging Face split")
+    accelerator, loader, classes, data, train_counts = _classifier_split(directory, cfg, model, split, batch_size)
     temperature = info.get("temperature", 1.0)
+    offset = None if adjust_logits is None else logit_adjustment(train_counts, adjust_logits)
     metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes),
-                                  ModelInput(info["mean"], info["std"]), keep_probs=True, temperature=temperature)
+                                  ModelInput(info["mean"], info["std"]), keep_probs=True, temperature=temperature,
+                                  logit_offset=offset)
     probs, labels = metrics.pop("probs"), metrics.pop("labels")
     metrics.pop("logits")
     metrics["temperature"] = temperature
+    if adjust_logits is not None:
+        metrics["adjust_logits"] = adjust_logits
     if not accelerator.is_main_process:
         return metrics
-    print(f"checkpoint {directory} | {split} split: {metrics['num_images']} images")
+    print(f"checkpoint {directory} | {split} split: {metrics['num_images']} images"
+          + (f" | logits adjusted by -{adjust_logits:g} x log(the training class frequencies) (Menon et al. 2021)"
+             if adjust_logits is not None else ""))
     print(f"top-1 {100 * metrics['top1']:.2f}%  top-5 {100 * metrics['top5']:.2f}%  loss {metrics['loss']:.4f}")
     print(f"calibration error (ECE, 15 bins) {100 * metrics['ece']:.2f}%"
           + (f" at temperature {temperature:.4f} (vitlab calibrate)" if temperature != 1.0 else
@@ -258,7 +271,9 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
                     for name in ("precision", "recall", "f1")}
         write_json(output, {"top1": metrics["top1"], "top5": metrics["top5"], "loss": metrics["loss"],
                             "balanced_top1": metrics["balanced_top1"], **averages, "ece": metrics["ece"],
-                            "temperature": temperature, "per_class": per_class,
+                            "temperature": temperature,
+                            **({"adjust_logits": adjust_logits} if adjust_logits is not None else {}),
+                            "per_class": per_class,
                             **{f"per_class_{name}": dict(zip(classes, metrics[name])) for name in ("precision", "f1")},
                             "num_images": metrics["num_images"], "checkpoint": str(directory), "split": split})
     return metrics

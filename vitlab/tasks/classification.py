@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 __all__ = ["image_classification_task", "resolve_loader", "in_memory", "index_splits", "shard_streams", "load_train_val_data", "load_test_data",
            "eval_dataset",
-           "evaluate_classifier", "metrics_from_predictions", "report_metrics", "gather_uneven"]
+           "evaluate_classifier", "metrics_from_predictions", "report_metrics", "gather_uneven",
+           "training_class_counts", "logit_adjustment"]
 
 
 def _decode_size(d: DataConfig, size: tuple[int, int], keep_in_memory: bool = True) -> tuple[int, int] | None:
@@ -153,6 +154,31 @@ def _cgroup_memory_limits(proc_cgroup: Path, root: Path) -> list[int]:
     return found
 
 
+def _train_val_rows(d: DataConfig, seed: int, index: SplitIndex) -> tuple[Tensor, Tensor | None]:
+    """From the labels alone: the rows of ``index`` a run uses (``data.train_subset`` of them plus its
+    validation images, balanced, else all) and, among those, the positions of its validation images
+    (``data.val_size``, stratified; None without)."""
+    wanted = d.train_subset + d.val_size if d.train_subset else 0
+    if d.val_size and d.val_size >= (wanted or len(index)):
+        raise ConfigError(f"data.val_size={d.val_size} leaves no training images (the training set has "
+                          f"{wanted or len(index)})")
+    rows = balanced_indices(index.labels, wanted, seed)  # what index.load(subset=wanted) decodes
+    if not d.val_size:
+        return rows, None
+    return rows, stratified_indices(index.labels[rows], d.val_size, seed + 1, index.classes,
+                                    f"data.val_size={d.val_size} of {index.where}")
+
+
+def training_class_counts(d: DataConfig, seed: int, index: SplitIndex) -> Tensor:
+    """How many images of each class a run trained on (its validation images left out), from the labels
+    alone: int64 ``(K,)``."""
+    rows, val = _train_val_rows(d, seed, index)
+    keep = torch.ones(len(rows), dtype=torch.bool)
+    if val is not None:
+        keep[val] = False
+    return torch.bincount(index.labels[rows][keep], minlength=len(index.classes))
+
+
 def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int], index: SplitIndex,
                         keep_in_memory: bool = True) -> tuple[ImageData, ImageData | None]:
     """Decode the training images of ``index`` (at :func:`_decode_size` for the model's input ``size``;
@@ -161,17 +187,9 @@ def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int], index: 
     proportion, at least one of each on each side), chosen by ``seed`` (None if 0), before any image is
     decoded. The same config and seed give the same images, so ``vitlab eval --split val`` scores exactly
     the validation images training used."""
-    # Only the images used are decoded: the training subset plus the validation images.
-    wanted = d.train_subset + d.val_size if d.train_subset else 0
-    if d.val_size and d.val_size >= (wanted or len(index)):
-        raise ConfigError(f"data.val_size={d.val_size} leaves no training images (the training set has "
-                          f"{wanted or len(index)})")
-    val_index = None
-    if d.val_size:  # from the labels of the images load() decodes (its balanced subset), before decoding them
-        labels = index.labels[balanced_indices(index.labels, wanted, seed)]
-        val_index = stratified_indices(labels, d.val_size, seed + 1, index.classes,
-                                       f"data.val_size={d.val_size} of {index.where}")
-    train = index.load(_decode_size(d, size, keep_in_memory), wanted, seed, keep_in_memory, d.scaled_decode)
+    rows, val_index = _train_val_rows(d, seed, index)  # only these are decoded: the training subset and validation
+    train = index.load(_decode_size(d, size, keep_in_memory), len(rows) if d.train_subset else 0, seed,
+                       keep_in_memory, d.scaled_decode)
     if val_index is None:
         return train, None
     keep = torch.ones(len(train.labels), dtype=torch.bool)
@@ -527,14 +545,15 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
 @torch.no_grad()
 def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator, num_classes: int,
                         model_input: Callable[[Tensor], Tensor] | None = None, keep_probs: bool = False,
-                        temperature: float = 1.0) -> dict[str, Any]:
+                        temperature: float = 1.0, logit_offset: Tensor | None = None) -> dict[str, Any]:
     """Top-1/top-5 accuracy, mean cross-entropy, per-class accuracy and the confusion matrix.
 
     ``loader`` must be prepared by ``accelerator`` (or shard itself); every process gets the same result.
     ``model_input`` makes its batches the model's input (:class:`~vitlab.data.transforms.ModelInput`). Accuracies
     are fractions in [0, 1]; ``confusion[i][j]`` counts images of class i predicted as j. ``temperature``
     divides the logits before the loss, the calibration error and the probabilities (a calibrated model's;
-    top-1 unchanged). With ``keep_probs`` also ``probs``, the predicted probabilities ``(N, num_classes)`` in
+    top-1 unchanged); ``logit_offset`` ``(K,)`` is subtracted from them first (post-hoc logit adjustment,
+    :func:`logit_adjustment`). With ``keep_probs`` also ``probs``, the predicted probabilities ``(N, num_classes)`` in
     the loader's order, the raw ``logits`` and the ``labels``.
     """
     was_training = model.training
@@ -554,10 +573,21 @@ def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator,
     logits, labels = torch.cat(logits_all), torch.cat(labels_all)
     if exact:
         logits, labels = gather_uneven(accelerator, logits), gather_uneven(accelerator, labels)
-    metrics = metrics_from_predictions(logits.cpu() / temperature, labels.cpu(), num_classes)
+    logits, labels = logits.cpu(), labels.cpu()
+    scaled = (logits if logit_offset is None else logits - logit_offset) / temperature
+    metrics = metrics_from_predictions(scaled, labels, num_classes)
     if keep_probs:
-        metrics.update(probs=(logits.cpu() / temperature).softmax(-1), logits=logits.cpu(), labels=labels.cpu())
+        metrics.update(probs=scaled.softmax(-1), logits=logits, labels=labels)
     return metrics
+
+
+def logit_adjustment(class_counts: Tensor, tau: float) -> Tensor:
+    """Post-hoc logit adjustment (Menon et al. 2021, "Long-tail learning via logit adjustment"): the offset
+    ``tau * log(prior)`` to subtract from a model's logits, the prior being the training class frequencies
+    ``(K,)`` (a class without images counted as one). Subtracted, it takes back the head classes' head start:
+    ``tau = 1`` is the balanced error's Bayes rule for a model of the training distribution."""
+    counts = class_counts.double().clamp(min=1)
+    return (tau * (counts / counts.sum()).log()).float()
 
 
 def gather_uneven(accelerator: Accelerator, x: Tensor) -> Tensor:

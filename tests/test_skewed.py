@@ -1,0 +1,56 @@
+"""Skewed classes (issue 50, 2): post-hoc logit adjustment (Menon et al. 2021) in vitlab eval, from the
+class counts of the images the run trained on, against the formula written out here."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from conftest import make_imagefolder, reset_accelerate, tiny_overrides
+from vitlab.config import load_config
+from vitlab.tasks.classification import index_splits, logit_adjustment, training_class_counts
+from vitlab.training import train
+
+
+@pytest.fixture(scope="module")
+def skewed_folder(tmp_path_factory):
+    """train: 32, 10 and 5 images of the three classes; test: 12 of each."""
+    root = make_imagefolder(tmp_path_factory.mktemp("skewed"), {"train": 32, "test": 12})
+    for name, keep in (("class_1", 10), ("class_2", 5)):
+        for path in sorted((root / "train" / name).iterdir())[keep:]:
+            path.unlink()
+    return root
+
+
+def test_the_adjustment_is_tau_log_of_the_training_frequencies():
+    counts = torch.tensor([500, 50, 5, 0])
+    prior = torch.tensor([500, 50, 5, 1], dtype=torch.float64) / 556  # a class without images counts as one
+    torch.testing.assert_close(logit_adjustment(counts, 0.5), (0.5 * prior.log()).float())
+
+
+def test_eval_adjusts_the_logits_by_the_class_counts_the_run_trained_on(skewed_folder, tmp_path, on_cpu):
+    from PIL import Image
+
+    from vitlab import create_transform, load_model
+    from vitlab.cli import main
+
+    run = tmp_path / "run"
+    cfg = load_config(None, tiny_overrides(skewed_folder, run, "data.val_size=6", "train.epochs=1"))
+    train(cfg)
+    reset_accelerate()
+    counts = training_class_counts(cfg.data, 0, index_splits(cfg.data)[0])
+    assert counts.tolist() == [28, 9, 4]  # 32, 10, 5 less the 6 validation images, in proportion (4, 1, 1)
+    main(["eval", "--checkpoint", str(run), "--adjust-logits", "1", "--predictions", str(tmp_path / "p.csv"),
+          "--output", str(tmp_path / "m.json")])
+    reset_accelerate()
+    assert json.loads((tmp_path / "m.json").read_text())["adjust_logits"] == 1.0
+    rows = list(csv.DictReader((tmp_path / "p.csv").open()))
+    model = load_model(run)
+    transform = create_transform(model)
+    images = torch.stack([transform(Image.open(skewed_folder / "test" / r["image"])) for r in rows])
+    with torch.no_grad():
+        expected = (model(images) - (counts.double() / counts.sum()).log().float()).softmax(-1)
+    got = torch.tensor([[float(r[f"prob_class_{k}"]) for k in range(3)] for r in rows])
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=0)
