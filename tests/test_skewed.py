@@ -54,3 +54,34 @@ def test_eval_adjusts_the_logits_by_the_class_counts_the_run_trained_on(skewed_f
         expected = (model(images) - (counts.double() / counts.sum()).log().float()).softmax(-1)
     got = torch.tensor([[float(r[f"prob_class_{k}"]) for k in range(3)] for r in rows])
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mixing", [False, True])
+def test_the_logit_adjusted_loss_is_cross_entropy_of_the_logits_plus_tau_log_prior(mixing):
+    # Menon et al. 2021, eq. 10: l(y, f(x)) = -log softmax(f(x) + tau * log(prior))_y; with mixup the soft targets.
+    import torch.nn.functional as F
+
+    from vitlab.tasks.classification import classification_criterion
+
+    g = torch.Generator().manual_seed(0)
+    counts, tau = torch.tensor([300, 60, 12, 3]), 1.5
+    logits = torch.randn(16, 4, generator=g)
+    targets = torch.randn(16, 4, generator=g).softmax(-1) if mixing else torch.randint(0, 4, (16,), generator=g)
+    criterion = classification_criterion(mixing, 0.1, "logit_adjusted", class_counts=counts, logit_adjust_tau=tau)
+    shifted = logits + tau * (counts.double() / counts.sum()).log().float()
+    expected = (-(targets * shifted.log_softmax(-1)).sum(-1)).mean() if mixing else \
+        F.cross_entropy(shifted, targets, label_smoothing=0.1)
+    torch.testing.assert_close(criterion(logits, targets), expected)
+
+
+def test_a_run_trains_with_the_logit_adjusted_loss_and_refuses_it_on_shards(skewed_folder, tmp_path, on_cpu):
+    from vitlab.errors import ConfigError
+
+    summary = train(load_config(None, tiny_overrides(skewed_folder, tmp_path / "run", "train.loss=logit_adjusted",
+                                                     "train.logit_adjust_tau=1.0", "train.epochs=1")))
+    reset_accelerate()
+    assert summary["epochs_done"] == 1
+    with pytest.raises(ConfigError, match=r"^train.loss='logit_adjusted' is invalid; expected 'ce' or 'bce' with "
+                                          r"shards"):
+        load_config(None, tiny_overrides(skewed_folder, tmp_path / "x", "train.loss=logit_adjusted",
+                                         "data.dataset=wds"))

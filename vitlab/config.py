@@ -215,9 +215,11 @@ class TrainConfig:
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"
     label_smoothing: float = 0.1
     # ce: cross-entropy; bce: binary cross-entropy per class (DeiT III; timm's BinaryCrossEntropy), its targets
-    # binarized above bce_target_thresh if set (timm's --bce-target-thresh).
-    loss: Literal["ce", "bce"] = "ce"
+    # binarized above bce_target_thresh if set (timm's --bce-target-thresh); logit_adjusted: cross-entropy of the
+    # logits plus logit_adjust_tau x log(the training class frequencies) (Menon et al. 2021), for skewed classes.
+    loss: Literal["ce", "bce", "logit_adjusted"] = "ce"
     bce_target_thresh: float | None = None
+    logit_adjust_tau: float = 1.0
     ema_decay: float = 0.0    # 0 = no EMA; else timm ModelEmaV3 with this decay
     save_every: int = 1       # epochs between checkpoints
     save_every_steps: int = 0  # also write last/ every N optimizer steps, inside epochs (0 = at epoch ends only)
@@ -425,6 +427,10 @@ def _check_values(cfg: Config) -> None:
     need(t.loss == "ce" or cfg.task == "classification", "train.loss", t.loss, "'ce' unless task: classification")
     need(t.bce_target_thresh is None or 0 <= t.bce_target_thresh < 1, "train.bce_target_thresh", t.bce_target_thresh,
          "null or a number in [0, 1)")
+    need(t.logit_adjust_tau >= 0, "train.logit_adjust_tau", t.logit_adjust_tau, "a number >= 0 (1: Menon et al.'s)")
+    need(t.loss != "logit_adjusted" or not isinstance(d, DataConfig) or not (d.dataset == "wds" or d.streaming),
+         "train.loss", t.loss, "'ce' or 'bce' with shards (data.dataset=wds, data.streaming=true): the logit-adjusted "
+         "loss needs the count of each class before training, which a stream does not list")
     need(o.lr_base >= 0, "optim.lr_base", o.lr_base, "a number >= 0 (0 = off)")
     need(o.lr_base_size >= 1, "optim.lr_base_size", o.lr_base_size, "a batch size >= 1")
     peak = o.peak_lr(t.batch_size)

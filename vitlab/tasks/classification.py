@@ -426,7 +426,8 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                           f"{len(train_loader.sampler):,} samples an epoch of {len(train_data.labels):,} images "
                           f"(data.aug_repeats={d.aug_repeats})")
     task = _task(cfg, model, train_data.classes, mean, std, train_loader, eval_loaders, not on_device,
-                 len(train_loader.sampler) if d.aug_repeats > 1 else len(train_data.labels), accelerator, teacher)
+                 len(train_loader.sampler) if d.aug_repeats > 1 else len(train_data.labels), accelerator, teacher,
+                 torch.bincount(train_data.labels, minlength=len(train_data.classes)))
     if record is not None:
         task.data_state = {"held_out": record}
     return task
@@ -473,14 +474,35 @@ def _fit_head(cfg: Config, model: nn.Module, classes: list[str]) -> None:
 
 
 def classification_criterion(mixing: bool, label_smoothing: float, loss: str = "ce",
-                             bce_target_thresh: float | None = None) -> Callable[[Tensor, Tensor], Tensor]:
+                             bce_target_thresh: float | None = None, class_counts: Tensor | None = None,
+                             logit_adjust_tau: float = 1.0) -> Callable[[Tensor, Tensor], Tensor]:
     """The training loss, chosen as timm's ``train.py`` chooses it: with mixup/cutmix (which smooth the
     targets themselves) soft-target cross-entropy, or binary cross-entropy on the soft targets
     (``loss='bce'``, DeiT III); without, cross-entropy with ``label_smoothing``, or binary cross-entropy on
-    the smoothed one-hot targets. ``bce_target_thresh`` binarizes BCE's targets above it (timm's)."""
+    the smoothed one-hot targets. ``bce_target_thresh`` binarizes BCE's targets above it (timm's).
+    ``loss='logit_adjusted'``: the cross-entropy (soft-target with mixing) of the logits plus
+    ``logit_adjust_tau * log`` of the training frequencies of ``class_counts`` (Menon et al. 2021): the model
+    learns logits whose plain argmax suits the balanced error."""
     if loss == "bce":
         return BinaryCrossEntropy(smoothing=0.0 if mixing else label_smoothing, target_threshold=bce_target_thresh)
-    return SoftTargetCrossEntropy() if mixing else nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+    base = SoftTargetCrossEntropy() if mixing else nn.CrossEntropyLoss(label_smoothing=label_smoothing)
+    if loss == "logit_adjusted":
+        if class_counts is None:
+            raise ValueError("loss='logit_adjusted' needs the training class counts")
+        return _Shifted(base, logit_adjustment(class_counts, logit_adjust_tau))  # + tau * log(prior)
+    return base
+
+
+class _Shifted(nn.Module):
+    """``base(logits + shift, targets)``: a loss of logits moved by a fixed ``shift`` ``(K,)``."""
+
+    def __init__(self, base: nn.Module, shift: Tensor) -> None:
+        super().__init__()
+        self.base = base
+        self.register_buffer("shift", shift, persistent=False)
+
+    def forward(self, logits: Tensor, targets: Tensor) -> Tensor:
+        return self.base(logits + self.shift.to(logits.device, logits.dtype), targets)
 
 
 # What each evaluation of a training run records (val_top1, test_macro_f1, ...; :func:`report_metrics`).
@@ -500,15 +522,16 @@ def _teacher(cfg: Config, num_classes: int, accelerator: Accelerator, mean: tupl
 
 def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, ...], std: tuple[float, ...],
           train_loader: Any, eval_loaders: dict[str, Any], prepare: bool, train_size: int, accelerator: Accelerator,
-          teacher: nn.Module | None = None) -> TaskSetup:
-    """The task around its loaders: mixup/cutmix, the loss (distilled from ``teacher``, if given),
-    evaluation and the checkpoint's metadata."""
+          teacher: nn.Module | None = None, class_counts: Tensor | None = None) -> TaskSetup:
+    """The task around its loaders: mixup/cutmix, the loss (distilled from ``teacher``, if given; adjusted by
+    the training ``class_counts`` with ``train.loss=logit_adjusted``), evaluation and the checkpoint's metadata."""
     d, t = cfg.data, cfg.train
     num_classes = len(classes)
     mixing = d.mixup_alpha > 0 or d.cutmix_alpha > 0
     mixup = Mixup(mixup_alpha=d.mixup_alpha, cutmix_alpha=d.cutmix_alpha, label_smoothing=t.label_smoothing,
                   num_classes=num_classes) if mixing else None
-    criterion = classification_criterion(mixing, t.label_smoothing, t.loss, t.bce_target_thresh)
+    criterion = classification_criterion(mixing, t.label_smoothing, t.loss, t.bce_target_thresh, class_counts,
+                                         t.logit_adjust_tau)
     model_input = ModelInput(mean, std, d.reprob if d.train_crop != "pad" else 0.0)
     if teacher is not None:
         distill = DistillationLoss(criterion, teacher, cfg.distill.type, cfg.distill.alpha, cfg.distill.tau,
