@@ -85,3 +85,43 @@ def test_a_run_trains_with_the_logit_adjusted_loss_and_refuses_it_on_shards(skew
                                           r"shards"):
         load_config(None, tiny_overrides(skewed_folder, tmp_path / "x", "train.loss=logit_adjusted",
                                          "data.dataset=wds"))
+
+
+def test_balanced_class_weights_are_scikit_learns_and_effective_ones_cui_et_als():
+    from sklearn.utils.class_weight import compute_class_weight
+
+    from vitlab.tasks.classification import class_weights
+
+    counts = torch.tensor([500, 120, 30, 7])
+    labels = torch.arange(4).repeat_interleave(counts).numpy()
+    reference = compute_class_weight("balanced", classes=torch.arange(4).numpy(), y=labels)
+    torch.testing.assert_close(class_weights(counts, "balanced"), torch.tensor(reference, dtype=torch.float32))
+    beta = 0.999  # Cui et al. 2019: (1 - beta) / (1 - beta ** n), scaled to sum to the number of classes
+    effective = (1 - beta) / (1 - beta ** counts.double())
+    torch.testing.assert_close(class_weights(counts, "effective", beta), (effective * 4 / effective.sum()).float())
+
+
+@pytest.mark.parametrize("mixing", [False, True])
+def test_the_weighted_loss_weighs_each_class_as_torch_does(mixing):
+    import torch.nn.functional as F
+
+    from vitlab.tasks.classification import classification_criterion
+
+    g = torch.Generator().manual_seed(1)
+    counts, logits = torch.tensor([300, 60, 12]), torch.randn(10, 3, generator=g)
+    targets = torch.randn(10, 3, generator=g).softmax(-1) if mixing else torch.randint(0, 3, (10,), generator=g)
+    criterion = classification_criterion(mixing, 0.0, "ce", class_counts=counts, weighting="balanced")
+    w = counts.sum() / (3 * counts.double())
+    hard = F.one_hot(targets, 3).double() if not mixing else targets.double()
+    per_image = -(hard * w * logits.double().log_softmax(-1)).sum(-1)
+    expected = per_image.sum() / (hard * w).sum()  # torch's weighted mean: over the targets' weights
+    torch.testing.assert_close(criterion(logits, targets).double(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_class_weights_are_refused_with_another_loss_and_with_shards(skewed_folder, tmp_path):
+    from vitlab.errors import ConfigError
+
+    for extra, message in ((("train.loss=bce",), r"'none' with train.loss=bce or logit_adjusted"),
+                           (("data.dataset=wds",), r"'none' with shards")):
+        with pytest.raises(ConfigError, match=r"^train.class_weights='balanced' is invalid; expected " + message):
+            load_config(None, tiny_overrides(skewed_folder, tmp_path, "train.class_weights=balanced", *extra))

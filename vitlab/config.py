@@ -220,6 +220,10 @@ class TrainConfig:
     loss: Literal["ce", "bce", "logit_adjusted"] = "ce"
     bce_target_thresh: float | None = None
     logit_adjust_tau: float = 1.0
+    # Class weights of the cross-entropy, from the training class counts: balanced (n / (K n_c), scikit-learn's)
+    # or effective (the effective number of samples, Cui et al. 2019: (1 - beta) / (1 - beta ** n_c), summing to K).
+    class_weights: Literal["none", "balanced", "effective"] = "none"
+    class_weights_beta: float = 0.9999
     ema_decay: float = 0.0    # 0 = no EMA; else timm ModelEmaV3 with this decay
     save_every: int = 1       # epochs between checkpoints
     save_every_steps: int = 0  # also write last/ every N optimizer steps, inside epochs (0 = at epoch ends only)
@@ -428,6 +432,12 @@ def _check_values(cfg: Config) -> None:
     need(t.bce_target_thresh is None or 0 <= t.bce_target_thresh < 1, "train.bce_target_thresh", t.bce_target_thresh,
          "null or a number in [0, 1)")
     need(t.logit_adjust_tau >= 0, "train.logit_adjust_tau", t.logit_adjust_tau, "a number >= 0 (1: Menon et al.'s)")
+    need(t.class_weights == "none" or t.loss == "ce", "train.class_weights", t.class_weights,
+         "'none' with train.loss=bce or logit_adjusted (each weighs the classes its own way)")
+    need(t.class_weights == "none" or not isinstance(d, DataConfig) or not (d.dataset == "wds" or d.streaming),
+         "train.class_weights", t.class_weights, "'none' with shards (data.dataset=wds, data.streaming=true): the "
+         "weights need the count of each class before training, which a stream does not list")
+    need(0 < t.class_weights_beta < 1, "train.class_weights_beta", t.class_weights_beta, "a number in (0, 1)")
     need(t.loss != "logit_adjusted" or not isinstance(d, DataConfig) or not (d.dataset == "wds" or d.streaming),
          "train.loss", t.loss, "'ce' or 'bce' with shards (data.dataset=wds, data.streaming=true): the logit-adjusted "
          "loss needs the count of each class before training, which a stream does not list")

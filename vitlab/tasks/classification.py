@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 __all__ = ["image_classification_task", "resolve_loader", "in_memory", "index_splits", "shard_streams", "load_train_val_data", "load_test_data",
            "eval_dataset",
            "evaluate_classifier", "metrics_from_predictions", "report_metrics", "gather_uneven",
-           "training_class_counts", "logit_adjustment"]
+           "training_class_counts", "logit_adjustment", "class_weights"]
 
 
 def _decode_size(d: DataConfig, size: tuple[int, int], keep_in_memory: bool = True) -> tuple[int, int] | None:
@@ -475,22 +475,57 @@ def _fit_head(cfg: Config, model: nn.Module, classes: list[str]) -> None:
 
 def classification_criterion(mixing: bool, label_smoothing: float, loss: str = "ce",
                              bce_target_thresh: float | None = None, class_counts: Tensor | None = None,
-                             logit_adjust_tau: float = 1.0) -> Callable[[Tensor, Tensor], Tensor]:
+                             logit_adjust_tau: float = 1.0, weighting: str = "none",
+                             weighting_beta: float = 0.9999) -> Callable[[Tensor, Tensor], Tensor]:
     """The training loss, chosen as timm's ``train.py`` chooses it: with mixup/cutmix (which smooth the
     targets themselves) soft-target cross-entropy, or binary cross-entropy on the soft targets
     (``loss='bce'``, DeiT III); without, cross-entropy with ``label_smoothing``, or binary cross-entropy on
     the smoothed one-hot targets. ``bce_target_thresh`` binarizes BCE's targets above it (timm's).
     ``loss='logit_adjusted'``: the cross-entropy (soft-target with mixing) of the logits plus
     ``logit_adjust_tau * log`` of the training frequencies of ``class_counts`` (Menon et al. 2021): the model
-    learns logits whose plain argmax suits the balanced error."""
+    learns logits whose plain argmax suits the balanced error. ``weighting`` (``balanced``, ``effective``:
+    :func:`class_weights`) weighs the cross-entropy's classes, as torch's ``weight`` does (a weighted mean over
+    the targets' weights; with mixing, of the soft targets')."""
     if loss == "bce":
         return BinaryCrossEntropy(smoothing=0.0 if mixing else label_smoothing, target_threshold=bce_target_thresh)
+    if weighting != "none":
+        if class_counts is None:
+            raise ValueError(f"weighting={weighting!r} needs the training class counts")
+        weight = class_weights(class_counts, weighting, weighting_beta)
+        return _SoftWeighted(weight) if mixing else nn.CrossEntropyLoss(weight=weight, label_smoothing=label_smoothing)
     base = SoftTargetCrossEntropy() if mixing else nn.CrossEntropyLoss(label_smoothing=label_smoothing)
     if loss == "logit_adjusted":
         if class_counts is None:
             raise ValueError("loss='logit_adjusted' needs the training class counts")
         return _Shifted(base, logit_adjustment(class_counts, logit_adjust_tau))  # + tau * log(prior)
     return base
+
+
+def class_weights(class_counts: Tensor, kind: str, beta: float = 0.9999) -> Tensor:
+    """Weights ``(K,)`` of the classes from their training counts: ``balanced``, ``n / (K * n_c)``
+    (scikit-learn's ``compute_class_weight('balanced')``); ``effective``, ``(1 - beta) / (1 - beta ** n_c)``
+    scaled to sum to ``K`` (the effective number of samples, Cui et al. 2019). A class without images counts
+    as one."""
+    counts = class_counts.double().clamp(min=1)
+    if kind == "balanced":
+        return (counts.sum() / (len(counts) * counts)).float()
+    if kind != "effective":
+        raise ValueError(f"class weights {kind!r}: expected 'balanced' or 'effective'")
+    weights = (1 - beta) / (1 - beta ** counts)
+    return (weights * len(counts) / weights.sum()).float()
+
+
+class _SoftWeighted(nn.Module):
+    """Cross-entropy of soft targets (mixup's) with class weights: ``sum_i sum_c -w_c t_ic log p_ic`` over
+    ``sum_i sum_c w_c t_ic``, what torch's weighted cross-entropy is for one-hot targets."""
+
+    def __init__(self, weight: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("weight", weight, persistent=False)
+
+    def forward(self, logits: Tensor, targets: Tensor) -> Tensor:
+        weighted = targets * self.weight.to(logits.device, logits.dtype)
+        return -(weighted * logits.log_softmax(-1)).sum() / weighted.sum()
 
 
 class _Shifted(nn.Module):
@@ -531,7 +566,7 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
     mixup = Mixup(mixup_alpha=d.mixup_alpha, cutmix_alpha=d.cutmix_alpha, label_smoothing=t.label_smoothing,
                   num_classes=num_classes) if mixing else None
     criterion = classification_criterion(mixing, t.label_smoothing, t.loss, t.bce_target_thresh, class_counts,
-                                         t.logit_adjust_tau)
+                                         t.logit_adjust_tau, t.class_weights, t.class_weights_beta)
     model_input = ModelInput(mean, std, d.reprob if d.train_crop != "pad" else 0.0)
     if teacher is not None:
         distill = DistillationLoss(criterion, teacher, cfg.distill.type, cfg.distill.alpha, cfg.distill.tau,
