@@ -99,22 +99,21 @@ def calibrate_checkpoint(checkpoint: str | Path, split: str = "val", overrides: 
     return temperature
 
 
-def _write_predictions(path: Path, keys: list[str] | None, labels: Any, probs: Any, classes: list[str]) -> None:
-    """``path`` (CSV, written whole, then renamed into place): ``image, label, prediction`` and a ``prob_<class>``
-    column for every class, one row an image in the split's order."""
+def _write_predictions(path: Path, key: Any, labels: Any, probs: Any, classes: list[str]) -> None:
+    """``path`` (CSV, written whole, then renamed into place): ``image`` (``key(i)``), ``label``, ``prediction``
+    and a ``prob_<class>`` column for every class, one row an image in the split's order."""
     import csv
 
-    if keys is None or len(keys) != len(probs):
-        raise ConfigError(f"--predictions: the split names {0 if keys is None else len(keys)} images and "
+    if key is None or len(labels) != len(probs):
+        raise ConfigError(f"--predictions: the split names {0 if key is None else len(labels)} images and "
                           f"{len(probs)} were evaluated")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["image", "label", "prediction", *(f"prob_{c}" for c in classes)])
-        for key, label, row in zip(keys, labels.tolist(), probs.tolist()):
-            writer.writerow([key, classes[label], classes[max(range(len(row)), key=row.__getitem__)],
-                             *(f"{p:.9g}" for p in row)])
+        for i, (label, predicted, row) in enumerate(zip(labels.tolist(), probs.argmax(1).tolist(), probs.tolist())):
+            writer.writerow([key(i), classes[label], classes[predicted], *(f"{p:.9g}" for p in row)])
     os.replace(tmp, path)
 
 
@@ -177,10 +176,10 @@ def _evaluate_seq2seq(directory: Path, cfg: Config, model: nn.Module, split: str
 def _classifier_split(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int
                       ) -> tuple[Any, Any, list[str], Any, Any]:
     """The accelerator, a prepared loader of ``split`` of the run's own data, its class names and (unless
-    streamed from shards) its decoded images and the images of each class the run trained on."""
+    streamed from shards) its decoded images and the run's training split, listed."""
     from .data.shard_stream import ShardLoader
     from .tasks.classification import eval_dataset, in_memory, index_splits, load_test_data, load_train_val_data, \
-        shard_streams, streamed_in_shards, training_class_counts
+        shard_streams, streamed_in_shards
 
     info = model.pretrained_cfg
     size = tuple(info["input_size"][1:])
@@ -209,7 +208,7 @@ def _classifier_split(directory: Path, cfg: Config, model: nn.Module, split: str
             dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, size, train_index, keep)))[split])
     loader = accelerator.prepare(DataLoader(eval_dataset(data, size, info.get("crop_pct")),
                                             batch_size=batch_size, num_workers=d.num_workers))
-    return accelerator, loader, data.classes, data, training_class_counts(d, cfg.train.seed, train_index)
+    return accelerator, loader, data.classes, data, train_index
 
 
 def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
@@ -217,16 +216,17 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
                          adjust_logits: float | None = None) -> dict[str, Any]:
     from .data.transforms import ModelInput
     from .tasks.calibration import calibration_bins
-    from .tasks.classification import evaluate_classifier, logit_adjustment, streamed_in_shards
+    from .tasks.classification import evaluate_classifier, logit_adjustment, streamed_in_shards, training_class_counts
 
     info = model.pretrained_cfg
     for option, value in (("--predictions", predictions), ("--adjust-logits", adjust_logits)):
         if value is not None and streamed_in_shards(cfg.data):
             raise ConfigError(f"{option} {value}: shards are read as a stream, without the names of their images or "
                               f"the count of each class here; evaluate an ImageFolder or Hugging Face split")
-    accelerator, loader, classes, data, train_counts = _classifier_split(directory, cfg, model, split, batch_size)
+    accelerator, loader, classes, data, train_index = _classifier_split(directory, cfg, model, split, batch_size)
     temperature = info.get("temperature", 1.0)
-    offset = None if adjust_logits is None else logit_adjustment(train_counts, adjust_logits)
+    offset = None if adjust_logits is None else \
+        logit_adjustment(training_class_counts(cfg.data, cfg.train.seed, train_index), adjust_logits)
     metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes),
                                   ModelInput(info["mean"], info["std"]), keep_probs=True, temperature=temperature,
                                   logit_offset=offset)
@@ -263,7 +263,7 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
         save_figure(plot_mistakes(data.images, data.labels, probs, data.classes), out_dir / "mistakes.png")
         print(f"most confident mistakes: {out_dir / 'mistakes.png'}")
     if predictions is not None:
-        _write_predictions(predictions, data.keys, data.labels, probs, classes)
+        _write_predictions(predictions, data.key, data.labels, probs, classes)
         print(f"predictions of the {len(probs)} images: {predictions}")
     if output:
         per_class = dict(zip(classes, metrics["per_class"]))

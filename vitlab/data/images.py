@@ -33,17 +33,27 @@ __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "ba
 class ImageData:
     """A split: ``images`` uint8 ``(N, C, H, W)`` (a tensor in memory, or a
     :class:`~vitlab.data.split.StreamedImages` decoded when read, indexed alike), ``labels`` int64
-    ``(N,)``, class names, and where the source names its images, ``keys``: what names each (a file's path
-    under the split's folder, a row's number)."""
+    ``(N,)``, class names, and where the source names its images, ``key(i)``: what names image ``i`` (a
+    file's path under the split's folder, a row's number), looked up only when asked for."""
 
     images: Tensor
     labels: Tensor
     classes: list[str]
-    keys: list[str] | None = None
+    key: Callable[[int], str] | None = None
 
     def subset(self, index: Tensor) -> "ImageData":
-        keys = None if self.keys is None else [self.keys[int(i)] for i in index]
-        return ImageData(self.images[index], self.labels[index], self.classes, keys)
+        key = None if self.key is None else Picked(self.key, index.clone())
+        return ImageData(self.images[index], self.labels[index], self.classes, key)
+
+
+class Picked:
+    """``fn(ids[i])``: a source's reader on a subset of it; a plain object, so it pickles (DataLoader workers)."""
+
+    def __init__(self, fn: Callable[[int], Any], ids: Tensor) -> None:
+        self.fn, self.ids = fn, ids
+
+    def __call__(self, i: int) -> Any:
+        return self.fn(int(self.ids[i]))
 
 
 class TensorImageDataset(Dataset):

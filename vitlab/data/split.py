@@ -19,9 +19,9 @@ from torch import Tensor
 from ..errors import DataError
 from ..progress import Progress
 from .decode import EncodedImage, dct_scale, decode_all, decode_region, jpeg_size, pil_to_tensor
-from .images import ImageData, balanced_indices, stratified_indices
+from .images import ImageData, Picked, balanced_indices, stratified_indices
 
-__all__ = ["SplitIndex", "StreamedImages", "label_indices", "hold_out"]
+__all__ = ["SplitIndex", "StreamedImages", "label_indices", "hold_out", "held_out_count"]
 
 
 @dataclass
@@ -62,9 +62,9 @@ class SplitIndex:
     def subset(self, ids: Tensor, where: str) -> SplitIndex:
         """Samples ``ids`` of this split as a split of their own, described by ``where``."""
         ids = ids.clone()
-        pick = [None if f is None else _Picked(f, ids) for f in (self.encoded, self.read)]
-        return SplitIndex(self.labels[ids], self.classes, _Picked(self.open, ids), where,
-                          None if self.pixels is None else self.pixels[ids], *pick, _Picked(self.key, ids),
+        pick = [None if f is None else Picked(f, ids) for f in (self.encoded, self.read)]
+        return SplitIndex(self.labels[ids], self.classes, Picked(self.open, ids), where,
+                          None if self.pixels is None else self.pixels[ids], *pick, Picked(self.key, ids),
                           upright=self.upright)
 
     def decode(self, i: int, size: tuple[int, int] | None, scaled: bool = False) -> Tensor:
@@ -100,26 +100,21 @@ class SplitIndex:
         index = balanced_indices(self.labels, subset, seed).tolist()
         if not index:
             raise DataError(f"{self.where} holds no images")
-        keys = [self.key(i) for i in index]
+        key = Picked(self.key, torch.tensor(index))
         if not in_memory:
             return ImageData(StreamedImages(self, torch.tensor(index), size, scaled), self.labels[index], self.classes,
-                             keys)
+                             key)
         with Progress(total=len(index), desc=f"decoding {len(index):,} images ({self.where})", unit="images",
                       interval=10.0) as progress:
             if not progress.terminal and progress.enabled:
                 print(f"decoding {len(index):,} images ({self.where}) ...", flush=True)
             images = decode_all(lambda i: self.decode(i, size, scaled), index, progress.update)
-        return ImageData(images, self.labels[index], self.classes, keys)
+        return ImageData(images, self.labels[index], self.classes, key)
 
 
-class _Picked:
-    """``fn(ids[i])``: a source's reader on a subset of it; a plain object, so it pickles (DataLoader workers)."""
-
-    def __init__(self, fn: Callable[[int], Any], ids: Tensor) -> None:
-        self.fn, self.ids = fn, ids
-
-    def __call__(self, i: int) -> Any:
-        return self.fn(int(self.ids[i]))
+def held_out_count(size: float, total: int) -> int:
+    """The images ``data.test_size`` asks of ``total``: a share below 1 (rounded), else a count."""
+    return round(size * total) if size < 1 else int(size)
 
 
 def hold_out(index: SplitIndex, size: float, seed: int, rule: str = "stratified") -> tuple[SplitIndex, SplitIndex]:
@@ -134,7 +129,7 @@ def hold_out(index: SplitIndex, size: float, seed: int, rule: str = "stratified"
     Raises:
         DataError: one line, if ``size`` leaves no images on a side, or a class has a single image.
     """
-    n = round(size * len(index)) if size < 1 else int(size)
+    n = held_out_count(size, len(index))
     if not 0 < n < len(index):
         raise DataError(f"data.test_size={size:g} holds out {n} of the {len(index)} images of {index.where}; "
                         f"choose a share in (0, 1) or a count below {len(index)}")

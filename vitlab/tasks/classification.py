@@ -21,7 +21,7 @@ from ..data.repeat import RepeatAugSampler
 from ..data.shard_stream import ShardLoader, ShardStream, spread
 from ..data.shards import ShardIndex, index_shards
 from ..data.sources import index_split
-from ..data.split import SplitIndex, hold_out
+from ..data.split import SplitIndex, held_out_count, hold_out
 from ..errors import ConfigError, DataError
 from ..models.hub import image_input_size, read_json
 from ..models.pretrained import load_pretrained
@@ -375,7 +375,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     record = test_index.held_out
     if record is not None:
         total = len(train_index) + len(test_index)
-        asked = round(d.test_size * total) if d.test_size < 1 else int(d.test_size)
+        asked = held_out_count(d.test_size, total)
         rule = "stratified: each of the" if record.get("rule") == "stratified" else "balanced over"
         accelerator.print(f"data: held out {record['images']:,} of the {total:,} images under data.root={d.root!r} as "
                           f"the test split, {rule} {len(train_index.classes)} classes"
