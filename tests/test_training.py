@@ -738,7 +738,7 @@ def _scripted_top1(monkeypatch, values: list[float], done: int = 0) -> None:
 
 
 def test_early_stopping_stops_after_patience_epochs_without_improvement_and_survives_a_resume(
-        tiny_imagefolder, tmp_path, monkeypatch, capsys):
+        tiny_imagefolder, tmp_path, monkeypatch, capsys, on_cpu):  # weights compared bit for bit: conftest.py
     top1 = [0.5, 0.7, 0.6, 0.65, 0.9, 0.95]  # best at epoch 2; patience 2: stop after epoch 4 of 6
     keys = ("data.val_size=12", "train.epochs=6", "train.early_stop_patience=2")
     whole = tmp_path / "whole"
