@@ -242,12 +242,29 @@ def test_parquet_with_encoded_image_structs_and_no_hugging_face_metadata_decodes
     assert data.labels.tolist() == [0, 1, 0, 1]
 
 
-def test_a_list_valued_label_column_is_one_line(tmp_path):
-    root = _tiny_hf(tmp_path / "data", {"train": [[0, 1], [1], [0], []]})
-    with pytest.raises(DataError, match=r"the label column 'label' holds lists \(multi-label\); vitlab trains "
-                                        r"single-label classification") as e:
-        load_hf_split(str(root), "train")
+def test_a_list_valued_label_column_gives_multi_hot_rows_and_false_refuses_it_in_one_line(tmp_path):
+    from vitlab.data.sources import index_split
+
+    root = _tiny_hf(tmp_path / "data", {"train": [[0, 1], [1], [0], []], "test": [[1], [0, 1]]})
+    train = index_split("hf", str(root), "train")
+    assert train.classes == ["0", "1"]
+    assert train.labels.tolist() == [[True, True], [False, True], [True, False], [False, False]]
+    test = index_split("hf", str(root), "test", classes=train.classes, multi_label=True)
+    assert test.labels.tolist() == [[False, True], [True, True]]
+    with pytest.raises(DataError, match=r"the label column 'label' holds lists \(several classes an image\) and "
+                                        r"data.multi_label=false asks for one") as e:
+        index_split("hf", str(root), "train", multi_label=False)
     assert "\n" not in str(e.value)
+
+
+def test_a_sequence_of_class_labels_takes_its_names(tmp_path):
+    from vitlab.data.sources import index_split
+
+    names = datasets.ClassLabel(names=["cat", "dog", "owl"])
+    root = _tiny_hf(tmp_path / "data", {"train": [[2, 0], [1], []]}, {"label": datasets.Sequence(names)})
+    train = index_split("hf", str(root), "train")
+    assert train.classes == ["cat", "dog", "owl"]
+    assert train.labels.tolist() == [[True, False, True], [False, True, False], [False, False, False]]
 
 
 def test_hugging_face_runs_keep_their_decode_size_for_predict(tmp_path):

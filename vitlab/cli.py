@@ -146,8 +146,17 @@ def _predict(args: argparse.Namespace) -> None:
     # All read before any output, decoded as training decoded its files.
     images = torch.stack([transform(open_image(path, decode_size(model), decode_upright(model)))
                           for path in args.images])
+    info = model.pretrained_cfg
     with torch.no_grad():
-        probs = (model(images) / model.pretrained_cfg.get("temperature", 1.0)).softmax(-1)  # calibrated, if it is
+        logits = model(images)
+    if info.get("multi_label"):  # a sigmoid a class; the classes at or above their thresholds (vitlab calibrate)
+        probs = logits.sigmoid()
+        thresholds = torch.tensor(info.get("thresholds") or [0.5] * len(names))
+        for path, p in zip(args.images, probs):
+            shown = [f"{names[i]} {p[i]:.3f}" for i in (p >= thresholds).nonzero().flatten().tolist()]
+            print(f"{path}: " + (", ".join(shown) if shown else "no class"))
+        return
+    probs = (logits / info.get("temperature", 1.0)).softmax(-1)  # calibrated, if it is
     k = min(args.topk, len(names))
     for path, p in zip(args.images, probs):
         top = p.topk(k)

@@ -47,9 +47,10 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    dataset: Literal["cifar10", "imagefolder", "hf", "wds"] = "cifar10"
+    dataset: Literal["cifar10", "imagefolder", "csv", "hf", "wds"] = "cifar10"
     root: str = "./data"      # hf: a Hub id, a DatasetDict.save_to_disk directory or a folder of parquet files;
-                              # wds: a folder of WebDataset shards <split>-*.tar (and classes.txt)
+                              # wds: a folder of WebDataset shards <split>-*.tar (and classes.txt);
+                              # csv: a folder with <split>.csv (columns image, labels) and the images they name
     download: bool = True
     train_split: str = "train"  # imagefolder: folder names; hf: split names; wds: names or shard patterns
     test_split: str = "test"
@@ -58,6 +59,9 @@ class DataConfig:
     train_subset: int = 0     # use only N training images, balanced across classes; 0 = all
     test_subset: int = 0      # likewise for the test set
     val_size: int = 0         # hold out N training images (stratified) for validation/best-checkpoint choice
+    # Several classes an image (multi-hot targets, binary cross-entropy, mAP): auto, when the labels are sets
+    # (a csv row with other than one name, a Hugging Face column of lists); true also for one class an image.
+    multi_label: bool | Literal["auto"] = "auto"
     # No test split (one folder of class folders, a data set with only 'train'): hold out this share (< 1) or
     # count (>= 1) of data.train_split, stratified (each class in proportion, at least one image of each on
     # each side) and chosen by train.seed, as the test split; the run records it, and eval and resume use
@@ -224,6 +228,9 @@ class TrainConfig:
     # or effective (the effective number of samples, Cui et al. 2019: (1 - beta) / (1 - beta ** n_c), summing to K).
     class_weights: Literal["none", "balanced", "effective"] = "none"
     class_weights_beta: float = 0.9999
+    # Multi-label: the weight of each class's positive term in the binary cross-entropy (torch's pos_weight):
+    # balanced = its negatives / positives in the training images, or one number a class.
+    pos_weight: Literal["none", "balanced"] | list[float] = "none"
     ema_decay: float = 0.0    # 0 = no EMA; else timm ModelEmaV3 with this decay
     save_every: int = 1       # epochs between checkpoints
     save_every_steps: int = 0  # also write last/ every N optimizer steps, inside epochs (0 = at epoch ends only)
@@ -309,6 +316,11 @@ def _coerce(key: str, value: Any, annotation: Any) -> Any:
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
             raise ConfigError(f"{key}={value!r} has the wrong type; expected a list of {len(args)} numbers")
         return tuple(_coerce(f"{key}[{i}]", v, a) for i, (v, a) in enumerate(zip(value, args)))
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}={value!r} has the wrong type; expected a list")
+        (arg,) = typing.get_args(annotation)
+        return [_coerce(f"{key}[{i}]", v, arg) for i, v in enumerate(value)]
     if origin is dict:
         if not isinstance(value, dict):
             raise ConfigError(f"{key}={value!r} has the wrong type; expected a mapping")
@@ -438,6 +450,16 @@ def _check_values(cfg: Config) -> None:
          "train.class_weights", t.class_weights, "'none' with shards (data.dataset=wds, data.streaming=true): the "
          "weights need the count of each class before training, which a stream does not list")
     need(0 < t.class_weights_beta < 1, "train.class_weights_beta", t.class_weights_beta, "a number in (0, 1)")
+    multi = isinstance(d, DataConfig) and d.multi_label is True
+    need(not multi or d.dataset != "wds", "data.multi_label", True, "auto or false with data.dataset=wds (shards carry "
+         "one class an image)")
+    need(not multi or (t.loss == "ce" and t.class_weights == "none"), "train.loss" if t.loss != "ce" else
+         "train.class_weights", t.loss if t.loss != "ce" else t.class_weights,
+         "left out with data.multi_label=true (its loss is the binary cross-entropy; train.pos_weight weighs its classes)")
+    need(not multi or k.type == "none", "distill.type", k.type, "'none' with data.multi_label=true (a teacher's "
+         "softmax gives one class an image)")
+    need(not isinstance(t.pos_weight, list) or all(w > 0 for w in t.pos_weight), "train.pos_weight", t.pos_weight,
+         "none, balanced, or a positive number a class")
     need(t.loss != "logit_adjusted" or not isinstance(d, DataConfig) or not (d.dataset == "wds" or d.streaming),
          "train.loss", t.loss, "'ce' or 'bce' with shards (data.dataset=wds, data.streaming=true): the logit-adjusted "
          "loss needs the count of each class before training, which a stream does not list")

@@ -57,11 +57,14 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: 
 
 
 def calibrate_checkpoint(checkpoint: str | Path, split: str = "val", overrides: tuple[str, ...] = (),
-                         use_ema: bool = True, batch_size: int = 256) -> float:
+                         use_ema: bool = True, batch_size: int = 256) -> float | list[float]:
     """Temperature scaling (Guo et al. 2017) of a classifier run: the temperature that minimises the
     negative log-likelihood of its ``split`` (its validation images), fitted on the logits of every image
     (:func:`~vitlab.tasks.calibration.fit_temperature`) and written into the checkpoint's ``config.json``,
     where ``load_model``, ``vitlab eval`` and ``vitlab predict`` take it (top-1 unchanged). Returns it.
+    A multi-label run gets instead a threshold a class, the one of its best F1 on those images
+    (:func:`~vitlab.tasks.multilabel.choose_thresholds`), kept there too (``thresholds``): eval reports the
+    F1s at them, predict names the classes at or above them. Returns those.
 
     Raises:
         ConfigError: one line, if the run is not a classifier, or holds out no validation images.
@@ -83,6 +86,8 @@ def calibrate_checkpoint(checkpoint: str | Path, split: str = "val", overrides: 
     metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes),
                                   ModelInput(info["mean"], info["std"]), keep_probs=True)
     logits, labels = metrics["logits"], metrics["labels"]
+    if labels.ndim == 2:
+        return _choose_thresholds(directory, metrics, split, classes, accelerator.is_main_process)
     temperature = fit_temperature(logits, labels)
     if accelerator.is_main_process:
         meta = read_json(directory / "config.json")
@@ -99,21 +104,55 @@ def calibrate_checkpoint(checkpoint: str | Path, split: str = "val", overrides: 
     return temperature
 
 
-def _write_predictions(path: Path, key: Any, labels: Any, probs: Any, classes: list[str]) -> None:
+def _choose_thresholds(directory: Path, metrics: dict[str, Any], split: str, classes: list[str],
+                       main: bool) -> list[float]:
+    """A multi-label run's thresholds (:func:`calibrate_checkpoint`): chosen on ``metrics``' probabilities,
+    kept in ``config.json`` (written whole, then renamed into place)."""
+    from .tasks.multilabel import choose_thresholds, f1_scores
+
+    probs, labels = metrics["probs"], metrics["labels"].bool()
+    thresholds = choose_thresholds(probs, labels)
+    if main:
+        meta = read_json(directory / "config.json")
+        meta["thresholds"] = thresholds.tolist()
+        tmp = directory / "config.json.tmp"
+        write_json(tmp, meta)
+        os.replace(tmp, directory / "config.json")
+        before, after = f1_scores(probs >= 0.5, labels), f1_scores(probs >= thresholds, labels)
+        print(f"thresholds of the {len(classes)} classes chosen on the {len(labels)} "
+              f"{'validation' if split == 'val' else split} images of {directory} (each its best F1): macro F1 "
+              f"{before['macro_f1']:.4f} at 0.5 -> {after['macro_f1']:.4f}, micro F1 {before['micro_f1']:.4f} -> "
+              f"{after['micro_f1']:.4f}; kept in {directory / 'config.json'}: eval and predict use them")
+    return thresholds.tolist()
+
+
+def _write_predictions(path: Path, key: Any, labels: Any, probs: Any, classes: list[str],
+                       thresholds: Any = None) -> None:
     """``path`` (CSV, written whole, then renamed into place): ``image`` (``key(i)``), ``label``, ``prediction``
-    and a ``prob_<class>`` column for every class, one row an image in the split's order."""
+    and a ``prob_<class>`` column for every class, one row an image in the split's order. Multi-label
+    (``labels`` ``(N, K)``): ``labels`` and ``predicted`` (the classes at or above ``thresholds``, else 0.5),
+    each a space-separated list of names, and each class's sigmoid."""
     import csv
 
     if key is None or len(labels) != len(probs):
         raise ConfigError(f"--predictions: the split names {0 if key is None else len(labels)} images and "
                           f"{len(probs)} were evaluated")
+    multi = labels.ndim == 2
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["image", "label", "prediction", *(f"prob_{c}" for c in classes)])
-        for i, (label, predicted, row) in enumerate(zip(labels.tolist(), probs.argmax(1).tolist(), probs.tolist())):
-            writer.writerow([key(i), classes[label], classes[predicted], *(f"{p:.9g}" for p in row)])
+        writer.writerow(["image", *(("labels", "predicted") if multi else ("label", "prediction")),
+                         *(f"prob_{c}" for c in classes)])
+        if multi:
+            chosen = probs >= (0.5 if thresholds is None else thresholds)
+            named = lambda row: " ".join(c for c, on in zip(classes, row) if on)
+            columns = zip(map(named, labels.bool().tolist()), map(named, chosen.tolist()), probs.tolist())
+        else:
+            columns = zip((classes[k] for k in labels.tolist()), (classes[k] for k in probs.argmax(1).tolist()),
+                          probs.tolist())
+        for i, (label, predicted, row) in enumerate(columns):
+            writer.writerow([key(i), label, predicted, *(f"{p:.9g}" for p in row)])
     os.replace(tmp, path)
 
 
@@ -223,7 +262,12 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
         if value is not None and streamed_in_shards(cfg.data):
             raise ConfigError(f"{option} {value}: shards are read as a stream, without the names of their images or "
                               f"the count of each class here; evaluate an ImageFolder or Hugging Face split")
+    if adjust_logits is not None and info.get("multi_label"):
+        raise ConfigError(f"--adjust-logits {adjust_logits}: logit adjustment is for one class an image, and {directory} "
+                          f"holds a multi-label classifier")
     accelerator, loader, classes, data, train_index = _classifier_split(directory, cfg, model, split, batch_size)
+    if info.get("multi_label"):
+        return _evaluate_multi_label(directory, model, split, loader, accelerator, classes, data, output, predictions)
     temperature = info.get("temperature", 1.0)
     offset = None if adjust_logits is None else \
         logit_adjustment(training_class_counts(cfg.data, cfg.train.seed, train_index), adjust_logits)
@@ -275,5 +319,51 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
                             **({"adjust_logits": adjust_logits} if adjust_logits is not None else {}),
                             "per_class": per_class,
                             **{f"per_class_{name}": dict(zip(classes, metrics[name])) for name in ("precision", "f1")},
+                            "num_images": metrics["num_images"], "checkpoint": str(directory), "split": split})
+    return metrics
+
+
+def _evaluate_multi_label(directory: Path, model: nn.Module, split: str, loader: Any, accelerator: Any,
+                          classes: list[str], data: Any, output: Path | None, predictions: Path | None) -> dict[str, Any]:
+    """``vitlab eval`` of a multi-label classifier: mAP, F1s at 0.5 and at its thresholds (``vitlab
+    calibrate``), each class's AP and F1, printed and written as :func:`evaluate_checkpoint` says."""
+    import torch
+
+    from .data.transforms import ModelInput
+    from .tasks.classification import evaluate_classifier
+
+    info = model.pretrained_cfg
+    thresholds = torch.tensor(info["thresholds"]) if info.get("thresholds") is not None else None
+    metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes),
+                                  ModelInput(info["mean"], info["std"]), keep_probs=True, thresholds=thresholds)
+    probs, labels = metrics.pop("probs"), metrics.pop("labels")
+    metrics.pop("logits")
+    if not accelerator.is_main_process:
+        return metrics
+    tuned = "_tuned" if thresholds is not None else ""
+    print(f"checkpoint {directory} | {split} split: {metrics['num_images']} images, {len(classes)} classes, "
+          f"{sum(metrics['positives'])} labels")
+    print(f"mAP {100 * metrics['map']:.2f}%  micro mAP {100 * metrics['micro_map']:.2f}%  loss {metrics['loss']:.4f}")
+    print(f"at 0.5: macro F1 {metrics['macro_f1']:.4f}  micro F1 {metrics['micro_f1']:.4f}  example-based F1 "
+          f"{metrics['example_f1']:.4f}")
+    if thresholds is not None:
+        print(f"at the thresholds chosen on the validation split (vitlab calibrate): macro F1 "
+              f"{metrics['macro_f1_tuned']:.4f}  micro F1 {metrics['micro_f1_tuned']:.4f}  example-based F1 "
+              f"{metrics['example_f1_tuned']:.4f}")
+    else:
+        print("  (vitlab calibrate chooses a threshold a class on the validation split)")
+    print(f"  {'class':>20s} {'AP':>7s} {'F1':>6s} {'threshold':>9s} {'images':>7s}")
+    for i, name in enumerate(classes):
+        threshold = 0.5 if thresholds is None else thresholds[i].item()
+        print(f"  {name:>20s} {metrics['ap'][i]:7.4f} {metrics['f1' + tuned][i]:6.4f} {threshold:9.4f} "
+              f"{metrics['positives'][i]:7d}")
+    if predictions is not None:
+        _write_predictions(predictions, data.key, labels, probs, classes, thresholds)
+        print(f"predictions of the {len(probs)} images: {predictions}")
+    if output:
+        scalars = {k: v for k, v in metrics.items() if isinstance(v, float)}
+        write_json(output, {**scalars, "per_class_ap": dict(zip(classes, metrics["ap"])),
+                            "per_class_f1": dict(zip(classes, metrics["f1" + tuned])),
+                            **({"thresholds": dict(zip(classes, thresholds.tolist()))} if thresholds is not None else {}),
                             "num_images": metrics["num_images"], "checkpoint": str(directory), "split": split})
     return metrics

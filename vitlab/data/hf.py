@@ -16,7 +16,7 @@ from ..errors import DataError
 from .decode import EncodedImage, decode_image, open_image
 from .images import ImageData
 from .shards import ShardIndex
-from .split import SplitIndex, label_indices
+from .split import SplitIndex, label_indices, label_sets
 
 __all__ = ["IMAGE_KEYS", "LABEL_KEYS", "index_hf_split", "index_hf_stream", "load_hf_split"]
 
@@ -69,7 +69,8 @@ def _column(names: list[str], wanted: str, usual: tuple[str, ...], what: str) ->
 
 
 def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str = "",
-                   classes: list[str] | None = None, exif_transpose: bool = True) -> SplitIndex:
+                   classes: list[str] | None = None, exif_transpose: bool = True,
+                   multi_label: bool | None = None) -> SplitIndex:
     """List one split of a Hugging Face image-classification data set: its labels, without decoding
     an image.
 
@@ -80,6 +81,8 @@ def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str
         image_key, label_key: Its columns; '' finds them among :data:`IMAGE_KEYS` / :data:`LABEL_KEYS`.
         classes: The training split's class names (None for the training split itself).
         exif_transpose: Read images upright by their EXIF orientation, as ``datasets`` decodes them.
+        multi_label: False refuses a column of label lists; otherwise such a column (``Sequence(ClassLabel)``,
+            or lists of names or integers) gives multi-hot labels (:func:`~vitlab.data.split.label_sets`).
 
     Class names come from the label column's ``ClassLabel`` feature, else from the sorted label values.
     An image column of ``{bytes, path}`` structs (parquet written by pandas or pyarrow, without the
@@ -87,8 +90,8 @@ def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str
     (:func:`~vitlab.data.decode.pil_to_tensor`).
 
     Raises:
-        DataError: one line, for a missing split or column, a multi-label (list) label column, an
-            unlabelled sample (``ClassLabel`` -1), a label the training split does not have.
+        DataError: one line, for a missing split or column, a list label column with ``multi_label=False``,
+            an unlabelled sample (``ClassLabel`` -1), a label the training split does not have.
     """
     dataset_dict = _open(root)
     import datasets  # _open has said it in one line if it is not installed
@@ -101,18 +104,32 @@ def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str
     label_key = _column(ds.column_names, label_key, LABEL_KEYS, "label")
     where = f"split {split!r} of data.root={root!r}"
     feature = ds.features[label_key]
-    if isinstance(feature, (list, datasets.Sequence, getattr(datasets, "List", datasets.Sequence))):
-        raise DataError(f"{where}: the label column {label_key!r} holds lists (multi-label); vitlab trains "
-                        f"single-label classification, one class an image (name another column with data.label_key)")
+    lists = _is_list(feature)
+    if lists and multi_label is False:
+        raise DataError(f"{where}: the label column {label_key!r} holds lists (several classes an image) and "
+                        f"data.multi_label=false asks for one; set data.multi_label=true (or auto) to train on them, "
+                        f"or name another column with data.label_key")
     image_feature = ds.features[image_key]
     if isinstance(image_feature, dict) and {"bytes", "path"} <= set(image_feature):
         ds = ds.cast_column(image_key, datasets.Image())  # encoded images without the metadata that says so
-    names = list(feature.names) if hasattr(feature, "names") else None  # a ClassLabel
-    labels, classes = label_indices(ds[label_key], classes, where, names)  # without decoding any image
+    if lists:
+        inner = getattr(feature, "feature", None) or (feature[0] if isinstance(feature, list) and feature else None)
+        names = list(inner.names) if hasattr(inner, "names") else None  # a Sequence(ClassLabel)
+        labels, classes = label_sets(ds[label_key], classes, where, names)
+    else:
+        names = list(feature.names) if hasattr(feature, "names") else None  # a ClassLabel
+        labels, classes = label_indices(ds[label_key], classes, where, names)  # without decoding any image
     images = ds.select_columns([image_key])
     reader = DatasetImages(images, image_key, where, exif_transpose)
     return SplitIndex(labels, classes, reader.open, where, encoded=reader.encoded, read=reader.read,
                       upright=exif_transpose)
+
+
+def _is_list(feature: Any) -> bool:
+    """Whether a column's feature holds a list for each row (``Sequence``, ``List`` or ``[feature]``)."""
+    import datasets
+
+    return isinstance(feature, (list, datasets.Sequence, getattr(datasets, "List", datasets.Sequence)))
 
 
 class DatasetImages:
@@ -203,6 +220,9 @@ def index_hf_stream(root: str, split: str, *, image_key: str = "", label_key: st
     label_key = _column(names, label_key, LABEL_KEYS, "label")
     feature = ds.features[label_key] if ds.features is not None else None
     where = f"split {split!r} of data.root={root!r} (streamed)"
+    if feature is not None and _is_list(feature):
+        raise DataError(f"{where}: the label column {label_key!r} holds lists (several classes an image), which "
+                        f"streamed shards do not carry; set data.streaming=false to read the split by position")
     try:
         labels_only = _streamed(root, split, columns=[label_key])
     except DataError:  # a builder without column selection: whole rows, images not decoded

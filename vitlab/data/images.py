@@ -115,10 +115,13 @@ def seeded_transform(transform: v2.Transform, image: Any, seed: int, epoch: int,
 
 def balanced_indices(labels: Tensor, n: int, seed: int = 0) -> Tensor:
     """``n`` indices spread evenly over the classes (the first classes get the remainder), random
-    within each class but fixed by ``seed``; sorted. ``n`` >= the data size returns everything."""
+    within each class but fixed by ``seed``; sorted. ``n`` >= the data size returns everything. Multi-label
+    ``labels`` (bool ``(N, K)``) have no classes to spread over: ``n`` of them at random, fixed by ``seed``."""
     if n <= 0 or n >= len(labels):
         return torch.arange(len(labels))
     g = torch.Generator().manual_seed(seed)
+    if labels.ndim == 2:
+        return torch.randperm(len(labels), generator=g)[:n].sort().values
     classes = labels.unique()
     per_class, extra = divmod(n, len(classes))
     chosen = []
@@ -138,8 +141,10 @@ def stratified_indices(labels: Tensor, n: int, seed: int, classes: Sequence[str]
     count. Random within each class, fixed by ``seed`` (equal classes and ``n`` a multiple of their number
     give the images :func:`balanced_indices` gives); sorted.
 
+    Multi-label ``labels`` (bool ``(N, K)``) are held out as :func:`_kept_positives` does.
+
     Args:
-        labels: int64 ``(N,)`` class indices.
+        labels: int64 ``(N,)`` class indices, or bool ``(N, K)`` multi-hot rows.
         n: How many to take, ``0 < n < N``.
         seed: Chooses the images within each class.
         classes: The class names, for the message.
@@ -148,6 +153,8 @@ def stratified_indices(labels: Tensor, n: int, seed: int, classes: Sequence[str]
     Raises:
         DataError: one line, if a class has a single image (it cannot be on both sides).
     """
+    if labels.ndim == 2:
+        return _kept_positives(labels, n, seed)
     counts = torch.bincount(labels, minlength=len(classes))
     present = counts.nonzero().flatten()
     single = [classes[int(k)] for k in present if counts[k] == 1]
@@ -164,6 +171,27 @@ def stratified_indices(labels: Tensor, n: int, seed: int, classes: Sequence[str]
     by_class = torch.sort(labels, stable=True).indices.split(sizes.tolist())  # each class's indices, ascending
     chosen = [members[torch.randperm(len(members), generator=g)[:k]] for members, k in zip(by_class, take.tolist())]
     return torch.cat(chosen).sort().values
+
+
+def _kept_positives(labels: Tensor, n: int, seed: int) -> Tensor:
+    """``n`` of the multi-hot rows ``labels`` (bool ``(N, K)``) to hold out, at random (fixed by ``seed``) but
+    never an image that shows the last image left on the other side of one of its classes: every class
+    with a positive keeps one on the training side (held out, it could not be learnt). Fewer than ``n`` where
+    the classes leave no more to take; sorted."""
+    import numpy as np
+
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed)).numpy()
+    hot = labels.numpy()
+    left = hot.sum(0)  # each class's positives still on the training side
+    chosen = []
+    for i in order:
+        row = hot[i]
+        if (left[row] > 1).all():
+            left[row] -= 1
+            chosen.append(i)
+            if len(chosen) == n:
+                break
+    return torch.from_numpy(np.sort(np.asarray(chosen, dtype=np.int64)))
 
 
 # torchvision's RandAugment ops that move pixels (nearest sampling, zero fill): each is a fixed pixel map.

@@ -1,6 +1,6 @@
 """Where a split's images come from, chosen by ``data.dataset``: ``cifar10`` (torchvision),
-``imagefolder`` (:mod:`.folder`) or ``hf`` (:mod:`.hf`, Hugging Face ``datasets``, imported only then).
-Each is listed as a :class:`~vitlab.data.split.SplitIndex`, then decoded into memory."""
+``imagefolder`` (:mod:`.folder`), ``csv`` (:mod:`.table`) or ``hf`` (:mod:`.hf`, Hugging Face ``datasets``,
+imported only then). Each is listed as a :class:`~vitlab.data.split.SplitIndex`, then decoded into memory."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,18 +8,21 @@ from pathlib import Path
 from .folder import index_cifar10, index_imagefolder
 from .images import ImageData
 from .split import SplitIndex
+from .table import index_csv, one_hot_index
 
 __all__ = ["index_split", "load_split"]
 
 
 def index_split(dataset: str, root: str | Path, split: str, *, download: bool = False, image_key: str = "",
-                label_key: str = "", classes: list[str] | None = None, exif_transpose: bool = True) -> SplitIndex:
+                label_key: str = "", classes: list[str] | None = None, exif_transpose: bool = True,
+                multi_label: bool | None = None) -> SplitIndex:
     """List one split without decoding it.
 
     Args:
         dataset: ``'cifar10'`` (``torchvision.datasets.CIFAR10`` under ``root``), ``'imagefolder'``
-            (``root/<split>/<class>/*.png``; class folders sorted give the labels) or ``'hf'`` (a Hugging
-            Face dataset: :func:`vitlab.data.hf.index_hf_split`).
+            (``root/<split>/<class>/*.png``; class folders sorted give the labels), ``'csv'``
+            (``root/<split>.csv``: :func:`vitlab.data.table.index_csv`) or ``'hf'`` (a Hugging Face dataset:
+            :func:`vitlab.data.hf.index_hf_split`).
         root: Data root (for ``'hf'``: a Hub id, a ``save_to_disk`` directory or a folder of parquet files).
         split: The split's name (CIFAR-10: ``'train'`` or ``'test'``).
         download: Download CIFAR-10 if absent.
@@ -28,16 +31,21 @@ def index_split(dataset: str, root: str | Path, split: str, *, download: bool = 
             the training split itself).
         exif_transpose: Read image files upright by their EXIF orientation (``data.exif_transpose``), as
             ``PIL.ImageOps.exif_transpose`` and Hugging Face ``datasets`` do; False: the stored pixels.
+        multi_label: True: labels as multi-hot rows (bool ``(N, K)``), also where each image has one class;
+            False: one class an image (label sets are one line); None: as the data holds them (``data.multi_label``).
     """
     if dataset == "hf":
         from .hf import index_hf_split
 
-        return index_hf_split(str(root), split, image_key=image_key, label_key=label_key, classes=classes,
-                              exif_transpose=exif_transpose)
-    root = Path(root).expanduser()
-    if dataset == "cifar10":
-        return index_cifar10(root, split, download)
-    return index_imagefolder(root, split, classes, exif_transpose)
+        index = index_hf_split(str(root), split, image_key=image_key, label_key=label_key, classes=classes,
+                               exif_transpose=exif_transpose, multi_label=multi_label)
+    elif dataset == "csv":
+        index = index_csv(Path(root).expanduser(), split, classes, exif_transpose, multi_label)
+    elif dataset == "cifar10":
+        index = index_cifar10(Path(root).expanduser(), split, download)
+    else:
+        index = index_imagefolder(Path(root).expanduser(), split, classes, exif_transpose)
+    return one_hot_index(index) if multi_label else index
 
 
 def load_split(dataset: str, root: str | Path, split: str, *, download: bool = False, subset: int = 0,

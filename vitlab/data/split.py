@@ -21,7 +21,8 @@ from ..progress import Progress
 from .decode import EncodedImage, dct_scale, decode_all, decode_region, jpeg_size, pil_to_tensor
 from .images import ImageData, Picked, balanced_indices, stratified_indices
 
-__all__ = ["SplitIndex", "StreamedImages", "label_indices", "hold_out", "held_out_count"]
+__all__ = ["SplitIndex", "StreamedImages", "label_indices", "label_sets", "hold_out", "held_out_count",
+           "label_text"]
 
 
 @dataclass
@@ -29,7 +30,8 @@ class SplitIndex:
     """One split of an image-classification data set, listed but not decoded.
 
     Attributes:
-        labels: int64 ``(N,)``, indices into ``classes``.
+        labels: int64 ``(N,)``, indices into ``classes``; for multi-label data (several classes an image),
+            bool ``(N, K)``, ``labels[i, k]``: image ``i`` shows class ``k`` (:func:`label_sets`).
         classes: The class names, in label order (the training split's, for every split of a run).
         open: ``open(i)`` -> sample ``i`` as an 8-bit RGB PIL image at its own size
             (:func:`~vitlab.data.decode.to_rgb`).
@@ -139,13 +141,57 @@ def hold_out(index: SplitIndex, size: float, seed: int, rule: str = "stratified"
         test = stratified_indices(index.labels, n, seed + 2, index.classes, f"data.test_size={size:g} of {index.where}")
     rest = torch.ones(len(index), dtype=torch.bool)
     rest[test] = False
-    keys = sorted(f"{index.key(int(i))}\t{int(index.labels[i])}" for i in test)
+    keys = sorted(f"{index.key(int(i))}\t{label_text(index.labels[i])}" for i in test)
     record = {"test_size": size, "images": len(test), "sha256": hashlib.sha256("\n".join(keys).encode()).hexdigest()}
     if rule != "balanced":
         record.update(seed=seed, rule=rule)
     held = index.subset(test, f"the test images held out of {index.where}")
     held.held_out = record
     return index.subset(rest.nonzero().flatten(), index.where), held
+
+
+def label_text(label: Tensor) -> str:
+    """An image's label in a record: its class index, or the indices of a multi-label image's classes."""
+    return str(int(label)) if label.ndim == 0 else ",".join(map(str, label.nonzero().flatten().tolist()))
+
+
+def label_sets(values: Sequence[Sequence[Any]], classes: list[str] | None, where: str,
+               names: Sequence[str] | None = None) -> tuple[Tensor, list[str]]:
+    """A multi-label split's label sets as multi-hot rows, :func:`label_indices`' rules for each member.
+
+    Args:
+        values: One sequence of labels per sample (class names, or with ``names`` indices into them); an
+            empty one is an image of none of the classes, which multi-label data may have.
+        classes: The training split's class names; None for the training split itself, whose classes are
+            ``names`` if given, else every name its samples carry, sorted as :func:`label_indices` sorts.
+        where: The split in words, for messages.
+        names: The class names integer ``values`` index (a ``Sequence(ClassLabel)``'s ``names``).
+
+    Returns:
+        bool ``(N, K)`` and the class names.
+
+    Raises:
+        DataError: one line, if a label is not one of ``classes``, or an image lists a class twice.
+    """
+    if names is not None:
+        values = [[names[v] for v in row] for row in values]
+    flat = [str(v) for row in values for v in row]
+    if classes is None:
+        classes = list(names) if names is not None else \
+            [str(v) for v in sorted({v for row in values for v in row})]
+    position = {name: i for i, name in enumerate(classes)}
+    unknown = sorted(set(flat) - position.keys())
+    if unknown:
+        raise DataError(f"{where} has class(es) {unknown[:10]}{' ...' if len(unknown) > 10 else ''} that the "
+                        f"training split does not have (its classes: {classes[:20]}{' ...' if len(classes) > 20 else ''}); "
+                        f"a model can only be scored on classes it was trained on")
+    twice = next((i for i, row in enumerate(values) if len(set(map(str, row))) != len(row)), None)
+    if twice is not None:
+        raise DataError(f"{where}: image {twice} lists a class twice ({list(values[twice])}); give each class once")
+    hot = torch.zeros(len(values), len(classes), dtype=torch.bool)
+    for i, row in enumerate(values):
+        hot[i, [position[str(v)] for v in row]] = True
+    return hot, classes
 
 
 def label_indices(values: Sequence[Any], classes: list[str] | None, where: str,

@@ -184,8 +184,8 @@ def _meta_of(model: nn.Module) -> dict[str, Any]:
     meta = {}
     if cfg.get("label_names") is not None:
         meta["classes"] = list(cfg["label_names"])
-    for key in ("mean", "std", "task", "decode_size", "crop_pct", "exif_transpose", "temperature", "training",
-                "evaluations"):
+    for key in ("mean", "std", "task", "decode_size", "crop_pct", "exif_transpose", "temperature", "multi_label",
+                "thresholds", "training", "evaluations"):
         if cfg.get(key) is not None:
             meta[key] = list(cfg[key]) if isinstance(cfg[key], tuple) else cfg[key]
     return meta
@@ -225,6 +225,10 @@ def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], 
             cfg["exif_transpose"] = False
         if meta.get("temperature"):  # calibrated (vitlab calibrate): probabilities are softmax(logits / temperature)
             cfg["temperature"] = float(meta["temperature"])
+        if meta.get("multi_label"):  # several classes an image: a sigmoid a class, not a softmax
+            cfg["multi_label"] = True
+            if meta.get("thresholds") is not None:  # chosen on the validation split (vitlab calibrate)
+                cfg["thresholds"] = [float(t) for t in meta["thresholds"]]
     else:  # a text model: the task and the tokenizer saved beside the weights
         tokenizer = directory / TOKENIZER_NAME
         cfg = {"task": meta.get("task"), "tokenizer": str(tokenizer) if tokenizer.is_file() else None}

@@ -28,6 +28,8 @@ from ..models.pretrained import load_pretrained
 from .base import TaskSetup, build_model
 from .calibration import expected_calibration_error
 from .distill import DistillationLoss, load_teacher
+from .multilabel import SCORES as MULTI_LABEL_SCORES, MultiHotMixup, MultiLabelLoss, multilabel_metrics, \
+    positive_weights
 
 if TYPE_CHECKING:
     from ..config import Config, DataConfig
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["image_classification_task", "resolve_loader", "in_memory", "index_splits", "shard_streams", "load_train_val_data", "load_test_data",
            "eval_dataset",
            "evaluate_classifier", "metrics_from_predictions", "report_metrics", "gather_uneven",
-           "training_class_counts", "logit_adjustment", "class_weights"]
+           "training_class_counts", "class_counts", "logit_adjustment", "class_weights"]
 
 
 def _decode_size(d: DataConfig, size: tuple[int, int], keep_in_memory: bool = True) -> tuple[int, int] | None:
@@ -57,10 +59,12 @@ def index_splits(d: DataConfig, classes: list[str] | None = None, seed: int = 0,
     record of the split it held out (``{}``: none), which this config and listing must give again (else
     one line); None: no run to agree with."""
     keys = dict(download=d.download, image_key=d.image_key, label_key=d.label_key, exif_transpose=d.exif_transpose)
+    multi_label = None if d.multi_label == "auto" else d.multi_label
     split = d.train_split
     if d.test_size and d.dataset == "imagefolder" and not (Path(d.root).expanduser() / split).is_dir():
         split = "."  # the class folders are data.root's own
-    train = index_split(d.dataset, d.root, split, **keys, classes=classes)
+    train = index_split(d.dataset, d.root, split, **keys, classes=classes, multi_label=multi_label)
+    keys["multi_label"] = train.labels.ndim == 2  # every split as the training split holds its labels
     if held_out is not None and held_out.get("test_size", 0) != d.test_size:
         kept = held_out.get("test_size", 0)
         raise ConfigError(f"data.test_size: the run held out {held_out.get('images', 0)} images (data.test_size="
@@ -171,12 +175,17 @@ def _train_val_rows(d: DataConfig, seed: int, index: SplitIndex) -> tuple[Tensor
 
 def training_class_counts(d: DataConfig, seed: int, index: SplitIndex) -> Tensor:
     """How many images of each class a run trained on (its validation images left out), from the labels
-    alone: int64 ``(K,)``."""
+    alone: int64 ``(K,)`` (multi-label: the images that show it)."""
     rows, val = _train_val_rows(d, seed, index)
     keep = torch.ones(len(rows), dtype=torch.bool)
     if val is not None:
         keep[val] = False
-    return torch.bincount(index.labels[rows][keep], minlength=len(index.classes))
+    return class_counts(index.labels[rows][keep], len(index.classes))
+
+
+def class_counts(labels: Tensor, num_classes: int) -> Tensor:
+    """The images of each class, int64 ``(K,)``: of labels ``(N,)``, or multi-hot rows ``(N, K)`` (its positives)."""
+    return labels.sum(0, dtype=torch.long) if labels.ndim == 2 else torch.bincount(labels, minlength=num_classes)
 
 
 def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int], index: SplitIndex,
@@ -377,11 +386,15 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         total = len(train_index) + len(test_index)
         asked = held_out_count(d.test_size, total)
         rule = "stratified: each of the" if record.get("rule") == "stratified" else "balanced over"
+        multi = train_index.labels.ndim == 2
         accelerator.print(f"data: held out {record['images']:,} of the {total:,} images under data.root={d.root!r} as "
-                          f"the test split, {rule} {len(train_index.classes)} classes"
-                          + (" in proportion" if record.get("rule") == "stratified" else "")
+                          f"the test split, "
+                          + (f"at random, keeping an image of each of the {len(train_index.classes)} classes in "
+                             f"training" if multi else f"{rule} {len(train_index.classes)} classes")
+                          + (" in proportion" if record.get("rule") == "stratified" and not multi else "")
                           + (f" ({asked:,} asked; at least one image of each class on each side)"
-                             if asked != record["images"] else "")
+                             if asked != record["images"] and not multi else
+                             f" ({asked:,} asked)" if asked != record["images"] else "")
                           + f", chosen by train.seed={t.seed} (data.test_size={d.test_size:g}); recorded in "
                           f"the checkpoints: vitlab eval and a resumed run use exactly these")
     keep, where = in_memory(d, train_index, test_index, size)
@@ -392,6 +405,8 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                           f"{d.val_size}): at least one image of each of the {len(train_data.classes)} classes on each side")
     test = load_test_data(d, t.seed, size, test_index, keep)
     _fit_head(cfg, model, train_data.classes)
+    if train_data.labels.ndim == 2:
+        _check_multi_label(cfg, train_data)
     eval_sets = {"test": test} if val_data is None else {"val": val_data, "test": test}
     on_device = resolve_loader(d.loader, d.augment, accelerator.device, not keep, d.train_crop, d.color_jitter,
                                d.aug_repeats) == "gpu"
@@ -427,7 +442,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                           f"(data.aug_repeats={d.aug_repeats})")
     task = _task(cfg, model, train_data.classes, mean, std, train_loader, eval_loaders, not on_device,
                  len(train_loader.sampler) if d.aug_repeats > 1 else len(train_data.labels), accelerator, teacher,
-                 torch.bincount(train_data.labels, minlength=len(train_data.classes)))
+                 class_counts(train_data.labels, len(train_data.classes)), multi_label=train_data.labels.ndim == 2)
     if record is not None:
         task.data_state = {"held_out": record}
     return task
@@ -461,6 +476,28 @@ def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model:
                  False, train.samples_per_epoch, accelerator, teacher)
     task.data_state = {"partitions": plan.partitions}
     return task
+
+
+def _check_multi_label(cfg: Config, train: ImageData) -> None:
+    """What multi-label training data (found so, ``data.multi_label=auto``) cannot take, in one line each,
+    before training: a single-label loss or teacher, a ``train.pos_weight`` of another length, a class
+    that no training image shows."""
+    t = cfg.train
+    said = "the data's labels are sets (data.multi_label=auto found several classes an image)"
+    if t.loss != "ce" or t.class_weights != "none":
+        key, value = ("train.loss", t.loss) if t.loss != "ce" else ("train.class_weights", t.class_weights)
+        raise ConfigError(f"{key}={value} is for one class an image, and {said}: multi-label trains the binary "
+                          f"cross-entropy; weigh its classes with train.pos_weight=balanced")
+    if cfg.distill.type != "none":
+        raise ConfigError(f"distill.type={cfg.distill.type} distills a teacher's softmax, one class an image, and {said}")
+    if isinstance(t.pos_weight, list) and len(t.pos_weight) != len(train.classes):
+        raise ConfigError(f"train.pos_weight has {len(t.pos_weight)} numbers for the {len(train.classes)} classes "
+                          f"{train.classes[:10]}{' ...' if len(train.classes) > 10 else ''}; give one a class, or balanced")
+    absent = [c for c, n in zip(train.classes, class_counts(train.labels, len(train.classes)).tolist()) if n == 0]
+    if absent:
+        raise ConfigError(f"class(es) {absent[:10]} have no positive among the training images (their images are all "
+                          f"held out, or only the test split shows them): a model cannot learn them; add training "
+                          f"images of them, or remove them from the data")
 
 
 def _fit_head(cfg: Config, model: nn.Module, classes: list[str]) -> None:
@@ -557,16 +594,25 @@ def _teacher(cfg: Config, num_classes: int, accelerator: Accelerator, mean: tupl
 
 def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, ...], std: tuple[float, ...],
           train_loader: Any, eval_loaders: dict[str, Any], prepare: bool, train_size: int, accelerator: Accelerator,
-          teacher: nn.Module | None = None, class_counts: Tensor | None = None) -> TaskSetup:
+          teacher: nn.Module | None = None, class_counts: Tensor | None = None,
+          multi_label: bool = False) -> TaskSetup:
     """The task around its loaders: mixup/cutmix, the loss (distilled from ``teacher``, if given; adjusted by
-    the training ``class_counts`` with ``train.loss=logit_adjusted``), evaluation and the checkpoint's metadata."""
+    the training ``class_counts`` with ``train.loss=logit_adjusted``), evaluation and the checkpoint's metadata.
+    ``multi_label``: multi-hot targets, the binary cross-entropy (:mod:`.multilabel`; ``train.pos_weight`` from
+    ``class_counts``, the positives of each class among ``train_size`` images), scored and chosen by mAP."""
     d, t = cfg.data, cfg.train
     num_classes = len(classes)
     mixing = d.mixup_alpha > 0 or d.cutmix_alpha > 0
-    mixup = Mixup(mixup_alpha=d.mixup_alpha, cutmix_alpha=d.cutmix_alpha, label_smoothing=t.label_smoothing,
-                  num_classes=num_classes) if mixing else None
-    criterion = classification_criterion(mixing, t.label_smoothing, t.loss, t.bce_target_thresh, class_counts,
-                                         t.logit_adjust_tau, t.class_weights, t.class_weights_beta)
+    mixup_class = MultiHotMixup if multi_label else Mixup
+    mixup = mixup_class(mixup_alpha=d.mixup_alpha, cutmix_alpha=d.cutmix_alpha, label_smoothing=t.label_smoothing,
+                        num_classes=num_classes) if mixing else None
+    if multi_label:
+        weight = None if t.pos_weight == "none" else torch.tensor(t.pos_weight, dtype=torch.float32) \
+            if isinstance(t.pos_weight, list) else positive_weights(class_counts, train_size)
+        criterion: Callable[[Tensor, Tensor], Tensor] = MultiLabelLoss(0.0 if mixing else t.label_smoothing, weight)
+    else:
+        criterion = classification_criterion(mixing, t.label_smoothing, t.loss, t.bce_target_thresh, class_counts,
+                                             t.logit_adjust_tau, t.class_weights, t.class_weights_beta)
     model_input = ModelInput(mean, std, d.reprob if d.train_crop != "pad" else 0.0)
     if teacher is not None:
         distill = DistillationLoss(criterion, teacher, cfg.distill.type, cfg.distill.alpha, cfg.distill.tau,
@@ -586,25 +632,32 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
     def count(batch: Any) -> int:
         return len(batch[1])
 
+    scores = MULTI_LABEL_SCORES if multi_label else SCORES
+
     def score(net: nn.Module, loader: Any, acc: Accelerator) -> dict[str, float]:
         m = evaluate_classifier(net, loader, acc, num_classes, model_input)
-        return {k: m[k] for k in SCORES}
+        return {k: m[k] for k in scores}
 
     meta = {"task": "classification", "classes": classes, "mean": list(mean), "std": list(std),
             **({"decode_size": d.decode_size} if d.decode_size and d.dataset != "cifar10" else {}),
             **({"crop_pct": d.crop_pct} if d.train_crop != "pad" else {}),
             **({"exif_transpose": False} if not d.exif_transpose else {}),
-            **({"distill": cfg.distill.type, "distilled_from": cfg.distill.teacher} if teacher is not None else {})}
+            **({"distill": cfg.distill.type, "distilled_from": cfg.distill.teacher} if teacher is not None else {}),
+            **({"multi_label": True} if multi_label else {})}
     return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=prepare,
                      eval_loaders=eval_loaders, prepare_eval_loaders=prepare, loss=loss, count=count,
-                     evaluate=score, select="top1", meta=meta, train_size=train_size, metrics=SCORES)
+                     evaluate=score, select="map" if multi_label else "top1", meta=meta, train_size=train_size,
+                     metrics=scores)
 
 
 @torch.no_grad()
 def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator, num_classes: int,
                         model_input: Callable[[Tensor], Tensor] | None = None, keep_probs: bool = False,
-                        temperature: float = 1.0, logit_offset: Tensor | None = None) -> dict[str, Any]:
-    """Top-1/top-5 accuracy, mean cross-entropy, per-class accuracy and the confusion matrix.
+                        temperature: float = 1.0, logit_offset: Tensor | None = None,
+                        thresholds: Tensor | None = None) -> dict[str, Any]:
+    """Top-1/top-5 accuracy, mean cross-entropy, per-class accuracy and the confusion matrix; for multi-hot
+    labels ``(N, K)`` the multi-label metrics instead (:func:`~vitlab.tasks.multilabel.multilabel_metrics`:
+    mAP, F1s at 0.5 and, given per-class ``thresholds``, at them; ``probs`` are then sigmoids).
 
     ``loader`` must be prepared by ``accelerator`` (or shard itself); every process gets the same result.
     ``model_input`` makes its batches the model's input (:class:`~vitlab.data.transforms.ModelInput`). Accuracies
@@ -623,6 +676,7 @@ def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator,
             images = model_input(images)
         with accelerator.autocast():
             logits = model(images).float()
+        labels = labels.to(torch.uint8) if labels.dtype == torch.bool else labels  # multi-hot, gathered as bytes
         if not exact:  # an Accelerate-prepared loader: drop the samples it repeated to even out
             logits, labels = accelerator.gather_for_metrics((logits, labels))
         logits_all.append(logits)
@@ -633,9 +687,14 @@ def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator,
         logits, labels = gather_uneven(accelerator, logits), gather_uneven(accelerator, labels)
     logits, labels = logits.cpu(), labels.cpu()
     scaled = (logits if logit_offset is None else logits - logit_offset) / temperature
-    metrics = metrics_from_predictions(scaled, labels, num_classes)
+    if labels.ndim == 2:
+        metrics = multilabel_metrics(scaled, labels, thresholds)
+        probs = scaled.sigmoid()
+    else:
+        metrics = metrics_from_predictions(scaled, labels, num_classes)
+        probs = scaled.softmax(-1)
     if keep_probs:
-        metrics.update(probs=scaled.softmax(-1), logits=logits, labels=labels)
+        metrics.update(probs=probs, logits=logits, labels=labels)
     return metrics
 
 

@@ -41,7 +41,8 @@ def summary_of(result: dict[str, Any]) -> dict[str, Any]:
         "best_metric", "best_epoch", "epochs_done", "stopped_early", "wall_time", "run_dir")}
 
 
-_FRACTIONS = ("top1", "top5", "exact_match", "balanced_top1", "macro_f1")  # metrics in [0, 1], said in percent
+_FRACTIONS = ("top1", "top5", "exact_match", "balanced_top1", "macro_f1", "map", "micro_map", "micro_f1",
+              "example_f1")  # metrics in [0, 1], said in percent
 
 
 def result_line(result: dict[str, Any], select: str, has_val: bool, run_dir: Path) -> str:
@@ -50,7 +51,8 @@ def result_line(result: dict[str, Any], select: str, has_val: bool, run_dir: Pat
         if value is None:
             return "not evaluated"
         name = {"top1": "top-1", "exact_match": "exact match", "balanced_top1": "balanced top-1",
-                "macro_f1": "macro F1"}.get(select, select)
+                "macro_f1": "macro F1", "map": "mAP", "micro_map": "micro mAP", "micro_f1": "micro F1",
+                "example_f1": "example-based F1"}.get(select, select)
         return f"{name} {100 * value:.2f}%" if select in _FRACTIONS else f"{name} {value:.4f}"
 
     prefix = "ema_" if "ema_test_" + select in result else ""

@@ -1,0 +1,82 @@
+"""Images listed in a CSV file (``data.dataset=csv``): ``<root>/<split>.csv`` with a column ``image`` (a path
+relative to ``root``) and a column ``labels`` (class names separated by spaces, as Kaggle's Planet data set
+writes them), listed as a :class:`~vitlab.data.split.SplitIndex`. A file whose every image has exactly one
+label is single-label data; any other is multi-label (several classes an image, or none)."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import torch
+
+from ..errors import DataError
+from .folder import FolderFiles
+from .split import SplitIndex, label_indices, label_sets
+
+__all__ = ["index_csv", "one_hot_index"]
+
+
+def index_csv(root: Path, split: str, classes: list[str] | None = None, exif_transpose: bool = True,
+              multi_label: bool | None = None) -> SplitIndex:
+    """List ``root/<split>.csv``: its images (read upright by their EXIF orientation unless
+    ``exif_transpose=False``) and their labels, without decoding an image.
+
+    Args:
+        root: The folder holding the CSV files and the images they name.
+        split: The file's name without ``.csv`` (``train``, ``val``, ``test``).
+        classes: The training split's class names (None for the training split itself, whose classes are
+            the names it uses, sorted).
+        exif_transpose: Read image files upright by their EXIF orientation.
+        multi_label: True: multi-hot labels (bool ``(N, K)``) whatever the rows hold; False: one class an
+            image (int64 ``(N,)``); None: multi-hot unless every image has exactly one label.
+
+    Raises:
+        DataError: one line, for a missing file, column or image, an image listed twice, a class the
+            training split does not have, or label sets where ``multi_label`` is False.
+    """
+    path = root / f"{split}.csv"
+    if not path.is_file():
+        found = sorted(p.name for p in root.glob("*.csv")) if root.is_dir() else []
+        raise DataError(f"data.dataset=csv: no {path.name} in data.root={str(root)!r} (its CSV files: "
+                        f"{', '.join(found) or 'none'}); each split is <split>.csv with columns image and labels")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        if not {"image", "labels"} <= set(reader.fieldnames or ()):
+            raise DataError(f"{path} has columns {reader.fieldnames}; it needs 'image' (a path relative to "
+                            f"data.root) and 'labels' (class names separated by spaces)")
+        rows = [(row["image"], (row["labels"] or "").split()) for row in reader]
+    where = f"{path.name} of data.root={str(root)!r}"
+    if not rows:
+        raise DataError(f"{where} lists no images")
+    names = [image for image, _ in rows]
+    seen: set[str] = set()
+    twice = next((n for n in names if n in seen or seen.add(n)), None)
+    if twice is not None:
+        raise DataError(f"{where} lists the image {twice!r} twice; list each image once, with all its labels")
+    files = [root / n for n in names]
+    missing = [n for n, f in zip(names, files) if not f.is_file()]
+    if missing:
+        raise DataError(f"{where}: {len(missing)} of its {len(files)} images are not there ({missing[0]!r} "
+                        f"{'and others ' if len(missing) > 1 else ''}under data.root); image paths are relative to data.root")
+    label_lists = [labels for _, labels in rows]
+    single = all(len(labels) == 1 for labels in label_lists)
+    if multi_label is False and not single:
+        i = next(i for i, labels in enumerate(label_lists) if len(labels) != 1)
+        raise DataError(f"{where}: image {names[i]!r} has {len(label_lists[i])} labels ({' '.join(label_lists[i])!r}) "
+                        f"and data.multi_label=false asks for one class an image; set data.multi_label=true (or auto) "
+                        f"to train on label sets")
+    if multi_label or (multi_label is None and not single):
+        labels, classes = label_sets(label_lists, classes, where)
+    else:
+        labels, classes = label_indices([labels[0] for labels in label_lists], classes, where)
+    reader_ = FolderFiles(files, exif_transpose, root)
+    return SplitIndex(labels, classes, reader_.open, where, encoded=reader_.encoded, read=reader_.read,
+                      key=reader_.key, upright=exif_transpose)
+
+
+def one_hot_index(index: SplitIndex) -> SplitIndex:
+    """``index`` with its class indices as multi-hot rows (``data.multi_label=true`` on single-label data)."""
+    if index.labels.ndim == 2:
+        return index
+    index.labels = torch.nn.functional.one_hot(index.labels, len(index.classes)).bool()
+    return index
