@@ -26,6 +26,7 @@ def test_shipped_configs_load_and_build_their_model(path, tmp_path):
         model = build_model(cfg)
         imagenet = cfg.data.dataset == "imagefolder" and "imagenet" in cfg.data.root
         size = (224, 224) if cfg.model.pretrained or imagenet else (32, 32)  # fine-tuning, ImageNet: 224
+        size = tuple([cfg.model.args["img_size"]] * 2) if "img_size" in cfg.model.args else size  # the mosaics: 64
         assert model.num_classes == (1000 if imagenet else 10) and image_input_size(model)[1:] == size
         logits = model.eval()(torch.randn(2, 3, *size))
     elif cfg.task == "lm":

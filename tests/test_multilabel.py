@@ -245,8 +245,12 @@ def test_bad_csv_rows_are_one_line_before_any_image_is_decoded(quadrants, tmp_pa
     assert "\n" not in str(e.value)
 
 
-def test_label_sets_with_multi_label_false_and_a_class_no_training_image_shows_are_one_line(quadrants, tmp_path):
+def test_label_sets_with_multi_label_false_and_a_class_no_training_image_shows_are_one_line(quadrants, tmp_path,
+                                                                                             monkeypatch):
+    from vitlab.data import split as split_module
     from vitlab.training import train
+
+    monkeypatch.setattr(split_module, "decode_all", lambda *a: pytest.fail("decoded an image"))
 
     with pytest.raises(DataError, match=r"train.csv of data.root=.*: image 'images/train_0.png' has \d labels .* and "
                                         r"data.multi_label=false asks for one class an image"):
@@ -315,3 +319,21 @@ def test_predict_names_the_classes_at_or_above_their_thresholds(quadrants, tmp_p
     for line, f, p in zip(out, files, probs):
         shown = [f"{names[k]} {p[k]:.3f}" for k in range(4) if p[k] >= 0.5]
         assert line == f"{f}: " + (", ".join(shown) if shown else "no class")
+
+
+@pytest.mark.parametrize("keys, message", [
+    (("train.loss=logit_adjusted",), r"^train.loss=logit_adjusted is for one class an image, and the data's labels "
+                                     r"are sets .* train.pos_weight=balanced"),
+    (("train.class_weights=balanced",), r"^train.class_weights=balanced is for one class an image"),
+    (("data.sampler=sqrt",), r"^data.sampler=sqrt balances one class an image, and the data's labels are sets"),
+    (("train.pos_weight=[1, 2]",), r"^train.pos_weight has 2 numbers for the 4 classes \['blue', 'green', 'red', "
+                                   r"'yellow'\]; give one a class, or balanced"),
+])
+def test_what_label_sets_cannot_take_is_one_line_before_any_image_is_decoded(quadrants, tmp_path, keys, message,
+                                                                            monkeypatch):
+    from vitlab.data import split as split_module
+    from vitlab.training import train
+
+    monkeypatch.setattr(split_module, "decode_all", lambda *a: pytest.fail("decoded an image"))
+    with pytest.raises(ConfigError, match=message):
+        train(load_config(None, _overrides(quadrants, tmp_path / "run", *keys)))

@@ -125,3 +125,102 @@ def test_class_weights_are_refused_with_another_loss_and_with_shards(skewed_fold
                            (("data.dataset=wds",), r"'none' with shards")):
         with pytest.raises(ConfigError, match=r"^train.class_weights='balanced' is invalid; expected " + message):
             load_config(None, tiny_overrides(skewed_folder, tmp_path, "train.class_weights=balanced", *extra))
+
+
+# data.sampler: class-balanced and square-root sampling
+
+
+def test_the_draws_are_torchs_weighted_random_sampler_and_each_copy_is_its_own_sample():
+    from torch.utils.data import WeightedRandomSampler
+
+    from vitlab.data.balance import ClassSampler
+    from vitlab.seeding import process_seed
+
+    labels = torch.tensor([0] * 60 + [1] * 25 + [2] * 4 + [3] * 1)
+    sampler = ClassSampler(labels, "class_balanced", seed=3)
+    sampler.set_epoch(2)
+    g = torch.Generator().manual_seed(process_seed(3, 0, 2, "sampler"))
+    weights = torch.tensor([1 / 60] * 60 + [1 / 25] * 25 + [1 / 4] * 4 + [1.0], dtype=torch.float64)
+    theirs = torch.tensor(list(WeightedRandomSampler(weights, 90, generator=g)))
+    ids = torch.tensor(list(sampler))
+    assert torch.equal(ids % 90, theirs) and torch.equal(sampler.draws(), theirs)
+    assert ids.unique().numel() == 90  # an image drawn k times: ids i, i + 90, ..., each augmented apart
+    for i in theirs.unique():
+        assert sorted(ids[theirs == i].tolist()) == [int(i) + 90 * c for c in range((theirs == i).sum())]
+    sampler.set_epoch(3)
+    assert not torch.equal(sampler.draws(), theirs)
+
+
+@pytest.mark.parametrize("kind, q", [("class_balanced", 0.0), ("sqrt", 0.5)])
+def test_each_class_is_drawn_in_proportion_to_its_count_to_the_power_q(kind, q):
+    from vitlab.data.balance import ClassSampler
+
+    counts = torch.tensor([5000, 500, 50, 5])
+    labels = torch.repeat_interleave(torch.arange(4), counts)
+    sampler = ClassSampler(labels, kind, seed=0)
+    drawn = torch.zeros(4)
+    for epoch in range(20):
+        sampler.set_epoch(epoch)
+        drawn += torch.bincount(labels[sampler.draws()], minlength=4)
+    want = counts.double() ** q / (counts.double() ** q).sum()
+    torch.testing.assert_close(drawn.double() / drawn.sum(), want, atol=0.01, rtol=0.03)
+    assert ClassSampler.share(counts, kind, 3) == pytest.approx(want[3].item())
+
+
+@pytest.mark.parametrize("loader", ["torch", "gpu"])
+def test_a_balanced_run_resumes_inside_an_epoch_on_other_workers_with_the_same_samples(skewed_folder, tmp_path, loader,
+                                                                                        monkeypatch, capsys, on_cpu):
+    from safetensors.torch import load_file
+
+    from conftest import train_until_signal
+
+    keys = ("data.sampler=class_balanced", "train.epochs=2", "data.augment=randaugment", f"data.loader={loader}")
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train(load_config(None, tiny_overrides(skewed_folder, whole, *keys)))
+    reset_accelerate()
+    out = capsys.readouterr().out
+    # 32, 10, 5 images: uniform draws 68.1% and 10.6% of the class_0 and class_2 images; balanced, a third each
+    assert "class_balanced sampling (data.sampler), 47 draws an epoch with replacement: the largest class 33.3% " \
+           "of them, the smallest 33.3% (uniform: 68.1%, 10.6%)" in out
+    train_until_signal(monkeypatch, load_config(None, tiny_overrides(skewed_folder, parts, *keys)), 3)
+    train(load_config(None, tiny_overrides(skewed_folder, parts, *keys, "data.num_workers=2")))
+    reset_accelerate()
+    a, b = (load_file(str(r / "checkpoints/last/model.safetensors")) for r in (whole, parts))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    train(load_config(None, tiny_overrides(skewed_folder, tmp_path / "plain", *keys[1:])))
+    reset_accelerate()
+    plain = load_file(str(tmp_path / "plain/checkpoints/last/model.safetensors"))
+    assert not torch.equal(a["head.weight"], plain["head.weight"])  # the draws changed what it trained on
+
+
+def test_two_processes_read_the_parts_of_the_one_process_global_batches():
+    from accelerate.data_loader import prepare_data_loader
+    from torch.utils.data import DataLoader
+
+    from vitlab.data.balance import ClassSampler
+    from vitlab.data.images import ImageData, TensorImageDataset
+    from vitlab.training import set_epoch
+
+    labels = torch.tensor([0] * 40 + [1] * 8 + [2] * 2)
+    data = ImageData(torch.zeros(50, 3, 4, 4, dtype=torch.uint8), labels, ["a", "b", "c"])
+    loader = DataLoader(TensorImageDataset(data, lambda x: x, seed=0), batch_size=10,
+                        sampler=ClassSampler(labels, "sqrt", seed=0), drop_last=True)
+    for epoch in (1, 2):
+        parts = []
+        for processes in (1, 2):
+            shards = [prepare_data_loader(loader, num_processes=processes, process_index=r, split_batches=True,
+                                          put_on_device=False) for r in range(processes)]
+            for shard in shards:
+                set_epoch(shard, epoch)
+            parts.append([sum(batches, []) for batches in zip(*(list(s.batch_sampler) for s in shards))])
+        assert parts[0] == parts[1]  # the same global batches, cut in two
+
+
+def test_the_sampler_is_refused_where_it_cannot_draw(skewed_folder, tmp_path):
+    from vitlab.errors import ConfigError
+
+    for keys, message in ((("data.aug_repeats=3",), r"uniform with data.aug_repeats > 1"),
+                          (("data.dataset=wds",), r"uniform with shards"),
+                          (("data.multi_label=true",), r"uniform with data.multi_label=true")):
+        with pytest.raises(ConfigError, match=r"^data.sampler='sqrt' is invalid; expected " + message):
+            load_config(None, tiny_overrides(skewed_folder, tmp_path / "x", "data.sampler=sqrt", *keys))

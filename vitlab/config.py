@@ -133,6 +133,10 @@ class DataConfig:
     # (N // 256 * 256 samples), so it sees about N / aug_repeats distinct images. 1 = off. Images read by
     # index (in memory or streamed folders and hf splits), through the DataLoader.
     aug_repeats: int = 1
+    # Skewed classes: each epoch's N images drawn with replacement, a class in proportion to its count ** q:
+    # class_balanced (q = 0, every class equally often) or sqrt (q = 1/2); uniform: each image once. The
+    # draws depend on train.seed and the epoch alone (any processes or workers, resumable inside an epoch).
+    sampler: Literal["uniform", "class_balanced", "sqrt"] = "uniform"
 
 
 @dataclass
@@ -410,6 +414,12 @@ def _check_values(cfg: Config) -> None:
         need(d.dataset != "wds" or d.loader != "gpu", "data.loader", d.loader,
              "torch or auto with data.dataset=wds (shards are streamed by DataLoader workers)")
         need(d.shuffle_buffer >= 1, "data.shuffle_buffer", d.shuffle_buffer, "a number of samples >= 1")
+        need(d.sampler == "uniform" or not (d.dataset == "wds" or d.streaming), "data.sampler", d.sampler,
+             "uniform with shards (data.dataset=wds, data.streaming=true): a stream reads each sample once")
+        need(d.sampler == "uniform" or d.aug_repeats == 1, "data.sampler", d.sampler,
+             "uniform with data.aug_repeats > 1 (each orders the epoch its own way)")
+        need(d.sampler == "uniform" or d.multi_label is not True, "data.sampler", d.sampler,
+             "uniform with data.multi_label=true (an image of several classes has no one class to balance)")
         need(not d.streaming or d.dataset == "hf", "data.streaming", d.streaming,
              "false unless data.dataset=hf (a Hub id or a folder of parquet files read with streaming=True)")
         need(not d.streaming or (d.in_memory is not True and d.loader != "gpu"), "data.streaming", d.streaming,

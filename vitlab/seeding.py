@@ -21,7 +21,9 @@ Each consumer has a stream of its own, so no two draw the same numbers:
 - ``'shards'``: the order of WebDataset shards in an epoch (no ``index``; the same on every process, so
   process 0's) and each reader's shuffle buffer (``index``: the reader, from 1);
 - ``'repeats'``: the order of an epoch with repeated augmentation (:mod:`vitlab.data.repeat`; the same on
-  every process, so process 0's).
+  every process, so process 0's);
+- ``'sampler'``: the draws of an epoch by class (:mod:`vitlab.data.balance`; the same on every process, so
+  process 0's).
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ import torch
 
 __all__ = ["STREAMS", "process_seed", "seed_process", "rng_state", "set_rng_state"]
 
-STREAMS = ("global", "augment", "windows", "samples", "shards", "repeats")
+STREAMS = ("global", "augment", "windows", "samples", "shards", "repeats", "sampler")
 
 
 def process_seed(seed: int, process_index: int, epoch: int, stream: str = "global", index: int | None = None) -> int:

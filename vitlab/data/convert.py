@@ -77,6 +77,10 @@ def convert_to_shards(src: str | Path, out: str | Path, splits: list[str], shard
         first = next(iter(indexes.values()), None)
         indexes[split] = index_split(dataset, src, split, download=False,
                                      classes=first.classes if first else written, **keys)
+        if indexes[split].labels.ndim == 2:
+            raise DataError(f"{indexes[split].where} has label sets (several classes an image), and a shard sample "
+                            f"carries one class (cls); train on it as it is (data.dataset={dataset}), in memory or "
+                            f"streamed by position (data.in_memory=false)")
     out.mkdir(parents=True, exist_ok=True)
     if written is None:
         classes_file.write_text("".join(f"{c}\n" for c in next(iter(indexes.values())).classes))

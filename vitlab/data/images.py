@@ -304,6 +304,9 @@ class DeviceImageLoader:
     :class:`~vitlab.data.plan.EpochPlan`), dropout's numbers are left alone, and :meth:`batches_from`
     starts an epoch at any batch as if the ones before it had been drawn.
 
+    With a ``sampler`` (:class:`~vitlab.data.balance.ClassSampler`, ``data.sampler``) an epoch is its draws
+    instead of a permutation.
+
     With ``size`` (the model's input) other than the stored images', each batch is resized there after
     the augmentation (:func:`resize_images`, the per-image transforms' rule), so small images stay small
     in memory.
@@ -322,7 +325,7 @@ class DeviceImageLoader:
     def __init__(self, data: ImageData, batch_size: int, device: torch.device | str, train: bool = True,
                  crop_padding: int = 4, hflip: bool = True, seed: int = 0, num_processes: int = 1,
                  process_index: int = 0, size: tuple[int, int] | None = None, augment: str = "none",
-                 randaugment_ops: int = 2, randaugment_magnitude: int = 9) -> None:
+                 randaugment_ops: int = 2, randaugment_magnitude: int = 9, sampler: Any = None) -> None:
         if augment not in ("none", "randaugment"):
             raise ValueError(f"augment={augment!r}: the device loader does 'none' or 'randaugment'")
         self.images = data.images.to(device)
@@ -332,6 +335,7 @@ class DeviceImageLoader:
         self.crop_padding, self.hflip = (crop_padding, hflip) if train else (0, False)
         self.randaugment = (randaugment_ops, randaugment_magnitude) if train and augment == "randaugment" else None
         self.num_processes, self.process_index = num_processes, process_index
+        self.sampler = sampler if train else None
         self.epoch = 0
         if train and batch_size % num_processes:
             raise ValueError(f"batch size {batch_size} is not divisible by {num_processes} processes")
@@ -374,8 +378,12 @@ class DeviceImageLoader:
         n, device = len(self.labels), self.labels.device
         shared = torch.Generator(device=device).manual_seed(self.seed + self.epoch)  # the same on every process
         self._generator = torch.Generator(device=device)
-        order = (torch.randperm(n, device=device, generator=shared) if self.train
-                 else torch.arange(n, device=device))
+        if self.sampler is not None:  # drawn by class (data.sampler), the same on every process
+            self.sampler.set_epoch(self.epoch)
+            order = self.sampler.draws().to(device)
+        else:
+            order = (torch.randperm(n, device=device, generator=shared) if self.train
+                     else torch.arange(n, device=device))
         for i in range(start, len(self)):
             batch = order[i * self.batch_size:(i + 1) * self.batch_size]
             part = torch.tensor_split(batch, self.num_processes)[self.process_index]

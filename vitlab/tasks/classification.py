@@ -17,6 +17,7 @@ from torchvision.transforms import v2
 from ..data.images import DeviceImageLoader, ImageData, TensorImageDataset, balanced_indices, stratified_indices
 from ..data.transforms import CIFAR10_MEAN, CIFAR10_STD, ModelInput, center_crop_transform, eval_transform, \
     rrc_train_transform, src_train_transform, train_transform
+from ..data.balance import ClassSampler
 from ..data.repeat import RepeatAugSampler
 from ..data.shard_stream import ShardLoader, ShardStream, spread
 from ..data.shards import ShardIndex, index_shards
@@ -397,6 +398,8 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                              f" ({asked:,} asked)" if asked != record["images"] else "")
                           + f", chosen by train.seed={t.seed} (data.test_size={d.test_size:g}); recorded in "
                           f"the checkpoints: vitlab eval and a resumed run use exactly these")
+    if train_index.labels.ndim == 2:  # from the labels alone, before any image is decoded
+        _check_multi_label(cfg, train_index.classes, training_class_counts(d, t.seed, train_index))
     keep, where = in_memory(d, train_index, test_index, size)
     accelerator.print(where)
     train_data, val_data = load_train_val_data(d, t.seed, size, train_index, keep)
@@ -405,17 +408,17 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                           f"{d.val_size}): at least one image of each of the {len(train_data.classes)} classes on each side")
     test = load_test_data(d, t.seed, size, test_index, keep)
     _fit_head(cfg, model, train_data.classes)
-    if train_data.labels.ndim == 2:
-        _check_multi_label(cfg, train_data)
     eval_sets = {"test": test} if val_data is None else {"val": val_data, "test": test}
     on_device = resolve_loader(d.loader, d.augment, accelerator.device, not keep, d.train_crop, d.color_jitter,
                                d.aug_repeats) == "gpu"
+    sampler = ClassSampler(train_data.labels, d.sampler, t.seed) if d.sampler != "uniform" else None
     if on_device:
         shard = dict(device=accelerator.device, seed=t.seed, num_processes=accelerator.num_processes,
                      process_index=accelerator.process_index, size=size)
         train_loader: Any = DeviceImageLoader(train_data, micro_batch, crop_padding=d.crop_padding, hflip=d.hflip,
                                               augment=d.augment, randaugment_ops=d.randaugment_ops,
-                                              randaugment_magnitude=d.randaugment_magnitude, **shard)
+                                              randaugment_magnitude=d.randaugment_magnitude, sampler=sampler,
+                                              **shard)
         eval_loaders = {name: DeviceImageLoader(data, micro_batch, train=False, **shard)
                         for name, data in eval_sets.items()}
     else:
@@ -428,14 +431,24 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         # epoch, which seeds each image's augmentation with (seed, epoch, image), from shared memory.
         loader_args: dict[str, Any] = dict(num_workers=d.num_workers, pin_memory=accelerator.device.type == "cuda",
                                            persistent_workers=d.num_workers > 0)
-        order: dict[str, Any] = dict(shuffle=True) if d.aug_repeats == 1 else dict(  # Accelerate's seedable sampler
-            sampler=RepeatAugSampler(len(train_set), d.aug_repeats, t.seed, micro_batch))
+        order: dict[str, Any] = dict(shuffle=True)  # Accelerate's seedable sampler
+        if d.aug_repeats > 1:
+            order = dict(sampler=RepeatAugSampler(len(train_set), d.aug_repeats, t.seed, micro_batch))
+        elif sampler is not None:
+            order = dict(sampler=sampler)
         train_loader = DataLoader(train_set, batch_size=micro_batch, drop_last=True, **order, **loader_args)
         crop_pct = d.crop_pct if d.train_crop != "pad" else None
         eval_loaders = {name: DataLoader(eval_dataset(data, size, crop_pct), batch_size=micro_batch,
                                          shuffle=False, **loader_args) for name, data in eval_sets.items()}
     if len(train_loader) == 0:
         raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(train_data.labels)} training images")
+    if d.sampler != "uniform":
+        counts = class_counts(train_data.labels, len(train_data.classes))
+        share = lambda k: ClassSampler.share(counts, d.sampler, k)
+        accelerator.print(f"data: {d.sampler} sampling (data.sampler), {len(train_data.labels):,} draws an epoch with "
+                          f"replacement: the largest class {100 * share(int(counts.argmax())):.1f}% of them, the "
+                          f"smallest {100 * share(int(counts.argmin())):.1f}% (uniform: "
+                          f"{100 * counts.max() / counts.sum():.1f}%, {100 * counts.min() / counts.sum():.1f}%)")
     if d.aug_repeats > 1:
         accelerator.print(f"data: repeated augmentation, {d.aug_repeats} copies of each chosen image, "
                           f"{len(train_loader.sampler):,} samples an epoch of {len(train_data.labels):,} images "
@@ -478,22 +491,25 @@ def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model:
     return task
 
 
-def _check_multi_label(cfg: Config, train: ImageData) -> None:
+def _check_multi_label(cfg: Config, classes: list[str], counts: Tensor) -> None:
     """What multi-label training data (found so, ``data.multi_label=auto``) cannot take, in one line each,
-    before training: a single-label loss or teacher, a ``train.pos_weight`` of another length, a class
-    that no training image shows."""
+    before training: a single-label loss, teacher or sampler, a ``train.pos_weight`` of another length, a
+    class that no training image shows (``counts``: each class's training images, ``(K,)``)."""
     t = cfg.train
     said = "the data's labels are sets (data.multi_label=auto found several classes an image)"
+    if cfg.data.sampler != "uniform":
+        raise ConfigError(f"data.sampler={cfg.data.sampler} balances one class an image, and {said}; weigh the "
+                          f"classes with train.pos_weight=balanced")
     if t.loss != "ce" or t.class_weights != "none":
         key, value = ("train.loss", t.loss) if t.loss != "ce" else ("train.class_weights", t.class_weights)
         raise ConfigError(f"{key}={value} is for one class an image, and {said}: multi-label trains the binary "
                           f"cross-entropy; weigh its classes with train.pos_weight=balanced")
     if cfg.distill.type != "none":
         raise ConfigError(f"distill.type={cfg.distill.type} distills a teacher's softmax, one class an image, and {said}")
-    if isinstance(t.pos_weight, list) and len(t.pos_weight) != len(train.classes):
-        raise ConfigError(f"train.pos_weight has {len(t.pos_weight)} numbers for the {len(train.classes)} classes "
-                          f"{train.classes[:10]}{' ...' if len(train.classes) > 10 else ''}; give one a class, or balanced")
-    absent = [c for c, n in zip(train.classes, class_counts(train.labels, len(train.classes)).tolist()) if n == 0]
+    if isinstance(t.pos_weight, list) and len(t.pos_weight) != len(classes):
+        raise ConfigError(f"train.pos_weight has {len(t.pos_weight)} numbers for the {len(classes)} classes "
+                          f"{classes[:10]}{' ...' if len(classes) > 10 else ''}; give one a class, or balanced")
+    absent = [c for c, n in zip(classes, counts.tolist()) if n == 0]
     if absent:
         raise ConfigError(f"class(es) {absent[:10]} have no positive among the training images (their images are all "
                           f"held out, or only the test split shows them): a model cannot learn them; add training "
