@@ -2,7 +2,7 @@
 
 Each page runs in a directory of its own, its blocks in order (a later block uses what an earlier one
 trained), as a user who pastes the page top to bottom would. The directory holds the repository's
-``configs/`` and ``train.py``, ``cat.png`` and ``ship.jpg``, and beside it ``../shared/data`` with small
+``configs/`` and ``train.py``, ``benchmarks/``, ``cat.png`` and ``ship.jpg``, and beside it ``../shared/data`` with small
 subsets of the real data sets the suite can see (CIFAR-10, Multi30k, tiny Shakespeare: the first files
 of each class, the first lines of each file); a block that reads one the suite cannot see skips.
 
@@ -135,7 +135,7 @@ class PageRun:
         self.cwd = root / "repo"
         self.cwd.mkdir(parents=True)
         (root / "shared").symlink_to(shared.parent)
-        for name in ("configs", "train.py"):
+        for name in ("configs", "train.py", "benchmarks"):
             (self.cwd / name).symlink_to(ROOT / name)
         _pictures(self.cwd, shared)
         self.shared = shared
@@ -219,7 +219,9 @@ def _run_command(command: str, run: PageRun, monkeypatch: pytest.MonkeyPatch) ->
                               env={**launch_env(2), "OMP_NUM_THREADS": "1"})
         assert done.returncode == 0, done.stderr[-3000:]
         return
-    done = subprocess.run(["bash", "-c", command], cwd=run.cwd, capture_output=True, text=True)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # `python`: the suite's own
+    done = subprocess.run(["bash", "-c", command], cwd=run.cwd, capture_output=True, text=True,
+                          env={**os.environ, "PATH": path})
     assert done.returncode == 0, done.stderr[-3000:]
 
 
