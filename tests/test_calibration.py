@@ -89,3 +89,23 @@ def test_calibrate_keeps_the_temperature_with_the_model_and_eval_and_predict_use
     assert shown == pytest.approx((logits / temperature).softmax(-1).max().item(), abs=5e-4)
     with pytest.raises(SystemExit):
         main(["calibrate", "--checkpoint", str(tmp_path / "nowhere")])
+
+
+def test_train_calibrate_fits_at_the_end_what_vitlab_calibrate_fits(tiny_imagefolder, tmp_path, capsys, on_cpu):
+    from vitlab import load_model
+    from vitlab.cli import main, train_main
+    from vitlab.errors import ConfigError
+
+    run, config = tmp_path / "run", tmp_path / "tiny.yaml"
+    config.write_text("{}\n")  # every key from the defaults and the overrides
+    train_main(["--config", str(config), *tiny_overrides(tiny_imagefolder, run, "data.val_size=12", "train.epochs=1",
+                                                          "train.calibrate=true", "train.log_with=none")])
+    reset_accelerate()
+    at_end = load_model(run).pretrained_cfg["temperature"]
+    main(["calibrate", "--checkpoint", str(run)])
+    reset_accelerate()
+    assert load_model(run).pretrained_cfg["temperature"] == pytest.approx(at_end, rel=1e-6)
+    assert "fitted on the 12 validation images" in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"train.calibrate=True reads the validation split, and this run holds out "
+                                          r"none: set data.val_size=N"):
+        load_config(None, tiny_overrides(tiny_imagefolder, run, "train.calibrate=true"))

@@ -254,6 +254,10 @@ class TrainConfig:
     # Stop when the best metric has not improved for this many epochs (at an evaluated epoch); 0 = never.
     # The schedule still spans train.epochs; the run is then finished (its last/ is its final epoch).
     early_stop_patience: int = 0
+    # At the end of a finished run (train.py, vitlab train): fit the model's calibration on the validation split
+    # (data.val_size) and keep it in its checkpoint, as vitlab calibrate does: the temperature (temperature
+    # scaling), or a multi-label model's threshold a class.
+    calibrate: bool = False
     output_dir: str = "runs/vit_cifar10"
     seed: int = 0
     log_every: int = 50       # optimizer steps between training-metric log lines
@@ -508,9 +512,12 @@ def _check_values(cfg: Config) -> None:
     need(not t.best_metric or t.best_metric.startswith("val_"), "train.best_metric", t.best_metric,
          "a validation metric of metrics.jsonl, val_<name> (val_top1, val_macro_f1, val_loss, ...), or '' (the task's)")
     need(t.early_stop_patience >= 0, "train.early_stop_patience", t.early_stop_patience, "an integer >= 0 (0 = never)")
-    if (t.best_metric or t.early_stop_patience) and cfg.task == "classification" and isinstance(d, DataConfig) \
-            and not d.val_size:
-        key = "train.best_metric" if t.best_metric else "train.early_stop_patience"
+    need(not t.calibrate or cfg.task == "classification", "train.calibrate", t.calibrate,
+         "false unless task: classification (it calibrates an image classifier)")
+    if (t.best_metric or t.early_stop_patience or t.calibrate) and cfg.task == "classification" \
+            and isinstance(d, DataConfig) and not d.val_size:
+        key = "train.best_metric" if t.best_metric else "train.early_stop_patience" if t.early_stop_patience \
+            else "train.calibrate"
         raise ConfigError(f"{key}={getattr(t, key.split('.')[1])!r} reads the validation split, and this run holds out "
                           f"none: set data.val_size=N (e.g. 5000 of CIFAR-10's training images)")
     need(bool(t.output_dir), "train.output_dir", t.output_dir, "a directory path")
