@@ -288,12 +288,3 @@ def test_streaming_with_a_datasets_too_old_for_it_is_one_line(tmp_path, monkeypa
                                         r"pip install -U 'vitlab\[hf\]'$"):
         index_hf_stream(str(tmp_path), "train")
 
-
-def test_vitlab_shards_of_label_sets_is_one_line_before_anything_is_written(tmp_path):
-    from vitlab.data.convert import convert_to_shards
-
-    root = _tiny_hf(tmp_path / "data", {"train": [[0, 1], [1]]})
-    with pytest.raises(DataError, match=r"has label sets \(several classes an image\), and a shard sample carries "
-                                        r"one class"):
-        convert_to_shards(root, tmp_path / "shards", ["train"])
-    assert not (tmp_path / "shards").exists()

@@ -337,3 +337,59 @@ def test_what_label_sets_cannot_take_is_one_line_before_any_image_is_decoded(qua
     monkeypatch.setattr(split_module, "decode_all", lambda *a: pytest.fail("decoded an image"))
     with pytest.raises(ConfigError, match=message):
         train(load_config(None, _overrides(quadrants, tmp_path / "run", *keys)))
+
+
+@pytest.mark.parametrize("listed_by", ["index", "reading"])
+def test_vitlab_shards_of_label_sets_keep_every_images_set_and_train_as_multi_label(quadrants, tmp_path, listed_by,
+                                                                                  on_cpu):
+    pytest.importorskip("webdataset")
+    from vitlab.cli import main
+    from vitlab.data.shards import index_shards
+    from vitlab.data.sources import index_split
+    from vitlab.training import train
+
+    shards = tmp_path / "shards"
+    main(["shards", str(quadrants), str(shards), "--split", "train,test", "--shard-size", "50"])
+    if listed_by == "reading":
+        for f in shards.glob("*.json"):
+            f.unlink()
+    listed = index_shards(shards, "train")
+    assert listed.multi_label and listed.classes == sorted(COLORS)
+    source = index_split("csv", quadrants, "train")
+    by_key = {f"train_{i:08d}": source.labels[i] for i in range(len(source))}  # the keys vitlab shards writes
+    from vitlab.data.shards import read_samples
+
+    rows = [(sample["__key__"], listed.label(sample) if listed.labels is None else None)
+            for url in listed.urls for sample in read_samples(url)]
+    if listed.labels is not None:
+        rows = [(key, row.tolist()) for (key, _), row in zip(rows, listed.labels)]
+    assert len(rows) == 160 and all(by_key[key].tolist() == row for key, row in rows)
+    summary = train(load_config(None, _overrides(shards, tmp_path / "run", "data.dataset=wds", "train.epochs=2")))
+    assert 0 < summary["test_map"] <= 1 and "test_micro_f1" in summary
+    with pytest.raises(ConfigError, match=r"^data.multi_label=false, and shards 'train' .* carry label sets "
+                                          r"\('labels'\); shards are read as written: leave data.multi_label=auto"):
+        train(load_config(None, _overrides(shards, tmp_path / "x", "data.dataset=wds", "data.multi_label=false")))
+
+
+def test_a_streamed_hugging_face_column_of_lists_trains_as_multi_label(tmp_path, on_cpu):
+    datasets = pytest.importorskip("datasets")
+    from vitlab.data.hf import index_hf_stream
+    from vitlab.training import train
+
+    rng = np.random.default_rng(0)
+    root = tmp_path / "pq"
+    root.mkdir()
+    for split, n in (("train", 48), ("test", 16)):
+        images = [Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)) for _ in range(n)]
+        labels = [sorted(rng.choice(["cat", "dog", "owl"], size=rng.integers(0, 3), replace=False).tolist())
+                  for _ in range(n)]
+        labels[0] = ["cat", "dog", "owl"]
+        features = datasets.Features({"image": datasets.Image(), "labels": datasets.Sequence(datasets.Value("string"))})
+        datasets.Dataset.from_dict({"image": images, "labels": labels}, features=features).to_parquet(
+            str(root / f"{split}-00000-of-00001.parquet"))
+    listed = index_hf_stream(str(root), "train")
+    assert listed.multi_label and listed.classes == ["cat", "dog", "owl"] and listed.labels.shape == (48, 3)
+    assert listed.labels[0].all()
+    summary = train(load_config(None, _overrides(root, tmp_path / "run", "data.dataset=hf", "data.streaming=true",
+                                                 "train.epochs=1")))
+    assert 0 < summary["test_map"] <= 1

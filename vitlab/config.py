@@ -465,8 +465,6 @@ def _check_values(cfg: Config) -> None:
          "weights need the count of each class before training, which a stream does not list")
     need(0 < t.class_weights_beta < 1, "train.class_weights_beta", t.class_weights_beta, "a number in (0, 1)")
     multi = isinstance(d, DataConfig) and d.multi_label is True
-    need(not multi or d.dataset != "wds", "data.multi_label", True, "auto or false with data.dataset=wds (shards carry "
-         "one class an image)")
     need(not multi or (t.loss == "ce" and t.class_weights == "none"), "train.loss" if t.loss != "ce" else
          "train.class_weights", t.loss if t.loss != "ce" else t.class_weights,
          "left out with data.multi_label=true (its loss is the binary cross-entropy; train.pos_weight weighs its classes)")

@@ -39,7 +39,8 @@ def _encoded(index: SplitIndex, i: int) -> tuple[bytes, str]:
 def _samples(index: SplitIndex, order: list[int], split: str) -> Iterator[tuple[str, bytes, str, int]]:
     for i in order:
         data, suffix = _encoded(index, i)
-        yield f"{split}_{i:08d}", data, suffix, int(index.labels[i])
+        label = index.labels[i]
+        yield f"{split}_{i:08d}", data, suffix, label.nonzero().flatten().tolist() if label.ndim else int(label)
 
 
 def convert_to_shards(src: str | Path, out: str | Path, splits: list[str], shard_size: int = 1000,
@@ -52,8 +53,9 @@ def convert_to_shards(src: str | Path, out: str | Path, splits: list[str], shard
     Args:
         src: An ImageFolder root (``src/<split>/<class>/<image>``), a ``DatasetDict.save_to_disk``
             directory, a folder of parquet files, or a Hub id.
-        dataset: ``'imagefolder'`` or ``'hf'``; '' tells them apart (a saved dataset or parquet files
-            are ``'hf'``, a folder of class folders ``'imagefolder'``, anything else a Hub id).
+        dataset: ``'imagefolder'``, ``'csv'`` or ``'hf'``; '' tells them apart (a folder with ``<split>.csv``
+            is ``'csv'``, a saved dataset or parquet files ``'hf'``, a folder of class folders ``'imagefolder'``,
+            anything else a Hub id). Label sets (multi-label) are written as ``labels``.
 
     Raises:
         DataError: one line, before anything is written, if a split is missing or ``out`` already
@@ -62,6 +64,8 @@ def convert_to_shards(src: str | Path, out: str | Path, splits: list[str], shard
     if shard_size < 1:
         raise DataError(f"--shard-size={shard_size}: give a number of samples >= 1")
     path = Path(src).expanduser()
+    if not dataset and (path / f"{splits[0]}.csv").is_file():
+        dataset = "csv"
     if not dataset:
         hf = not path.is_dir() or (path / "dataset_dict.json").is_file() or any(path.rglob("*.parquet"))
         dataset = "hf" if hf else "imagefolder"
@@ -77,10 +81,6 @@ def convert_to_shards(src: str | Path, out: str | Path, splits: list[str], shard
         first = next(iter(indexes.values()), None)
         indexes[split] = index_split(dataset, src, split, download=False,
                                      classes=first.classes if first else written, **keys)
-        if indexes[split].labels.ndim == 2:
-            raise DataError(f"{indexes[split].where} has label sets (several classes an image), and a shard sample "
-                            f"carries one class (cls); train on it as it is (data.dataset={dataset}), in memory or "
-                            f"streamed by position (data.in_memory=false)")
     out.mkdir(parents=True, exist_ok=True)
     if written is None:
         classes_file.write_text("".join(f"{c}\n" for c in next(iter(indexes.values())).classes))

@@ -220,9 +220,6 @@ def index_hf_stream(root: str, split: str, *, image_key: str = "", label_key: st
     label_key = _column(names, label_key, LABEL_KEYS, "label")
     feature = ds.features[label_key] if ds.features is not None else None
     where = f"split {split!r} of data.root={root!r} (streamed)"
-    if feature is not None and _is_list(feature):
-        raise DataError(f"{where}: the label column {label_key!r} holds lists (several classes an image), which "
-                        f"streamed shards do not carry; set data.streaming=false to read the split by position")
     try:
         labels_only = _streamed(root, split, columns=[label_key])
     except DataError:  # a builder without column selection: whole rows, images not decoded
@@ -230,11 +227,17 @@ def index_hf_stream(root: str, split: str, *, image_key: str = "", label_key: st
     shards = ds.n_shards
     per_shard = [[row[label_key] for row in labels_only.shard(shards, s)] for s in range(shards)]
     values = [v for shard in per_shard for v in shard]
-    label_names = list(feature.names) if hasattr(feature, "names") else None
-    labels, classes = label_indices(values, classes, where, label_names)
+    multi = feature is not None and _is_list(feature) or any(isinstance(v, list) for v in values[:1])
+    if multi:
+        inner = getattr(feature, "feature", None) or (feature[0] if isinstance(feature, list) and feature else None)
+        label_names = list(inner.names) if hasattr(inner, "names") else None
+        labels, classes = label_sets(values, classes, where, label_names)
+    else:
+        label_names = list(feature.names) if hasattr(feature, "names") else None
+        labels, classes = label_indices(values, classes, where, label_names)
     return ShardIndex([f"{root} {split} file {s}" for s in range(shards)], [len(s) for s in per_shard], labels,
                       classes, where, read=_HubShards(root, split, image_key, shards),
-                      decode=functools.partial(_decode_row, image_key, exif_transpose))
+                      decode=functools.partial(_decode_row, image_key, exif_transpose), multi_label=multi)
 
 
 def load_hf_split(root: str, split: str, *, image_key: str = "", label_key: str = "", subset: int = 0,

@@ -77,6 +77,7 @@ class ShardStream(IterableDataset):
                  process_index: int = 0, num_workers: int = 0, shuffle_buffer: int = 1000,
                  partitions: int = 0, lazy: bool = False) -> None:
         self.read, self.decode, self.labels, self.label = index.read, index.decode, index.labels, index.label
+        self.multi_label, self.where = index.multi_label, index.where  # label sets: multi-hot rows for labels
         self.lazy = lazy and size is None  # the transform decodes each file itself (data.scaled_decode)
         self.segments, self.transform, self.size = [s for s in segments if s[2] > s[1]], transform, size
         self.batch_size, self.train, self.seed = batch_size, train, seed

@@ -1,5 +1,6 @@
 """WebDataset shards (``data.dataset=wds``): tar files of samples, each an image (``jpg``, ``jpeg``,
-``png`` or ``webp``) and an integer class ``cls`` under one key, the format large image sets are kept in
+``png`` or ``webp``) and an integer class ``cls`` under one key (multi-label data: ``labels``, the indices of
+its classes separated by spaces, none for an image of no class), the format large image sets are kept in
 (timm's ``wds/``, OpenCLIP, DataComp). Listed here (:func:`index_shards`: the shards, the samples each
 holds, their labels), read a sample at a time (:func:`read_samples`), and written from an ImageFolder
 or a Hugging Face data set (:func:`write_shards`, ``vitlab shards``).
@@ -81,14 +82,15 @@ class ShardIndex:
     Attributes:
         urls: The shards, in listing order.
         counts: Samples in each shard.
-        labels: int64 ``(N,)``, every sample's class in listing order (shard by shard); None when the
-            labels are read with the samples (``label``).
+        labels: int64 ``(N,)``, every sample's class in listing order (shard by shard), or multi-hot bool
+            ``(N, K)`` for multi-label shards; None when the labels are read with the samples (``label``).
         classes: The class names ``cls`` indexes.
         where: The split in words, for messages.
         read: ``read(shard, start, stop)`` -> the raw samples ``start`` to ``stop`` of a shard, in order (those
             before ``start`` read past, not decoded); picklable, for DataLoader workers.
         decode: ``decode(sample, size)`` -> a raw sample's image as uint8 RGB ``(3, H, W)`` (at ``size``, if given).
-        label: ``label(sample)`` -> a raw sample's class, where ``labels`` is None.
+        label: ``label(sample)`` -> a raw sample's class (multi-label: its multi-hot row), where ``labels`` is None.
+        multi_label: Whether the samples carry label sets (``labels``) rather than a class (``cls``).
     """
 
     urls: list[str]
@@ -98,7 +100,8 @@ class ShardIndex:
     where: str
     read: Callable[[int, int, int], Iterator[dict[str, Any]]]
     decode: Callable[[dict[str, Any], "tuple[int, int] | None"], Tensor]
-    label: Callable[[dict[str, Any]], int] | None = None
+    label: Callable[[dict[str, Any]], Any] | None = None
+    multi_label: bool = False
 
     def __len__(self) -> int:
         return sum(self.counts)
@@ -119,11 +122,11 @@ def _members(url: str) -> Iterator[tuple[str, Callable[[], bytes]]]:
             tar.members = []  # a stream keeps no index
 
 
-def _scan(url: str) -> list[int]:
+def _scan(url: str) -> list[int | list[int]]:
     """The labels of a shard's samples, grouped as webdataset groups its members (consecutive files of
-    one key), checked: every sample has an image and an integer ``cls``."""
+    one key), checked: every sample has an image and an integer ``cls`` (or a label set ``labels``)."""
     wds = _webdataset()
-    labels: list[int] = []
+    labels: list[int | list[int]] = []
     key: str | None = None
     suffixes: dict[str, bytes] = {}
 
@@ -133,6 +136,9 @@ def _scan(url: str) -> list[int]:
         if not any(s in suffixes for s in IMAGE_SUFFIXES):
             raise DataError(f"sample {key!r} of shard {url!r} has no image ({', '.join(IMAGE_SUFFIXES)}); its "
                             f"files: {sorted(suffixes)}")
+        if "labels" in suffixes:
+            labels.append(_label_set_of(suffixes["labels"], key, url))
+            return
         if "cls" not in suffixes:
             raise DataError(f"sample {key!r} of shard {url!r} has no 'cls' (an integer class); its files: "
                             f"{sorted(suffixes)}. Write shards with 'vitlab shards SRC OUT', which adds it")
@@ -149,7 +155,7 @@ def _scan(url: str) -> list[int]:
                 close()
                 key, suffixes = prefix, {}
             suffix = suffix.lower()
-            suffixes[suffix] = read() if suffix == "cls" else b""  # only the class is read
+            suffixes[suffix] = read() if suffix in ("cls", "labels") else b""  # only the class is read
         close()
     except (tarfile.TarError, OSError, EOFError) as e:
         raise DataError(f"cannot read shard {url!r}: {e}") from None
@@ -164,6 +170,27 @@ def _class_of(data: bytes, key: str, url: str) -> int:
     if value < 0:
         raise DataError(f"sample {key!r} of shard {url!r}: 'cls' is {value}, not a class index (0, 1, ...)")
     return value
+
+
+def _label_set_of(data: bytes, key: str, url: str) -> list[int]:
+    """A multi-label sample's ``labels``: class indices separated by spaces (none: an image of no class)."""
+    try:
+        values = [int(v) for v in data.decode().split()]
+    except ValueError:
+        raise DataError(f"sample {key!r} of shard {url!r}: 'labels' is {data[:40]!r}, not class indices separated "
+                        f"by spaces") from None
+    if any(v < 0 for v in values) or len(set(values)) != len(values):
+        raise DataError(f"sample {key!r} of shard {url!r}: 'labels' is {values}; give each class index (0, 1, ...) once")
+    return values
+
+
+def _multi_hot(values: list[int], num_classes: int, key: Any = None, url: Any = None) -> list[bool]:
+    if values and max(values) >= num_classes:
+        raise DataError(f"sample {key!r} of shard {url!r} has 'labels' {values}, but there are {num_classes} classes")
+    row = [False] * num_classes
+    for v in values:
+        row[v] = True
+    return row
 
 
 def read_classes(path: Path) -> list[str]:
@@ -243,27 +270,34 @@ def index_shards(root: str | Path, split: str, classes: list[str] | None = None,
     if counts is not None and names is not None:
         if sum(counts) == 0:
             raise DataError(f"{where} hold no samples")
+        first = next(read_samples(urls[0], 0, 1), {})  # label sets or classes: the first sample says
         return ShardIndex(urls, counts, None, list(names), f"{where} (listed by {index_file.name})",
                           read=functools.partial(_read_shard, tuple(urls), tuple(counts), index_file.name),
                           decode=functools.partial(decode_sample, exif_transpose=exif_transpose),
-                          label=functools.partial(_sample_class, len(names)))
+                          label=functools.partial(_sample_class, len(names)), multi_label="labels" in first)
     per_shard: list[list[int]] = []
     with Progress(urls, total=len(urls), desc=f"listing {len(urls)} shards ({where})", unit="shards",
                   interval=10.0) as shards:
         for url in shards:
             per_shard.append(_scan(url))
-    labels = torch.tensor([c for shard in per_shard for c in shard], dtype=torch.long)
-    if len(labels) == 0:
+    values = [c for shard in per_shard for c in shard]
+    if not values:
         raise DataError(f"{where} hold no samples")
+    multi = isinstance(values[0], list)
+    if any(isinstance(v, list) != multi for v in values):
+        raise DataError(f"{where} mix samples with a class ('cls') and samples with label sets ('labels'); write "
+                        f"each split one way")
+    largest = max((max(v, default=-1) for v in values), default=-1) if multi else max(values)
     if names is None:
-        names = [str(i) for i in range(int(labels.max()) + 1)]
-    if int(labels.max()) >= len(names):
-        raise DataError(f"{where} have 'cls' {int(labels.max())}, but there are {len(names)} classes "
+        names = [str(i) for i in range(largest + 1)]
+    if largest >= len(names):
+        raise DataError(f"{where} have {'labels' if multi else 'cls'} {largest}, but there are {len(names)} classes "
                         f"({'the training split' if classes is not None else 'classes.txt'}: {names[:10]}...)")
+    labels = torch.tensor([_multi_hot(v, len(names)) for v in values]) if multi else torch.tensor(values)
     counts = tuple(len(s) for s in per_shard)
     return ShardIndex(urls, list(counts), labels, list(names), where,
                       read=functools.partial(_read_shard, tuple(urls), counts, ""),
-                      decode=functools.partial(decode_sample, exif_transpose=exif_transpose))
+                      decode=functools.partial(decode_sample, exif_transpose=exif_transpose), multi_label=multi)
 
 
 def _read_shard(urls: tuple[str, ...], counts: tuple[int, ...], index_name: str, shard: int, start: int,
@@ -288,9 +322,12 @@ def _changed(url: str, holds: str, listed: int, index_name: str) -> DataError:
                      f"was listed; restore it, or {again}")
 
 
-def _sample_class(num_classes: int, sample: dict[str, Any]) -> int:
-    """A sample's ``cls``, checked against the ``num_classes`` classes (shards listed by an index)."""
+def _sample_class(num_classes: int, sample: dict[str, Any]) -> int | list[bool]:
+    """A sample's ``cls`` (or the multi-hot row of its ``labels``), checked against the ``num_classes`` classes
+    (shards listed by an index)."""
     key, url = sample.get("__key__"), sample.get("__url__")
+    if "labels" in sample:
+        return _multi_hot(_label_set_of(sample["labels"], key, url), num_classes, key, url)
     if "cls" not in sample:
         raise DataError(f"sample {key!r} of shard {url!r} has no 'cls' (an integer class); its files: "
                         f"{sorted(k for k in sample if not k.startswith('__'))}")
@@ -330,9 +367,10 @@ def decode_sample(sample: dict[str, Any], size: tuple[int, int] | None = None, e
     return EncodedImage(data, where, exif_transpose) if lazy else decode_image(data, where, size, exif_transpose)
 
 
-def write_shards(samples: Iterable[tuple[str, bytes, str, int]], out: str | Path, split: str, shard_size: int,
-                 total: int) -> list[Path]:
-    """Write ``(key, encoded image, suffix, label)`` samples as shards ``out/<split>-000000.tar``, ...,
+def write_shards(samples: Iterable[tuple[str, bytes, str, int | list[int]]], out: str | Path, split: str,
+                 shard_size: int, total: int) -> list[Path]:
+    """Write ``(key, encoded image, suffix, label)`` samples (``label`` a class, or a list of classes: written as
+    ``labels``) as shards ``out/<split>-000000.tar``, ...,
     ``shard_size`` samples each, and their wids index ``out/<split>.json``; returns the shards' paths.
     Written as ``.tmp`` files and renamed when whole, so a shard that exists is complete."""
     wds = _webdataset()
@@ -349,7 +387,9 @@ def write_shards(samples: Iterable[tuple[str, bytes, str, int]], out: str | Path
                     paths[-1].with_suffix(".tar.tmp").rename(paths[-1])
                 paths.append(out / f"{split}-{len(paths):06d}.tar")
                 writer = wds.TarWriter(str(paths[-1].with_suffix(".tar.tmp")))
-            writer.write({"__key__": key, suffix: data, "cls": str(label).encode()})
+            tag = {"labels": " ".join(map(str, label)).encode()} if isinstance(label, list) else \
+                {"cls": str(label).encode()}
+            writer.write({"__key__": key, suffix: data, **tag})
     if writer is not None:
         writer.close()
         paths[-1].with_suffix(".tar.tmp").rename(paths[-1])

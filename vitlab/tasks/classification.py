@@ -485,16 +485,23 @@ def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model:
                       + f" (data.dataset={d.dataset}{', data.streaming=true' if d.streaming else ''})")
     pin = accelerator.device.type == "cuda"
     loaders = {k: ShardLoader(s, accelerator.device, pin) for k, s in streams.items()}
+    if d.multi_label is not (train.multi_label if d.multi_label != "auto" else d.multi_label):
+        raise ConfigError(f"data.multi_label={str(d.multi_label).lower()}, and {train.where} carry "
+                          + ("label sets ('labels')" if train.multi_label else "one class a sample ('cls')")
+                          + "; shards are read as written: leave data.multi_label=auto")
+    if train.multi_label:
+        _check_multi_label(cfg, classes, None)
     task = _task(cfg, model, classes, mean, std, ShardLoader(train, accelerator.device, pin), loaders,
-                 False, train.samples_per_epoch, accelerator, teacher)
+                 False, train.samples_per_epoch, accelerator, teacher, multi_label=train.multi_label)
     task.data_state = {"partitions": plan.partitions}
     return task
 
 
-def _check_multi_label(cfg: Config, classes: list[str], counts: Tensor) -> None:
+def _check_multi_label(cfg: Config, classes: list[str], counts: Tensor | None) -> None:
     """What multi-label training data (found so, ``data.multi_label=auto``) cannot take, in one line each,
     before training: a single-label loss, teacher or sampler, a ``train.pos_weight`` of another length, a
-    class that no training image shows (``counts``: each class's training images, ``(K,)``)."""
+    class that no training image shows (``counts``: each class's training images, ``(K,)``; None: streamed
+    shards, not counted)."""
     t = cfg.train
     said = "the data's labels are sets (data.multi_label=auto found several classes an image)"
     if cfg.data.sampler != "uniform":
@@ -509,6 +516,11 @@ def _check_multi_label(cfg: Config, classes: list[str], counts: Tensor) -> None:
     if isinstance(t.pos_weight, list) and len(t.pos_weight) != len(classes):
         raise ConfigError(f"train.pos_weight has {len(t.pos_weight)} numbers for the {len(classes)} classes "
                           f"{classes[:10]}{' ...' if len(classes) > 10 else ''}; give one a class, or balanced")
+    if counts is None:
+        if t.pos_weight == "balanced":
+            raise ConfigError("train.pos_weight=balanced counts each class's training images, which a stream does "
+                              "not list; give one number a class (train.pos_weight=[...]) with shards")
+        return
     absent = [c for c, n in zip(classes, counts.tolist()) if n == 0]
     if absent:
         raise ConfigError(f"class(es) {absent[:10]} have no positive among the training images (their images are all "
