@@ -208,6 +208,25 @@ def test_a_run_learns_the_label_sets_and_eval_reports_map_as_scikit_learn_comput
     assert [r["predicted"].split() for r in rows] == [[c for c, p in zip(names, row) if p] for row in predicted]
     written = json.loads((tmp_path / "m.json").read_text())
     assert written["map"] == m["map"] and set(written["per_class_ap"]) == set(names)
+    # two processes: the evaluation sharded and gathered, every mosaic once, the same rows and numbers
+    import subprocess
+    import sys
+
+    from conftest import launch_env
+
+    two = tmp_path / "two.csv"
+    launched = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                               "29561", "-m", "vitlab.cli", "eval", "--checkpoint", str(run), "--predictions", str(two),
+                               "--batch-size", "8", "--output", str(tmp_path / "two.json")],
+                              capture_output=True, text=True, env=launch_env(2, exact=True))
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    on_two = json.loads((tmp_path / "two.json").read_text())
+    assert on_two["num_images"] == 48
+    assert [on_two[k] for k in ("map", "micro_map", "macro_f1_tuned", "example_f1")] == pytest.approx(
+        [written[k] for k in ("map", "micro_map", "macro_f1_tuned", "example_f1")], abs=1e-6)
+    rows_two = list(csv.DictReader(two.open()))
+    assert [(r["image"], r["labels"], r["predicted"]) for r in rows_two] == \
+        [(r["image"], r["labels"], r["predicted"]) for r in rows]
 
 
 def _copy(root: Path, tmp_path: Path, edit=None) -> Path:
@@ -393,3 +412,21 @@ def test_a_streamed_hugging_face_column_of_lists_trains_as_multi_label(tmp_path,
     summary = train(load_config(None, _overrides(root, tmp_path / "run", "data.dataset=hf", "data.streaming=true",
                                                  "train.epochs=1")))
     assert 0 < summary["test_map"] <= 1
+
+
+def test_a_streamed_multi_label_run_resumes_inside_an_epoch_on_other_workers_bit_identical(quadrants, tmp_path,
+                                                                                         monkeypatch, on_cpu):
+    from safetensors.torch import load_file
+
+    from conftest import reset_accelerate, train_until_signal
+    from vitlab.training import train
+
+    keys = ("data.in_memory=false", "data.loader=torch", "train.epochs=2", "data.mixup_alpha=0.8")
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train(load_config(None, _overrides(quadrants, whole, *keys)))
+    reset_accelerate()
+    train_until_signal(monkeypatch, load_config(None, _overrides(quadrants, parts, *keys)), 13)
+    train(load_config(None, _overrides(quadrants, parts, *keys, "data.num_workers=2")))
+    reset_accelerate()
+    a, b = (load_file(str(r / "checkpoints/last/model.safetensors")) for r in (whole, parts))
+    assert all(torch.equal(a[k], b[k]) for k in a)
