@@ -56,6 +56,19 @@ def launch_env(processes: int = 1, *, exact: bool = False) -> dict[str, str]:
     return env
 
 
+def eval_on_two_processes(run: Path, predictions: Path, output: Path, port: int) -> None:
+    """``vitlab eval --checkpoint run`` under ``torchrun`` on 2 CPU processes (sharded and gathered), writing
+    ``predictions`` (CSV) and ``output`` (JSON), batches of 8."""
+    import subprocess
+    import sys
+
+    launched = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                               str(port), "-m", "vitlab.cli", "eval", "--checkpoint", str(run), "--predictions",
+                               str(predictions), "--batch-size", "8", "--output", str(output)],
+                              capture_output=True, text=True, env=launch_env(2, exact=True))
+    assert launched.returncode == 0, launched.stderr[-3000:]
+
+
 @pytest.fixture
 def on_cpu(monkeypatch) -> None:
     """Train on the CPU in this test, in this process and the processes it starts (see above)."""

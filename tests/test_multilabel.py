@@ -209,17 +209,10 @@ def test_a_run_learns_the_label_sets_and_eval_reports_map_as_scikit_learn_comput
     written = json.loads((tmp_path / "m.json").read_text())
     assert written["map"] == m["map"] and set(written["per_class_ap"]) == set(names)
     # two processes: the evaluation sharded and gathered, every mosaic once, the same rows and numbers
-    import subprocess
-    import sys
-
-    from conftest import launch_env
+    from conftest import eval_on_two_processes
 
     two = tmp_path / "two.csv"
-    launched = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                               "29561", "-m", "vitlab.cli", "eval", "--checkpoint", str(run), "--predictions", str(two),
-                               "--batch-size", "8", "--output", str(tmp_path / "two.json")],
-                              capture_output=True, text=True, env=launch_env(2, exact=True))
-    assert launched.returncode == 0, launched.stderr[-3000:]
+    eval_on_two_processes(run, two, tmp_path / "two.json", 29561)
     on_two = json.loads((tmp_path / "two.json").read_text())
     assert on_two["num_images"] == 48
     assert [on_two[k] for k in ("map", "micro_map", "macro_f1_tuned", "example_f1")] == pytest.approx(

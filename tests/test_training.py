@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitlab
-from conftest import launch_env, max_weight_diff, reset_accelerate, tiny_overrides
+from conftest import eval_on_two_processes, launch_env, max_weight_diff, reset_accelerate, tiny_overrides
 from vitlab import checkpoint as ckpt
 from vitlab.cli import main
 from vitlab.config import load_config
@@ -808,11 +808,7 @@ def test_eval_predictions_file_recomputes_every_metric_as_scikit_learn_on_one_an
     assert torch.allclose(probs.sum(1), torch.ones(36), atol=1e-6)
     assert [f"class_{k}" for k in probs.argmax(1).tolist()] == p
     two = tmp_path / "two.csv"
-    launched = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                               "29547", "-m", "vitlab.cli", "eval", "--checkpoint", str(run), "--predictions", str(two),
-                               "--batch-size", "8", "--output", str(tmp_path / "two.json")],
-                              capture_output=True, text=True, env=launch_env(2, exact=True))
-    assert launched.returncode == 0, launched.stderr[-3000:]
+    eval_on_two_processes(run, two, tmp_path / "two.json", 29547)
     on_two = json.loads((tmp_path / "two.json").read_text())  # no image counted twice, none dropped
     counted = [k for k, v in metrics.items() if isinstance(v, (int, float)) and k not in ("loss", "ece")]
     assert on_two["num_images"] == 36 and [on_two[k] for k in counted] == pytest.approx([metrics[k] for k in counted])
