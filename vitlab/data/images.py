@@ -33,7 +33,7 @@ __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "ba
 class ImageData:
     """A split: ``images`` uint8 ``(N, C, H, W)`` (a tensor in memory, or a
     :class:`~vitlab.data.split.StreamedImages` decoded when read, indexed alike), ``labels`` int64
-    ``(N,)``, class names, and where the source names its images, ``key(i)``: what names image ``i`` (a
+    ``(N,)`` (multi-label data: bool ``(N, K)`` multi-hot rows), class names, and where the source names its images, ``key(i)``: what names image ``i`` (a
     file's path under the split's folder, a row's number), looked up only when asked for."""
 
     images: Tensor
@@ -174,10 +174,10 @@ def stratified_indices(labels: Tensor, n: int, seed: int, classes: Sequence[str]
 
 
 def _kept_positives(labels: Tensor, n: int, seed: int) -> Tensor:
-    """``n`` of the multi-hot rows ``labels`` (bool ``(N, K)``) to hold out, at random (fixed by ``seed``) but
-    never an image that shows the last image left on the other side of one of its classes: every class
-    with a positive keeps one on the training side (held out, it could not be learnt). Fewer than ``n`` where
-    the classes leave no more to take; sorted."""
+    """``n`` of the multi-hot rows ``labels`` (bool ``(N, K)``) to hold out, at random (fixed by ``seed``), but
+    never the last image left in training of one of its classes: every class with a positive keeps one on
+    the training side (held out, it could not be learnt). Fewer than ``n`` where the classes leave no more
+    to take; sorted."""
     import numpy as np
 
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(seed)).numpy()
