@@ -134,33 +134,10 @@ def _attention_pattern(model: object, tokenizer: object, prompt: list[int], args
 
 
 def _predict(args: argparse.Namespace) -> None:
-    import torch
-
     from .checkpoint import load_model
-    from .data.decode import open_image
-    from .data.transforms import create_transform, decode_size, decode_upright
+    from .prediction import predict_images
 
-    model = load_model(args.checkpoint)
-    transform = create_transform(model)
-    names = model.pretrained_cfg["label_names"]
-    # All read before any output, decoded as training decoded its files.
-    images = torch.stack([transform(open_image(path, decode_size(model), decode_upright(model)))
-                          for path in args.images])
-    info = model.pretrained_cfg
-    with torch.no_grad():
-        logits = model(images)
-    if info.get("multi_label"):  # a sigmoid a class; the classes at or above their thresholds (vitlab calibrate)
-        probs = logits.sigmoid()
-        thresholds = torch.tensor(info.get("thresholds") or [0.5] * len(names))
-        for path, p in zip(args.images, probs):
-            shown = [f"{names[i]} {p[i]:.3f}" for i in (p >= thresholds).nonzero().flatten().tolist()]
-            print(f"{path}: " + (", ".join(shown) if shown else "no class"))
-        return
-    probs = (logits / info.get("temperature", 1.0)).softmax(-1)  # calibrated, if it is
-    k = min(args.topk, len(names))
-    for path, p in zip(args.images, probs):
-        top = p.topk(k)
-        print(f"{path}: " + ", ".join(f"{names[i]} {v:.3f}" for v, i in zip(top.values.tolist(), top.indices.tolist())))
+    predict_images(load_model(args.checkpoint), args.images, args.output, args.batch_size, args.num_workers, args.topk)
 
 
 def _attention(args: argparse.Namespace) -> None:
@@ -332,10 +309,14 @@ def main(argv: list[str] | None = None) -> None:
     ca.add_argument("--batch-size", type=int, default=256)
     ca.add_argument("--no-ema", action="store_true", help="calibrate the raw weights even if the run kept an EMA")
     ca.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. data.root=...")
-    pr = sub.add_parser("predict", help="print the top-k classes of image files")
+    pr = sub.add_parser("predict", help="the top-k classes of image files, folders and globs: printed, or a row an "
+                                        "image in a .csv or .jsonl file (a stopped job continues where it stopped)")
     pr.add_argument("--checkpoint", required=True)
     pr.add_argument("--topk", type=int, default=5)
-    pr.add_argument("images", nargs="+")
+    pr.add_argument("--output", help="write the rows to this .csv or .jsonl file instead of printing them")
+    pr.add_argument("--batch-size", type=int, default=64)
+    pr.add_argument("--num-workers", type=int, default=2, help="DataLoader workers reading the images")
+    pr.add_argument("images", nargs="+", help="image files, folders (their images, below them too) and globs")
     at = sub.add_parser("attention", help="draw where a ViT looks: attention rollout or one block/head over images")
     at.add_argument("--checkpoint", required=True)
     at.add_argument("--output", required=True, help="the figure (.png, .pdf, .svg)")

@@ -1,0 +1,103 @@
+"""vitlab predict as a batch job (issue 51, 1): folders and globs into a CSV or JSON-lines file, the numbers
+vitlab eval gives, unreadable images as rows, a stopped job continued without a row twice or missing."""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import reset_accelerate, tiny_overrides
+from vitlab.config import load_config
+from vitlab.errors import ConfigError, DataError
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_imagefolder, tmp_path_factory):
+    from vitlab.training import train
+
+    run = tmp_path_factory.mktemp("predict") / "run"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run, "train.epochs=1", "data.loader=torch")))
+    reset_accelerate()
+    return run
+
+
+def test_a_folder_into_a_csv_file_gives_the_probabilities_vitlab_eval_gives(trained, tiny_imagefolder, tmp_path,
+                                                                            capsys):
+    from vitlab.cli import main
+
+    main(["eval", "--checkpoint", str(trained), "--predictions", str(tmp_path / "eval.csv")])
+    reset_accelerate()
+    main(["predict", "--checkpoint", str(trained), "--output", str(tmp_path / "p.csv"), "--batch-size", "5",
+          "--topk", "3", str(tiny_imagefolder / "test")])
+    assert "36 images -> " in capsys.readouterr().out
+    theirs = {r["image"]: r for r in csv.DictReader((tmp_path / "eval.csv").open())}
+    rows = list(csv.DictReader((tmp_path / "p.csv").open()))
+    test = tiny_imagefolder / "test"
+    assert [r["image"] for r in rows] == sorted(str(p) for p in test.rglob("*.png"))  # every image once, in order
+    for r in rows:
+        expected = theirs[str(Path(r["image"]).relative_to(test))]
+        assert r["error"] == "" and r["class_1"] == expected["prediction"]
+        for rank in (1, 2, 3):
+            assert float(r[f"prob_{rank}"]) == pytest.approx(float(expected[f"prob_{r[f'class_{rank}']}"]), abs=1e-5)
+            assert int(r[f"index_{rank}"]) == int(r[f"class_{rank}"].split("_")[1])
+
+
+def test_an_unreadable_image_is_a_row_with_its_error_and_a_glob_reads_into_folders(trained, tiny_imagefolder,
+                                                                                    tmp_path, capsys):
+    from vitlab.prediction import predict_images
+    from vitlab import load_model
+
+    images = tmp_path / "images"
+    shutil.copytree(tiny_imagefolder / "test" / "class_0", images / "a")
+    (images / "a" / "broken.png").write_bytes(b"not a png")
+    result = predict_images(load_model(trained), [str(images / "**" / "*.png")], tmp_path / "p.jsonl", batch_size=4,
+                            num_workers=0)
+    rows = [json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()]
+    assert result == {"images": 13, "unreadable": 1, "resumed": 0} and len(rows) == 13
+    broken = next(r for r in rows if r["image"].endswith("broken.png"))
+    assert set(broken) == {"image", "error"} and "cannot read image" in broken["error"]
+    good = [r for r in rows if "error" not in r]
+    assert all(len(r["classes"]) == 3 and sum(r["probs"]) == pytest.approx(1, abs=1e-5) for r in good)
+    out = capsys.readouterr().out
+    assert "13 images -> " in out and "; 1 could not be read (their rows give the error)" in out
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+def test_a_stopped_job_continues_where_it_stopped_without_a_row_twice_or_missing(trained, tiny_imagefolder, tmp_path,
+                                                                                 suffix):
+    from vitlab import load_model
+    from vitlab.prediction import predict_images
+
+    model, inputs = load_model(trained), [str(tiny_imagefolder / "test")]
+    whole, parts = tmp_path / f"whole{suffix}", tmp_path / f"parts{suffix}"
+    predict_images(model, inputs, whole, batch_size=5, num_workers=0)
+    predict_images(model, inputs, parts, batch_size=5, num_workers=0, stop_after_batches=3)
+    partial = parts.with_name(parts.name + ".partial")
+    assert not parts.exists() and partial.is_file()
+    with partial.open("a") as f:
+        f.write('"half a row')  # stopped in the middle of writing a row
+    assert predict_images(model, inputs, parts, batch_size=7, num_workers=0)["resumed"] == 15
+    assert parts.read_text() == whole.read_text() and not partial.exists()
+    predict_images(model, inputs, parts, batch_size=5, num_workers=0, stop_after_batches=1)
+    with pytest.raises(DataError, match=r"was written for other inputs"):
+        predict_images(model, [str(tiny_imagefolder / "train")], parts, num_workers=0)
+
+
+def test_bad_inputs_are_one_line_before_anything_is_written(trained, tmp_path):
+    from vitlab import load_model
+    from vitlab.prediction import predict_images
+
+    model = load_model(trained)
+    (tmp_path / "empty").mkdir()
+    for inputs, output, error, message in (
+            ([str(tmp_path / "nothing-*.png")], "p.csv", DataError, r"^the pattern .* matches no file$"),
+            ([str(tmp_path / "empty")], "p.csv", DataError, r"^the folder .* holds no images"),
+            ([str(tmp_path / "missing.png")], "p.csv", DataError, r"missing.png': no such file or folder$"),
+            ([str(tmp_path)], "p.txt", ConfigError, r"^--output .*p.txt: write predictions as .csv or .jsonl")):
+        with pytest.raises(error, match=message):
+            predict_images(model, inputs, tmp_path / output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]

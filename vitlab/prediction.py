@@ -1,0 +1,239 @@
+"""Predictions over many images (``vitlab predict``): files, folders and globs, read in batches by DataLoader
+workers with the checkpoint's own preprocessing, into a CSV or JSON-lines file, a row an image.
+
+The job holds one batch of images at a time, whatever the number of files; rows reach ``OUTPUT.partial`` as
+each batch is done and the file is renamed to ``OUTPUT`` when all are, so a job stopped and started again
+with the same inputs and output continues after the last row written (no row twice, none missing). An image
+that cannot be read is a row with its error, not the end of the job; the count of such rows is printed at
+the end. Each image is preprocessed as :func:`vitlab.create_transform` does (its decode size, EXIF rule,
+crop or resize, normalization), so its probabilities are those ``vitlab eval`` gives it.
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader, Dataset
+
+from .data.decode import open_image
+from .data.folder import IMAGE_EXTENSIONS
+from .data.transforms import ModelInput, decode_size, decode_upright, model_view
+from .errors import ConfigError, DataError
+from .progress import Progress
+
+__all__ = ["list_images", "predict_images", "FORMATS"]
+
+FORMATS = (".csv", ".jsonl")
+
+
+def list_images(inputs: list[str]) -> list[str]:
+    """The image files ``inputs`` name, in order: a file as given, a folder's images (:data:`IMAGE_EXTENSIONS`,
+    below it too) sorted, a glob's files sorted (``**`` reaches into folders).
+
+    Raises:
+        DataError: one line, for a path that does not exist, a folder without images, a glob that matches nothing.
+    """
+    files: list[str] = []
+    for given in inputs:
+        path = Path(given).expanduser()
+        if path.is_dir():
+            found = sorted(str(p) for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+            if not found:
+                raise DataError(f"the folder {given!r} holds no images ({', '.join(IMAGE_EXTENSIONS)}), in it or below it")
+            files += found
+        elif path.is_file():
+            files.append(given)
+        elif any(c in given for c in "*?["):
+            found = sorted(p for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+            if not found:
+                raise DataError(f"the pattern {given!r} matches no file")
+            files += found
+        else:
+            raise DataError(f"{given!r}: no such file or folder")
+    return files
+
+
+class _ImageFiles(Dataset):
+    """Files as the model sees them before normalization (uint8 ``(3, H, W)``), with the error of one that
+    cannot be read (then zeros); a plain object, so it pickles for workers of any start method."""
+
+    def __init__(self, files: list[str], view: Callable[[Any], Tensor], size: tuple[int, int] | None,
+                 upright: bool, shape: tuple[int, ...]) -> None:
+        self.files, self.view, self.size, self.upright, self.shape = files, view, size, upright, shape
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[Tensor, str]:
+        try:
+            return self.view(open_image(self.files[i], self.size, self.upright)), ""
+        except DataError as e:
+            return torch.zeros(self.shape, dtype=torch.uint8), str(e)
+
+
+def _columns(names: list[str], k: int, multi_label: bool) -> list[str]:
+    if multi_label:
+        return ["image", "error", "labels", *(f"prob_{c}" for c in names)]
+    return ["image", "error", *(f"{what}_{r}" for r in range(1, k + 1) for what in ("class", "index", "prob"))]
+
+
+def _rows(files: list[str], errors: list[str], probs: Tensor, names: list[str], k: int,
+          thresholds: Tensor | None) -> list[dict[str, Any]]:
+    """An output row of each image: its top ``k`` (single-label), or the classes at or above ``thresholds``
+    and every class's probability (multi-label); an unreadable image's row holds its error only."""
+    rows = []
+    for path, error, p in zip(files, errors, probs):
+        if error:
+            rows.append({"image": path, "error": error})
+        elif thresholds is not None:
+            rows.append({"image": path, "labels": [names[i] for i in (p >= thresholds).nonzero().flatten().tolist()],
+                         "probs": dict(zip(names, p.tolist()))})
+        else:
+            top = p.topk(k)
+            rows.append({"image": path, "classes": [names[i] for i in top.indices.tolist()],
+                         "indices": top.indices.tolist(), "probs": top.values.tolist()})
+    return rows
+
+
+def _csv_line(row: dict[str, Any], columns: list[str]) -> str:
+    flat: dict[str, Any] = {"image": row["image"], "error": row.get("error", "")}
+    if "labels" in row:
+        flat["labels"] = " ".join(row["labels"])
+        flat.update({f"prob_{c}": f"{v:.6g}" for c, v in row["probs"].items()})
+    elif "classes" in row:
+        for r, (c, i, v) in enumerate(zip(row["classes"], row["indices"], row["probs"]), 1):
+            flat.update({f"class_{r}": c, f"index_{r}": i, f"prob_{r}": f"{v:.6g}"})
+    text = io.StringIO()
+    csv.writer(text, lineterminator="\n").writerow([flat.get(c, "") for c in columns])
+    return text.getvalue()
+
+
+def _text_line(row: dict[str, Any]) -> str:
+    """``path: class p, class p, ...`` (the top k, or the classes at or above their thresholds)."""
+    if "error" in row:
+        return f"{row['image']}: error: {row['error']}"
+    if "labels" in row:
+        shown = [f"{c} {row['probs'][c]:.3f}" for c in row["labels"]]
+        return f"{row['image']}: " + (", ".join(shown) if shown else "no class")
+    return f"{row['image']}: " + ", ".join(f"{c} {v:.3f}" for c, v in zip(row["classes"], row["probs"]))
+
+
+def _resume(partial: Path, header: str, files: list[str], suffix: str) -> tuple[int, int]:
+    """How many rows ``partial`` (an earlier run of the same job) holds whole, after cutting a row it was
+    stopped in the middle of, and how many of them are errors; it must hold ``header`` (CSV) and the rows of
+    the first ``files``, in order.
+
+    Raises:
+        DataError: one line, if it was written for other inputs or another output format.
+    """
+    data = partial.read_bytes()
+    whole = data[:data.rfind(b"\n") + 1]  # a row stopped mid-write is written again
+    lines = whole.decode().splitlines(keepends=True)
+    if suffix == ".csv":
+        if not lines or lines[0] != header:
+            raise DataError(f"{partial} holds another job's rows (its header differs); remove it to start again")
+        lines = lines[1:]
+    rows = [json.loads(line) if suffix == ".jsonl" else dict(zip(("image", "error"), next(csv.reader([line]))))
+            for line in lines]
+    images = [row["image"] for row in rows]
+    if images != files[:len(images)]:
+        raise DataError(f"{partial} was written for other inputs (its row {len(images)} is not {files[len(images) - 1]!r}); "
+                        f"give the inputs it was started with, or remove it to start again")
+    if len(whole) != len(data):
+        with partial.open("r+b") as f:
+            f.truncate(len(whole))
+    return len(images), sum(1 for row in rows if row.get("error"))
+
+
+@torch.no_grad()
+def predict_images(model: nn.Module, inputs: list[str], output: str | Path | None = None, batch_size: int = 64,
+                   num_workers: int = 2, topk: int = 5, device: str | torch.device | None = None,
+                   stop_after_batches: int | None = None) -> dict[str, int]:
+    """Predict every image ``inputs`` name (:func:`list_images`) with ``model`` (from :func:`vitlab.load_model`),
+    ``batch_size`` at a time, read by ``num_workers`` DataLoader workers, on ``device`` (default: CUDA if there,
+    in bf16 autocast; else the CPU in float32). Rows go to ``output`` (``.csv`` or ``.jsonl``, see the module
+    docstring), or without one to stdout as ``path: class p, ...`` lines. A single-label model's row holds its
+    ``topk`` classes, their indices and probabilities (softmax, at its calibrated temperature); a multi-label
+    model's, the classes at or above its thresholds (``vitlab calibrate``; else 0.5) and every class's sigmoid.
+    ``stop_after_batches`` ends the job early, as an interruption would (for tests).
+
+    Returns:
+        ``{"images": ..., "unreadable": ..., "resumed": ...}``: images in the job, rows with an error, rows an
+        earlier run had written.
+
+    Raises:
+        ConfigError, DataError: one line, before any image is read: an output of another format, a checkpoint
+            without class names, inputs that name no image, a partial output of another job.
+    """
+    cfg = getattr(model, "pretrained_cfg", None) or {}
+    names = cfg.get("label_names")
+    if not names:
+        raise ConfigError("the checkpoint holds no class names (label_names); predict needs a classifier trained "
+                          "or saved by vitlab")
+    out = Path(output) if output is not None else None
+    if out is not None and out.suffix not in FORMATS:
+        raise ConfigError(f"--output {out}: write predictions as {' or '.join(FORMATS)} (by the file's suffix)")
+    files = list_images(inputs)
+    multi = bool(cfg.get("multi_label"))
+    thresholds = torch.tensor(cfg.get("thresholds") or [0.5] * len(names)) if multi else None
+    k = min(topk, len(names))
+    columns = _columns(names, k, multi)
+    header = ",".join(columns) + "\n"
+    done, unreadable = 0, 0
+    partial = out.with_name(out.name + ".partial") if out is not None else None
+    if partial is not None and partial.is_file():
+        done, unreadable = _resume(partial, header, files, out.suffix)
+    device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    model = model.to(device).eval()
+    size = tuple(cfg["input_size"][1:])
+    dataset = _ImageFiles(files[done:], model_view(model), decode_size(model), decode_upright(model), (3, *size))
+    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
+    model_input = ModelInput(cfg["mean"], cfg["std"])
+    temperature = cfg.get("temperature", 1.0)
+    position = done
+    sink = None
+    if partial is not None:
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        sink = partial.open("a", newline="")
+        if done == 0 and out.suffix == ".csv":
+            sink.write(header)
+    try:
+        with Progress(total=len(files), initial=done, desc=f"predicting {len(files):,} images", unit="images",
+                      interval=10.0) as progress:
+            for b, (images, errors) in enumerate(loader):
+                if stop_after_batches is not None and b >= stop_after_batches:
+                    return {"images": len(files), "unreadable": unreadable, "resumed": done}
+                x = model_input(images.to(device, non_blocking=True))
+                with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+                    logits = model(x).float().cpu()
+                probs = logits.sigmoid() if multi else (logits / temperature).softmax(-1)
+                rows = _rows(dataset.files[position - done:position - done + len(errors)], list(errors), probs,
+                             names, k, thresholds)
+                unreadable += sum(1 for e in errors if e)
+                position += len(errors)
+                if sink is None:
+                    print("\n".join(_text_line(r) for r in rows), flush=True)
+                else:
+                    sink.write("".join(json.dumps(r) + "\n" if out.suffix == ".jsonl" else _csv_line(r, columns)
+                                       for r in rows))
+                    sink.flush()
+                progress.update(len(errors))
+    finally:
+        if sink is not None:
+            sink.close()
+    if partial is not None:
+        os.replace(partial, out)
+    if unreadable or partial is not None:
+        print(f"{len(files):,} images" + (f" -> {out}" if out is not None else "")
+              + (f" ({done:,} rows from the run before)" if done else "")
+              + (f"; {unreadable} could not be read (their rows give the error)" if unreadable else ""),
+              file=sys.stderr if out is None else sys.stdout)
+    return {"images": len(files), "unreadable": unreadable, "resumed": done}
