@@ -17,7 +17,7 @@ ROOMS: list[tuple[str, set[str]]] = [
     ("data", {"data"}),
     ("tasks", {"tasks"}),
     ("visualize", {"visualize"}),
-    ("engine", {"config", "checkpoint", "preemption", "training", "evaluation", "interop", "export", "cli",
+    ("engine", {"config", "checkpoint", "preemption", "training", "evaluation", "prediction", "interop", "export", "cli",
                 "__init__"}),
 ]
 ALLOWED_BELOW = {  # models and data are siblings: neither needs the other

@@ -80,7 +80,7 @@ def test_a_stopped_job_continues_where_it_stopped_without_a_row_twice_or_missing
     assert not parts.exists() and partial.is_file()
     with partial.open("a") as f:
         f.write('"half a row')  # stopped in the middle of writing a row
-    assert predict_images(model, inputs, parts, batch_size=7, num_workers=0)["resumed"] == 15
+    assert predict_images(model, inputs, parts, batch_size=5, num_workers=0)["resumed"] == 15
     assert parts.read_text() == whole.read_text() and not partial.exists()
     predict_images(model, inputs, parts, batch_size=5, num_workers=0, stop_after_batches=1)
     with pytest.raises(DataError, match=r"was written for other inputs"):
