@@ -101,3 +101,30 @@ def test_bad_inputs_are_one_line_before_anything_is_written(trained, tmp_path):
         with pytest.raises(error, match=message):
             predict_images(model, inputs, tmp_path / output)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+
+
+def test_photos_larger_than_the_model_are_read_as_vitlab_eval_reads_them(trained, tiny_imagefolder, tmp_path):
+    # JPEGs of 100 x 80 px for a 32 px model: decoded only as large as needed (libjpeg-turbo's DCT scaling) and
+    # resized as eval resizes a split's files, so the probabilities are eval's.
+    from PIL import Image
+
+    from vitlab import load_model
+    from vitlab.cli import main
+    from vitlab.prediction import predict_images
+
+    photos = tmp_path / "photos"
+    for split in ("train", "test"):
+        for f in sorted((tiny_imagefolder / split).rglob("*.png"))[::6]:
+            out = photos / split / f.parent.name / (f.stem + ".jpg")
+            out.parent.mkdir(parents=True, exist_ok=True)
+            Image.open(f).convert("RGB").resize((100, 80), Image.BICUBIC).save(out, quality=90)
+    main(["eval", "--checkpoint", str(trained), "--predictions", str(tmp_path / "eval.csv"), f"data.root={photos}"])
+    reset_accelerate()
+    theirs = {r["image"]: r for r in csv.DictReader((tmp_path / "eval.csv").open())}
+    predict_images(load_model(trained), [str(photos / "test")], tmp_path / "p.csv", topk=3, num_workers=0)
+    rows = list(csv.DictReader((tmp_path / "p.csv").open()))
+    assert len(rows) == len(theirs) == 6
+    for r in rows:
+        expected = theirs[str(Path(r["image"]).relative_to(photos / "test"))]
+        assert [float(r[f"prob_{k}"]) for k in (1, 2, 3)] == pytest.approx(
+            [float(expected[f"prob_{r[f'class_{k}']}"]) for k in (1, 2, 3)], abs=1e-5)

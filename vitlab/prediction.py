@@ -5,8 +5,8 @@ The job holds one batch of images at a time, whatever the number of files; rows 
 each batch is done and the file is renamed to ``OUTPUT`` when all are, so a job stopped and started again
 with the same inputs and output continues after the last row written (no row twice, none missing). An image
 that cannot be read is a row with its error, not the end of the job; the count of such rows is printed at
-the end. Each image is preprocessed as :func:`vitlab.create_transform` does (its decode size, EXIF rule,
-crop or resize, normalization), so its probabilities are those ``vitlab eval`` gives it.
+the end. Each image is read as ``vitlab eval`` reads a split's (its decode size, EXIF rule, a JPEG decoded only
+as large as needed, eval's crop or resize, the normalization), so its probabilities are those eval gives it.
 """
 from __future__ import annotations
 
@@ -17,17 +17,18 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
-from .data.decode import open_image
-from .data.folder import IMAGE_EXTENSIONS
-from .data.transforms import ModelInput, decode_size, decode_upright, model_view
+from .data.folder import IMAGE_EXTENSIONS, FolderFiles
+from .data.split import SplitIndex
+from .data.transforms import ModelInput, decode_size, decode_upright
 from .errors import ConfigError, DataError
 from .progress import Progress
+from .tasks.classification import eval_dataset
 
 __all__ = ["list_images", "predict_images", "FORMATS"]
 
@@ -61,20 +62,32 @@ def list_images(inputs: list[str]) -> list[str]:
     return files
 
 
-class _ImageFiles(Dataset):
-    """Files as the model sees them before normalization (uint8 ``(3, H, W)``), with the error of one that
-    cannot be read (then zeros); a plain object, so it pickles for workers of any start method."""
+def _model_view(model: nn.Module, files: list[str]) -> Dataset:
+    """``files`` as ``vitlab eval`` shows a split's images to ``model``: listed as a split, streamed (decoded
+    when read, a JPEG only as large as the model needs: ``data.scaled_decode``'s default) at the size training
+    stored them, through eval's own transform (:func:`~vitlab.tasks.classification.eval_dataset`); uint8 out."""
+    cfg = model.pretrained_cfg
+    size, crop_pct = tuple(cfg["input_size"][1:]), cfg.get("crop_pct")
+    reader = FolderFiles([Path(f) for f in files], decode_upright(model))
+    index = SplitIndex(torch.zeros(len(files), dtype=torch.long), list(cfg["label_names"]), reader.open, "the inputs",
+                       encoded=reader.encoded, read=reader.read, key=reader.key, upright=reader.exif_transpose)
+    stored = None if crop_pct else (decode_size(model) or size)  # a center crop decodes each file at its own size
+    return eval_dataset(index.load(stored, in_memory=False, scaled=True), size, crop_pct)
 
-    def __init__(self, files: list[str], view: Callable[[Any], Tensor], size: tuple[int, int] | None,
-                 upright: bool, shape: tuple[int, ...]) -> None:
-        self.files, self.view, self.size, self.upright, self.shape = files, view, size, upright, shape
+
+class _Guarded(Dataset):
+    """A dataset's images, with the error of one that cannot be read (then zeros of ``shape``) instead of
+    raising it; a plain object, so it pickles for workers of any start method."""
+
+    def __init__(self, images: Dataset, shape: tuple[int, ...]) -> None:
+        self.images, self.shape = images, shape
 
     def __len__(self) -> int:
-        return len(self.files)
+        return len(self.images)
 
     def __getitem__(self, i: int) -> tuple[Tensor, str]:
         try:
-            return self.view(open_image(self.files[i], self.size, self.upright)), ""
+            return self.images[i][0], ""
         except DataError as e:
             return torch.zeros(self.shape, dtype=torch.uint8), str(e)
 
@@ -194,7 +207,8 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(device).eval()
     size = tuple(cfg["input_size"][1:])
-    dataset = _ImageFiles(files[done:], model_view(model), decode_size(model), decode_upright(model), (3, *size))
+    todo = files[done:]
+    dataset = _Guarded(_model_view(model, todo), (3, *size))
     loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
     model_input = ModelInput(cfg["mean"], cfg["std"])
     temperature = cfg.get("temperature", 1.0)
@@ -215,8 +229,8 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                 with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
                     logits = model(x).float().cpu()
                 probs = logits.sigmoid() if multi else (logits / temperature).softmax(-1)
-                rows = _rows(dataset.files[position - done:position - done + len(errors)], list(errors), probs,
-                             names, k, thresholds)
+                rows = _rows(todo[position - done:position - done + len(errors)], list(errors), probs, names, k,
+                             thresholds)
                 unreadable += sum(1 for e in errors if e)
                 position += len(errors)
                 if sink is None:
