@@ -89,7 +89,7 @@ def main() -> None:
     few = tmp / "few"
     few.mkdir()
     for f in files[:1000]:
-        (few / Path(f).name).symlink_to(Path(f).resolve())
+        (few / f"{Path(f).parent.name}_{Path(f).name}").symlink_to(Path(f).resolve())
     rss_few = peak_rss(args.checkpoint, [str(few)], tmp / "few.csv", args.batch_size, args.workers)
     rss_all = peak_rss(args.checkpoint, [str(args.root)], tmp / "all.csv", args.batch_size, args.workers)
     rows = list(csv.DictReader((tmp / "p0.csv").open()))
