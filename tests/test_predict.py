@@ -128,3 +128,29 @@ def test_photos_larger_than_the_model_are_read_as_vitlab_eval_reads_them(trained
         expected = theirs[str(Path(r["image"]).relative_to(photos / "test"))]
         assert [float(r[f"prob_{k}"]) for k in (1, 2, 3)] == pytest.approx(
             [float(expected[f"prob_{r[f'class_{k}']}"]) for k in (1, 2, 3)], abs=1e-5)
+
+
+def test_two_processes_continue_a_one_process_job_into_one_file_in_the_inputs_order(trained, tiny_imagefolder,
+                                                                                         tmp_path):
+    import subprocess
+    import sys
+
+    from conftest import launch_env
+    from vitlab import load_model
+    from vitlab.prediction import predict_images
+
+    inputs = [str(tiny_imagefolder / "test")]
+    whole, parts = tmp_path / "whole.csv", tmp_path / "parts.csv"
+    predict_images(load_model(trained), inputs, whole, batch_size=5, num_workers=0)
+    predict_images(load_model(trained), inputs, parts, batch_size=5, num_workers=0, stop_after_batches=2)
+    # the job stopped after 10 rows continues on 2 processes: 26 rows in 3 global batches of 2 x 5, the last uneven
+    launched = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                               "29563", "-m", "vitlab.cli", "predict", "--checkpoint", str(trained), "--output",
+                               str(parts), "--batch-size", "5", "--num-workers", "1", *inputs],
+                              capture_output=True, text=True, env=launch_env(2, exact=True))
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    assert "36 images -> " in launched.stdout and "(10 rows from the run before)" in launched.stdout
+    mine, theirs = list(csv.DictReader(parts.open())), list(csv.DictReader(whole.open()))
+    assert [r["image"] for r in mine] == [r["image"] for r in theirs] and len(mine) == 36
+    assert [r["class_1"] for r in mine] == [r["class_1"] for r in theirs]
+    assert [float(r["prob_1"]) for r in mine] == pytest.approx([float(r["prob_1"]) for r in theirs], abs=1e-5)

@@ -152,6 +152,7 @@ def _predict(args: argparse.Namespace) -> None:
     from .prediction import predict_images
 
     predict_images(load_model(args.checkpoint), args.images, args.output, args.batch_size, args.num_workers, args.topk)
+    _end_processes()
 
 
 def _attention(args: argparse.Namespace) -> None:

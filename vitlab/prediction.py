@@ -17,7 +17,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -166,6 +166,36 @@ def _resume(partial: Path, header: str, files: list[str], suffix: str) -> tuple[
     return len(images), sum(1 for row in rows if row.get("error"))
 
 
+def _processes() -> tuple[int, int, Any]:
+    """This process's rank, the number of processes and ``torch.distributed`` when launched by torchrun or
+    ``accelerate launch`` (the group started through Accelerate: gloo on CPUs, NCCL on GPUs)."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from accelerate import PartialState
+
+        PartialState()  # joins the group the launcher set up
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.get_rank(), dist.get_world_size(), dist
+    return 0, 1, None
+
+
+def _shared(dist: Any, rank: int, work: Callable[[], Any]) -> Any:
+    """``work()`` done by process 0 alone, its result (or its one-line error) given to every process."""
+    if dist is None:
+        return work()
+    box: list[Any] = [None]
+    if rank == 0:
+        try:
+            box = [work()]
+        except (DataError, ConfigError) as e:
+            box = [e]
+    dist.broadcast_object_list(box, src=0)
+    if isinstance(box[0], Exception):
+        raise box[0]
+    return box[0]
+
+
 @torch.no_grad()
 def predict_images(model: nn.Module, inputs: list[str], output: str | Path | None = None, batch_size: int = 64,
                    num_workers: int = 2, topk: int = 5, device: str | torch.device | None = None,
@@ -176,6 +206,10 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     docstring), or without one to stdout as ``path: class p, ...`` lines. A single-label model's row holds its
     ``topk`` classes, their indices and probabilities (softmax, at its calibrated temperature); a multi-label
     model's, the classes at or above its thresholds (``vitlab calibrate``; else 0.5) and every class's sigmoid.
+
+    Under ``torchrun`` or ``accelerate launch`` every process reads and predicts its part of each global batch
+    (``batch_size`` a process, contiguous parts), and process 0 writes all the rows, in the inputs' order: the
+    output does not depend on the number of processes, and a job may continue on another number.
     ``stop_after_batches`` ends the job early, as an interruption would (for tests).
 
     Returns:
@@ -194,58 +228,68 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     out = Path(output) if output is not None else None
     if out is not None and out.suffix not in FORMATS:
         raise ConfigError(f"--output {out}: write predictions as {' or '.join(FORMATS)} (by the file's suffix)")
-    files = list_images(inputs)
+    rank, world, dist = _processes()
+    files = _shared(dist, rank, lambda: list_images(inputs))
     multi = bool(cfg.get("multi_label"))
     thresholds = torch.tensor(cfg.get("thresholds") or [0.5] * len(names)) if multi else None
     k = min(topk, len(names))
     columns = _columns(names, k, multi)
     header = ",".join(columns) + "\n"
-    done, unreadable = 0, 0
     partial = out.with_name(out.name + ".partial") if out is not None else None
-    if partial is not None and partial.is_file():
-        done, unreadable = _resume(partial, header, files, out.suffix)
-    device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    done, unreadable = _shared(dist, rank, lambda: _resume(partial, header, files, out.suffix)
+                               if partial is not None and partial.is_file() else (0, 0))
+    if device is None:
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
     model = model.to(device).eval()
     size = tuple(cfg["input_size"][1:])
     todo = files[done:]
-    dataset = _Guarded(_model_view(model, todo), (3, *size))
-    loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
+    mine = [i for i in range(len(todo)) if i // batch_size % world == rank]  # my part of every global batch
+    dataset = _Guarded(_model_view(model, [todo[i] for i in mine]), (3, *size))
+    loader = iter(DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
+                             pin_memory=device.type == "cuda"))
     model_input = ModelInput(cfg["mean"], cfg["std"])
     temperature = cfg.get("temperature", 1.0)
-    position = done
     sink = None
-    if partial is not None:
+    if partial is not None and rank == 0:
         partial.parent.mkdir(parents=True, exist_ok=True)
         sink = partial.open("a", newline="")
         if done == 0 and out.suffix == ".csv":
             sink.write(header)
     try:
         with Progress(total=len(files), initial=done, desc=f"predicting {len(files):,} images", unit="images",
-                      interval=10.0) as progress:
-            for b, (images, errors) in enumerate(loader):
+                      interval=10.0, enabled=rank == 0) as progress:
+            for b in range(-(-len(todo) // (batch_size * world))):  # the global batches
                 if stop_after_batches is not None and b >= stop_after_batches:
                     return {"images": len(files), "unreadable": unreadable, "resumed": done}
-                x = model_input(images.to(device, non_blocking=True))
-                with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
-                    logits = model(x).float().cpu()
-                probs = logits.sigmoid() if multi else (logits / temperature).softmax(-1)
-                rows = _rows(todo[position - done:position - done + len(errors)], list(errors), probs, names, k,
-                             thresholds)
-                unreadable += sum(1 for e in errors if e)
-                position += len(errors)
-                if sink is None:
-                    print("\n".join(_text_line(r) for r in rows), flush=True)
-                else:
-                    sink.write("".join(json.dumps(r) + "\n" if out.suffix == ".jsonl" else _csv_line(r, columns)
-                                       for r in rows))
-                    sink.flush()
-                progress.update(len(errors))
+                part = mine[b * batch_size:(b + 1) * batch_size]
+                rows: list[dict[str, Any]] = []
+                if part:
+                    images, errors = next(loader)
+                    x = model_input(images.to(device, non_blocking=True))
+                    with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
+                        logits = model(x).float().cpu()
+                    probs = logits.sigmoid() if multi else (logits / temperature).softmax(-1)
+                    rows = _rows([todo[i] for i in part], list(errors), probs, names, k, thresholds)
+                if dist is not None:
+                    gathered: list[Any] = [None] * world
+                    dist.all_gather_object(gathered, rows)
+                    rows = [r for got in gathered for r in got]  # process order is input order
+                unreadable += sum(1 for r in rows if "error" in r)
+                if rank == 0 and rows:
+                    if sink is None:
+                        print("\n".join(_text_line(r) for r in rows), flush=True)
+                    else:
+                        sink.write("".join(json.dumps(r) + "\n" if out.suffix == ".jsonl" else _csv_line(r, columns)
+                                           for r in rows))
+                        sink.flush()
+                progress.update(len(rows))
     finally:
         if sink is not None:
             sink.close()
-    if partial is not None:
+    if partial is not None and rank == 0:
         os.replace(partial, out)
-    if unreadable or partial is not None:
+    if (unreadable or partial is not None) and rank == 0:
         print(f"{len(files):,} images" + (f" -> {out}" if out is not None else "")
               + (f" ({done:,} rows from the run before)" if done else "")
               + (f"; {unreadable} could not be read (their rows give the error)" if unreadable else ""),
