@@ -66,9 +66,11 @@ def test_an_unreadable_image_is_a_row_with_its_error_and_a_glob_reads_into_folde
     assert "13 images -> " in out and "; 1 could not be read (their rows give the error)" in out
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".jsonl"])
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet"])
 def test_a_stopped_job_continues_where_it_stopped_without_a_row_twice_or_missing(trained, tiny_imagefolder, tmp_path,
                                                                                  suffix):
+    if suffix == ".parquet":
+        pytest.importorskip("pyarrow")
     from vitlab import load_model
     from vitlab.prediction import predict_images
 
@@ -81,7 +83,14 @@ def test_a_stopped_job_continues_where_it_stopped_without_a_row_twice_or_missing
     with partial.open("a") as f:
         f.write('"half a row')  # stopped in the middle of writing a row
     assert predict_images(model, inputs, parts, batch_size=5, num_workers=0)["resumed"] == 15
-    assert parts.read_text() == whole.read_text() and not partial.exists()
+    if suffix == ".parquet":
+        import pyarrow.parquet
+
+        mine, theirs = (pyarrow.parquet.read_table(f).to_pylist() for f in (parts, whole))
+        assert mine == theirs and len(mine) == 36 and set(mine[0]) == {"image", "classes", "indices", "probs"}
+    else:
+        assert parts.read_text() == whole.read_text()
+    assert not partial.exists()
     predict_images(model, inputs, parts, batch_size=5, num_workers=0, stop_after_batches=1)
     with pytest.raises(DataError, match=r"was written for other inputs"):
         predict_images(model, [str(tiny_imagefolder / "train")], parts, num_workers=0)
@@ -97,7 +106,7 @@ def test_bad_inputs_are_one_line_before_anything_is_written(trained, tmp_path):
             ([str(tmp_path / "nothing-*.png")], "p.csv", DataError, r"^the pattern .* matches no file$"),
             ([str(tmp_path / "empty")], "p.csv", DataError, r"^the folder .* holds no images"),
             ([str(tmp_path / "missing.png")], "p.csv", DataError, r"missing.png': no such file or folder$"),
-            ([str(tmp_path)], "p.txt", ConfigError, r"^--output .*p.txt: write predictions as .csv or .jsonl")):
+            ([str(tmp_path)], "p.txt", ConfigError, r"^--output .*p.txt: write predictions as .csv, .jsonl, .parquet")):
         with pytest.raises(error, match=message):
             predict_images(model, inputs, tmp_path / output)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]

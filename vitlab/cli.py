@@ -325,10 +325,10 @@ def main(argv: list[str] | None = None) -> None:
     ca.add_argument("--no-ema", action="store_true", help="calibrate the raw weights even if the run kept an EMA")
     ca.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. data.root=...")
     pr = sub.add_parser("predict", help="the top-k classes of image files, folders and globs: printed, or a row an "
-                                        "image in a .csv or .jsonl file (a stopped job continues where it stopped)")
+                                        "image in a .csv, .jsonl or .parquet file (a stopped job continues where it stopped)")
     pr.add_argument("--checkpoint", required=True)
     pr.add_argument("--topk", type=int, default=5)
-    pr.add_argument("--output", help="write the rows to this .csv or .jsonl file instead of printing them")
+    pr.add_argument("--output", help="write the rows to this .csv, .jsonl or .parquet file instead of printing them")
     pr.add_argument("--batch-size", type=int, default=64)
     pr.add_argument("--num-workers", type=int, default=2, help="DataLoader workers reading the images")
     pr.add_argument("images", nargs="+", help="image files, folders (their images, below them too) and globs")

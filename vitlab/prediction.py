@@ -1,5 +1,5 @@
 """Predictions over many images (``vitlab predict``): files, folders and globs, read in batches by DataLoader
-workers with the checkpoint's own preprocessing, into a CSV or JSON-lines file, a row an image.
+workers with the checkpoint's own preprocessing, into a CSV, JSON-lines or parquet file, a row an image.
 
 The job holds one batch of images at a time, whatever the number of files; rows reach ``OUTPUT.partial`` as
 each batch is done and the file is renamed to ``OUTPUT`` when all are, so a job stopped and started again
@@ -32,7 +32,7 @@ from .tasks.classification import eval_dataset
 
 __all__ = ["list_images", "predict_images", "FORMATS"]
 
-FORMATS = (".csv", ".jsonl")
+FORMATS = (".csv", ".jsonl", ".parquet")
 
 
 def list_images(inputs: list[str]) -> list[str]:
@@ -139,6 +139,18 @@ def _text_line(row: dict[str, Any]) -> str:
     return f"{row['image']}: " + ", ".join(f"{c} {v:.3f}" for c, v in zip(row["classes"], row["probs"]))
 
 
+def _to_parquet(partial: Path, out: Path) -> None:
+    """The finished job's JSON lines as one parquet file (written whole, then renamed into place)."""
+    import pyarrow.json
+    import pyarrow.parquet
+
+    table = pyarrow.json.read_json(partial)
+    tmp = out.with_name(out.name + ".tmp")
+    pyarrow.parquet.write_table(table, tmp)
+    os.replace(tmp, out)
+    partial.unlink()
+
+
 def _resume(partial: Path, header: str, files: list[str], suffix: str) -> tuple[int, int]:
     """How many rows ``partial`` (an earlier run of the same job) holds whole, after cutting a row it was
     stopped in the middle of, and how many of them are errors; it must hold ``header`` (CSV) and the rows of
@@ -227,7 +239,14 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                           "or saved by vitlab")
     out = Path(output) if output is not None else None
     if out is not None and out.suffix not in FORMATS:
-        raise ConfigError(f"--output {out}: write predictions as {' or '.join(FORMATS)} (by the file's suffix)")
+        raise ConfigError(f"--output {out}: write predictions as {', '.join(FORMATS)} (by the file's suffix)")
+    if out is not None and out.suffix == ".parquet":
+        try:
+            import pyarrow.json  # noqa: F401  (the rows become a parquet file at the end)
+        except ImportError:
+            raise ConfigError(f"--output {out}: parquet files are written with pyarrow: pip install pyarrow "
+                              f"(or 'vitlab[hf]', which brings it)") from None
+    lines = ".csv" if out is not None and out.suffix == ".csv" else ".jsonl"  # parquet: JSON lines until the end
     rank, world, dist = _processes()
     files = _shared(dist, rank, lambda: list_images(inputs))
     multi = bool(cfg.get("multi_label"))
@@ -236,7 +255,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     columns = _columns(names, k, multi)
     header = ",".join(columns) + "\n"
     partial = out.with_name(out.name + ".partial") if out is not None else None
-    done, unreadable = _shared(dist, rank, lambda: _resume(partial, header, files, out.suffix)
+    done, unreadable = _shared(dist, rank, lambda: _resume(partial, header, files, lines)
                                if partial is not None and partial.is_file() else (0, 0))
     if device is None:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if torch.cuda.is_available() else "cpu"
@@ -254,7 +273,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     if partial is not None and rank == 0:
         partial.parent.mkdir(parents=True, exist_ok=True)
         sink = partial.open("a", newline="")
-        if done == 0 and out.suffix == ".csv":
+        if done == 0 and lines == ".csv":
             sink.write(header)
     try:
         with Progress(total=len(files), initial=done, desc=f"predicting {len(files):,} images", unit="images",
@@ -280,7 +299,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                     if sink is None:
                         print("\n".join(_text_line(r) for r in rows), flush=True)
                     else:
-                        sink.write("".join(json.dumps(r) + "\n" if out.suffix == ".jsonl" else _csv_line(r, columns)
+                        sink.write("".join(json.dumps(r) + "\n" if lines == ".jsonl" else _csv_line(r, columns)
                                            for r in rows))
                         sink.flush()
                 progress.update(len(rows))
@@ -288,7 +307,10 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
         if sink is not None:
             sink.close()
     if partial is not None and rank == 0:
-        os.replace(partial, out)
+        if out.suffix == ".parquet":
+            _to_parquet(partial, out)
+        else:
+            os.replace(partial, out)
     if (unreadable or partial is not None) and rank == 0:
         print(f"{len(files):,} images" + (f" -> {out}" if out is not None else "")
               + (f" ({done:,} rows from the run before)" if done else "")
