@@ -325,7 +325,8 @@ def main(argv: list[str] | None = None) -> None:
     ca.add_argument("--no-ema", action="store_true", help="calibrate the raw weights even if the run kept an EMA")
     ca.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. data.root=...")
     pr = sub.add_parser("predict", help="the top-k classes of image files, folders and globs: printed, or a row an "
-                                        "image in a .csv, .jsonl or .parquet file (a stopped job continues where it stopped)")
+                                        "image in a .csv, .jsonl or .parquet file (a stopped job continues where it "
+                                        "stopped)")
     pr.add_argument("--checkpoint", required=True)
     pr.add_argument("--topk", type=int, default=5)
     pr.add_argument("--output", help="write the rows to this .csv, .jsonl or .parquet file instead of printing them")
