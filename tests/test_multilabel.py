@@ -312,11 +312,9 @@ def test_mixup_cutmix_and_both_loaders_train_on_multi_hot_targets(quadrants, tmp
     assert 0 < summary["test_map"] <= 1 and summary["epochs_done"] == 3
 
 
-def test_predict_names_the_classes_at_or_above_their_thresholds(quadrants, tmp_path, on_cpu):
-    import subprocess
-    import sys
-
+def test_predict_names_the_classes_at_or_above_their_thresholds(quadrants, tmp_path, capsys, on_cpu):
     from vitlab.checkpoint import load_model
+    from vitlab.cli import main
     from vitlab.data.transforms import create_transform
     from vitlab.training import train
 
@@ -325,8 +323,9 @@ def test_predict_names_the_classes_at_or_above_their_thresholds(quadrants, tmp_p
     model = load_model(run)
     files = [quadrants / "images/test_0.png", quadrants / "images/test_1.png"]
     probs = model(torch.stack([create_transform(model)(Image.open(f).convert("RGB")) for f in files])).sigmoid()
-    out = subprocess.run([sys.executable, "-m", "vitlab.cli", "predict", "--checkpoint", str(run), *map(str, files)],
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    capsys.readouterr()
+    main(["predict", "--checkpoint", str(run), *map(str, files)])
+    out = capsys.readouterr().out.splitlines()
     names = sorted(COLORS)
     for line, f, p in zip(out, files, probs):
         shown = [f"{names[k]} {p[k]:.3f}" for k in range(4) if p[k] >= 0.5]
