@@ -163,3 +163,34 @@ def test_two_processes_continue_a_one_process_job_into_one_file_in_the_inputs_or
     assert [r["image"] for r in mine] == [r["image"] for r in theirs] and len(mine) == 36
     assert [r["class_1"] for r in mine] == [r["class_1"] for r in theirs]
     assert [float(r["prob_1"]) for r in mine] == pytest.approx([float(r["prob_1"]) for r in theirs], abs=1e-5)
+
+
+def test_flip_tta_averages_the_probabilities_of_the_image_and_its_mirror(trained, tiny_imagefolder, tmp_path):
+    from PIL import Image
+
+    from vitlab import create_transform, load_model
+    from vitlab.cli import main
+    from vitlab.prediction import predict_images
+    from vitlab.tasks.classification import flip_tta
+
+    a, b = torch.randn(4, 5), torch.randn(4, 5)
+    net = lambda x: torch.cat([a, b]) if len(x) == 8 else None  # noqa: E731  (the image's logits, then the mirror's)
+    torch.testing.assert_close(flip_tta(net, torch.zeros(4, 3, 2, 2)).softmax(-1), (a.softmax(-1) + b.softmax(-1)) / 2)
+    torch.testing.assert_close(flip_tta(net, torch.zeros(4, 3, 2, 2), True).sigmoid(), (a.sigmoid() + b.sigmoid()) / 2)
+    main(["eval", "--checkpoint", str(trained), "--tta", "flip", "--predictions", str(tmp_path / "eval.csv"),
+          "--output", str(tmp_path / "m.json")])
+    reset_accelerate()
+    assert json.loads((tmp_path / "m.json").read_text())["tta"] == "flip"
+    theirs = {r["image"]: r for r in csv.DictReader((tmp_path / "eval.csv").open())}
+    model = load_model(trained)
+    files = sorted((tiny_imagefolder / "test" / "class_1").glob("*.png"))[:4]
+    x = torch.stack([create_transform(model)(Image.open(f)) for f in files])
+    with torch.no_grad():
+        want = (model(x).softmax(-1) + model(x.flip(-1)).softmax(-1)) / 2
+    for f, p in zip(files, want):
+        row = theirs[f"class_1/{f.name}"]
+        assert [float(row[f"prob_class_{k}"]) for k in range(3)] == pytest.approx(p.tolist(), abs=1e-5)
+    predict_images(model, [str(f) for f in files], tmp_path / "p.jsonl", topk=3, num_workers=0, tta="flip")
+    for line, p in zip((tmp_path / "p.jsonl").read_text().splitlines(), want):
+        row = json.loads(line)
+        assert row["probs"] == pytest.approx(sorted(p.tolist(), reverse=True), abs=1e-5)

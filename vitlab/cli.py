@@ -60,7 +60,7 @@ def _eval(args: argparse.Namespace) -> None:
 
     evaluate_checkpoint(args.checkpoint, args.split, tuple(args.overrides), use_ema=not args.no_ema,
                         batch_size=args.batch_size, output=args.output, record=args.record,
-                        predictions=args.predictions, adjust_logits=args.adjust_logits)
+                        predictions=args.predictions, adjust_logits=args.adjust_logits, tta=args.tta)
     _end_processes()
 
 
@@ -151,7 +151,8 @@ def _predict(args: argparse.Namespace) -> None:
     from .checkpoint import load_model
     from .prediction import predict_images
 
-    predict_images(load_model(args.checkpoint), args.images, args.output, args.batch_size, args.num_workers, args.topk)
+    predict_images(load_model(args.checkpoint), args.images, args.output, args.batch_size, args.num_workers, args.topk,
+                   tta=args.tta)
     _end_processes()
 
 
@@ -314,6 +315,9 @@ def main(argv: list[str] | None = None) -> None:
     ev.add_argument("--adjust-logits", type=float, metavar="TAU",
                     help="an image classifier's: subtract TAU x log(its training class frequencies) from its logits "
                          "(post-hoc logit adjustment, Menon et al. 2021; 1 = the balanced error's rule)")
+    ev.add_argument("--tta", choices=("none", "flip"), default="none",
+                    help="an image classifier's test-time augmentation: flip, the mean of each image's probabilities "
+                         "and its mirror's")
     ev.add_argument("--no-ema", action="store_true", help="evaluate the raw weights even if the run kept an EMA")
     ev.add_argument("--record", action="store_true", help="add the result to the checkpoint's config.json: the model "
                                                           "card save_pretrained writes lists it")
@@ -332,6 +336,8 @@ def main(argv: list[str] | None = None) -> None:
     pr.add_argument("--output", help="write the rows to this .csv, .jsonl or .parquet file instead of printing them")
     pr.add_argument("--batch-size", type=int, default=64)
     pr.add_argument("--num-workers", type=int, default=2, help="DataLoader workers reading the images")
+    pr.add_argument("--tta", choices=("none", "flip"), default="none",
+                    help="test-time augmentation: flip, the mean of each image's probabilities and its mirror's")
     pr.add_argument("images", nargs="+", help="image files, folders (their images, below them too) and globs")
     at = sub.add_parser("attention", help="draw where a ViT looks: attention rollout or one block/head over images")
     at.add_argument("--checkpoint", required=True)

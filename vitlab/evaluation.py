@@ -27,7 +27,7 @@ __all__ = ["evaluate_checkpoint", "record_evaluation", "calibrate_checkpoint"]
 def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: tuple[str, ...] = (),
                         use_ema: bool = True, batch_size: int = 256, output: str | Path | None = None,
                         record: bool = False, predictions: str | Path | None = None,
-                        adjust_logits: float | None = None) -> dict[str, Any]:
+                        adjust_logits: float | None = None, tta: str = "none") -> dict[str, Any]:
     """Evaluate a run (its best checkpoint) or a checkpoint directory on ``split`` (train, val, test) of
     its own data; print the metrics on the main process and write them to ``output`` (JSON) if given.
     A classifier also gets its confusion matrix (JSON + PNG) beside ``output`` or in the checkpoint, and with
@@ -35,9 +35,12 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: 
     class's probability, in the split's order (any metric can be recomputed from it).
     ``adjust_logits`` (``tau``): a classifier's logits less ``tau * log`` of its training class frequencies
     (post-hoc logit adjustment, Menon et al. 2021: for the balanced error of a model trained on skewed classes).
-    ``record`` adds the result to the checkpoint (:func:`record_evaluation`) for its model card."""
+    ``record`` adds the result to the checkpoint (:func:`record_evaluation`) for its model card. ``tta='flip'``: a
+    classifier's predictions are the mean of each image's and its mirror's (:func:`~vitlab.tasks.classification.flip_tta`)."""
     directory = resolve_checkpoint(checkpoint)
     cfg = load_config(directory / "run_config.yaml", overrides, recorded=True)
+    if tta != "none" and cfg.task != "classification":
+        raise ConfigError(f"--tta {tta} is for an image classifier; {directory} holds a {cfg.task} run")
     if adjust_logits is not None and cfg.task != "classification":
         raise ConfigError(f"--adjust-logits is for an image classifier; {directory} holds a {cfg.task} run")
     if predictions is not None and (cfg.task != "classification" or Path(predictions).suffix != ".csv"):
@@ -46,7 +49,7 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: 
     model = load_model(directory, use_ema=use_ema)
     if cfg.task == "classification":
         metrics = _evaluate_classifier(directory, cfg, model, split, batch_size, Path(output) if output else None,
-                                       Path(predictions) if predictions else None, adjust_logits)
+                                       Path(predictions) if predictions else None, adjust_logits, tta)
     else:
         run = _evaluate_lm if cfg.task == "lm" else _evaluate_seq2seq
         metrics = run(directory, cfg, model, split, batch_size, Path(output) if output else None)
@@ -252,7 +255,7 @@ def _classifier_split(directory: Path, cfg: Config, model: nn.Module, split: str
 
 def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
                          output: Path | None, predictions: Path | None = None,
-                         adjust_logits: float | None = None) -> dict[str, Any]:
+                         adjust_logits: float | None = None, tta: str = "none") -> dict[str, Any]:
     from .data.transforms import ModelInput
     from .tasks.calibration import calibration_bins
     from .tasks.classification import evaluate_classifier, logit_adjustment, streamed_in_shards, training_class_counts
@@ -267,21 +270,25 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
                           f"holds a multi-label classifier")
     accelerator, loader, classes, data, train_index = _classifier_split(directory, cfg, model, split, batch_size)
     if info.get("multi_label"):
-        return _evaluate_multi_label(directory, model, split, loader, accelerator, classes, data, output, predictions)
+        return _evaluate_multi_label(directory, model, split, loader, accelerator, classes, data, output, predictions,
+                                     tta)
     temperature = info.get("temperature", 1.0)
     offset = None if adjust_logits is None else \
         logit_adjustment(training_class_counts(cfg.data, cfg.train.seed, train_index), adjust_logits)
     metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes),
                                   ModelInput(info["mean"], info["std"]), keep_probs=True, temperature=temperature,
-                                  logit_offset=offset)
+                                  logit_offset=offset, tta=tta)
     probs, labels = metrics.pop("probs"), metrics.pop("labels")
     metrics.pop("logits")
     metrics["temperature"] = temperature
+    if tta != "none":
+        metrics["tta"] = tta
     if adjust_logits is not None:
         metrics["adjust_logits"] = adjust_logits
     if not accelerator.is_main_process:
         return metrics
     print(f"checkpoint {directory} | {split} split: {metrics['num_images']} images"
+          + (" | each the mean of it and its mirror (--tta flip)" if tta == "flip" else "")
           + (f" | logits adjusted by -{adjust_logits:g} x log(the training class frequencies) (Menon et al. 2021)"
              if adjust_logits is not None else ""))
     print(f"top-1 {100 * metrics['top1']:.2f}%  top-5 {100 * metrics['top5']:.2f}%  loss {metrics['loss']:.4f}")
@@ -315,7 +322,7 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
                     for name in ("precision", "recall", "f1")}
         write_json(output, {"top1": metrics["top1"], "top5": metrics["top5"], "loss": metrics["loss"],
                             "balanced_top1": metrics["balanced_top1"], **averages, "ece": metrics["ece"],
-                            "temperature": temperature,
+                            "temperature": temperature, **({"tta": tta} if tta != "none" else {}),
                             **({"adjust_logits": adjust_logits} if adjust_logits is not None else {}),
                             "per_class": per_class,
                             **{f"per_class_{name}": dict(zip(classes, metrics[name])) for name in ("precision", "f1")},
@@ -324,7 +331,8 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
 
 
 def _evaluate_multi_label(directory: Path, model: nn.Module, split: str, loader: Any, accelerator: Any,
-                          classes: list[str], data: Any, output: Path | None, predictions: Path | None) -> dict[str, Any]:
+                          classes: list[str], data: Any, output: Path | None, predictions: Path | None,
+                          tta: str = "none") -> dict[str, Any]:
     """``vitlab eval`` of a multi-label classifier: mAP, F1s at 0.5 and at its thresholds (``vitlab
     calibrate``), each class's AP and F1, printed and written as :func:`evaluate_checkpoint` says."""
     import torch
@@ -335,7 +343,8 @@ def _evaluate_multi_label(directory: Path, model: nn.Module, split: str, loader:
     info = model.pretrained_cfg
     thresholds = torch.tensor(info["thresholds"]) if info.get("thresholds") is not None else None
     metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes),
-                                  ModelInput(info["mean"], info["std"]), keep_probs=True, thresholds=thresholds)
+                                  ModelInput(info["mean"], info["std"]), keep_probs=True, thresholds=thresholds,
+                                  tta=tta)
     probs, labels = metrics.pop("probs"), metrics.pop("labels")
     metrics.pop("logits")
     if not accelerator.is_main_process:

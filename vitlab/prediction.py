@@ -28,7 +28,7 @@ from .data.split import SplitIndex
 from .data.transforms import ModelInput, decode_size, decode_upright
 from .errors import ConfigError, DataError
 from .progress import Progress
-from .tasks.classification import eval_dataset
+from .tasks.classification import eval_dataset, flip_tta
 
 __all__ = ["list_images", "predict_images", "FORMATS"]
 
@@ -211,7 +211,7 @@ def _shared(dist: Any, rank: int, work: Callable[[], Any]) -> Any:
 @torch.no_grad()
 def predict_images(model: nn.Module, inputs: list[str], output: str | Path | None = None, batch_size: int = 64,
                    num_workers: int = 2, topk: int = 5, device: str | torch.device | None = None,
-                   stop_after_batches: int | None = None) -> dict[str, int]:
+                   stop_after_batches: int | None = None, tta: str = "none") -> dict[str, int]:
     """Predict every image ``inputs`` name (:func:`list_images`) with ``model`` (from :func:`vitlab.load_model`),
     ``batch_size`` at a time, read by ``num_workers`` DataLoader workers, on ``device`` (default: CUDA if there,
     in bf16 autocast; else the CPU in float32). Rows go to ``output`` (``.csv`` or ``.jsonl``, see the module
@@ -222,7 +222,9 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     Under ``torchrun`` or ``accelerate launch`` every process reads and predicts its part of each global batch
     (``batch_size`` a process, contiguous parts), and process 0 writes all the rows, in the inputs' order: the
     output does not depend on the number of processes, and a job may continue on another number.
-    ``stop_after_batches`` ends the job early, as an interruption would (for tests).
+    ``tta='flip'``: each image's probabilities are the mean of its and its mirror's
+    (:func:`~vitlab.tasks.classification.flip_tta`). ``stop_after_batches`` ends the job early, as an
+    interruption would (for tests).
 
     Returns:
         ``{"images": ..., "unreadable": ..., "resumed": ...}``: images in the job, rows with an error, rows an
@@ -287,7 +289,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                     images, errors = next(loader)
                     x = model_input(images.to(device, non_blocking=True))
                     with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
-                        logits = model(x).float().cpu()
+                        logits = (flip_tta(model, x, multi) if tta == "flip" else model(x).float()).cpu()
                     probs = logits.sigmoid() if multi else (logits / temperature).softmax(-1)
                     rows = _rows([todo[i] for i in part], list(errors), probs, names, k, thresholds)
                 if dist is not None:

@@ -1,6 +1,7 @@
 """Image classification as a training task: ViT + CIFAR-10/ImageFolder data + (mixup) cross-entropy."""
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["image_classification_task", "resolve_loader", "in_memory", "index_splits", "shard_streams", "load_train_val_data", "load_test_data",
            "eval_dataset",
            "evaluate_classifier", "metrics_from_predictions", "report_metrics", "gather_uneven",
-           "training_class_counts", "class_counts", "logit_adjustment", "class_weights"]
+           "training_class_counts", "class_counts", "logit_adjustment", "class_weights", "flip_tta"]
 
 
 def _decode_size(d: DataConfig, size: tuple[int, int], keep_in_memory: bool = True) -> tuple[int, int] | None:
@@ -682,7 +683,7 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
 def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator, num_classes: int,
                         model_input: Callable[[Tensor], Tensor] | None = None, keep_probs: bool = False,
                         temperature: float = 1.0, logit_offset: Tensor | None = None,
-                        thresholds: Tensor | None = None) -> dict[str, Any]:
+                        thresholds: Tensor | None = None, tta: str = "none") -> dict[str, Any]:
     """Top-1/top-5 accuracy, mean cross-entropy, per-class accuracy and the confusion matrix; for multi-hot
     labels ``(N, K)`` the multi-label metrics instead (:func:`~vitlab.tasks.multilabel.multilabel_metrics`:
     mAP, F1s at 0.5 and, given per-class ``thresholds``, at them; ``probs`` are then sigmoids).
@@ -693,7 +694,8 @@ def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator,
     divides the logits before the loss, the calibration error and the probabilities (a calibrated model's;
     top-1 unchanged); ``logit_offset`` ``(K,)`` is subtracted from them first (post-hoc logit adjustment,
     :func:`logit_adjustment`). With ``keep_probs`` also ``probs``, the predicted probabilities ``(N, num_classes)`` in
-    the loader's order, the raw ``logits`` and the ``labels``.
+    the loader's order, the raw ``logits`` and the ``labels``. ``tta='flip'``: each image's logits are those of the
+    mean of its and its mirror's probabilities (:func:`flip_tta`).
     """
     was_training = model.training
     model.eval()
@@ -703,7 +705,7 @@ def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator,
         if model_input is not None:
             images = model_input(images)
         with accelerator.autocast():
-            logits = model(images).float()
+            logits = flip_tta(model, images, labels.ndim == 2) if tta == "flip" else model(images).float()
         labels = labels.to(torch.uint8) if labels.dtype == torch.bool else labels  # multi-hot, gathered as bytes
         if not exact:  # an Accelerate-prepared loader: drop the samples it repeated to even out
             logits, labels = accelerator.gather_for_metrics((logits, labels))
@@ -724,6 +726,18 @@ def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator,
     if keep_probs:
         metrics.update(probs=probs, logits=logits, labels=labels)
     return metrics
+
+
+def flip_tta(model: nn.Module, images: Tensor, multi_label: bool = False) -> Tensor:
+    """Test-time augmentation by flipping: the logits ``(b, K)`` whose probabilities are the mean of the
+    image's and its horizontal mirror's (softmax: the log of the mean; ``multi_label``: the logit of each
+    class's mean sigmoid), so that every metric of logits (loss, calibration, top-k) reads the averaged
+    prediction. ``images``: the model's input ``(b, C, H, W)``."""
+    both = model(torch.cat([images, images.flip(-1)])).float()
+    a, b = both.chunk(2)
+    if multi_label:
+        return torch.logit((a.sigmoid() + b.sigmoid()) / 2, eps=1e-7)
+    return torch.logaddexp(a.log_softmax(-1), b.log_softmax(-1)) - math.log(2)
 
 
 def logit_adjustment(class_counts: Tensor, tau: float) -> Tensor:
