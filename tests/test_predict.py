@@ -194,3 +194,51 @@ def test_flip_tta_averages_the_probabilities_of_the_image_and_its_mirror(trained
     for line, p in zip((tmp_path / "p.jsonl").read_text().splitlines(), want):
         row = json.loads(line)
         assert row["probs"] == pytest.approx(sorted(p.tolist(), reverse=True), abs=1e-5)
+
+
+def test_knn_top1_is_scikit_learns_weighted_vote_of_the_nearest_training_images(trained, tiny_imagefolder, tmp_path):
+    # DINO's k-NN: cosine similarity, each neighbour weighted by exp(similarity / 0.07); scikit-learn's
+    # KNeighborsClassifier with the cosine metric and that weight of its distance (1 - similarity) is the reference.
+    import numpy as np
+    from PIL import Image
+    from sklearn.neighbors import KNeighborsClassifier
+
+    from vitlab import create_transform, load_model
+    from vitlab.cli import main
+    from vitlab.tasks.knn import pooled_features
+
+    main(["eval", "--checkpoint", str(trained), "--knn", "5", "--output", str(tmp_path / "m.json")])
+    reset_accelerate()
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    model = load_model(trained)
+
+    def features(split: str) -> tuple[np.ndarray, np.ndarray]:
+        files = sorted((tiny_imagefolder / split).rglob("*.png"))
+        with torch.no_grad():
+            f = pooled_features(model, torch.stack([create_transform(model)(Image.open(p)) for p in files]))
+        return f.numpy(), np.array([int(p.parent.name.split("_")[1]) for p in files])
+
+    (train_x, train_y), (test_x, test_y) = features("train"), features("test")
+    reference = KNeighborsClassifier(5, metric="cosine", weights=lambda d: np.exp((1 - d) / 0.07)).fit(train_x, train_y)
+    assert metrics["knn_k"] == 5 and metrics["knn_train_images"] == 96
+    assert metrics["knn_top1"] == pytest.approx((reference.predict(test_x) == test_y).mean(), abs=1e-9)
+    assert 0 < metrics["knn_top1"] <= 1
+
+
+@pytest.mark.parametrize("k", [1, 5, 20])
+def test_the_weighted_vote_is_scikit_learns_on_features_where_the_weights_decide(k):
+    import numpy as np
+    from sklearn.neighbors import KNeighborsClassifier
+
+    from vitlab.tasks.knn import knn_predict
+
+    g = torch.Generator().manual_seed(k)
+    train, test = torch.randn(300, 8, generator=g), torch.randn(80, 8, generator=g)
+    labels = torch.randint(0, 6, (300,), generator=g)
+    reference = KNeighborsClassifier(k, metric="cosine", weights=lambda d: np.exp((1 - d) / 0.07))
+    theirs = reference.fit(train.numpy(), labels.numpy()).predict(test.numpy())
+    mine = knn_predict(train, labels, test, 6, k, chunk=32)
+    assert mine.tolist() == theirs.tolist()
+    if k > 1:  # a plain majority would differ somewhere: the weights decide
+        plain = KNeighborsClassifier(k, metric="cosine").fit(train.numpy(), labels.numpy()).predict(test.numpy())
+        assert (plain != theirs).any()

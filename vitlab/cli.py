@@ -60,7 +60,7 @@ def _eval(args: argparse.Namespace) -> None:
 
     evaluate_checkpoint(args.checkpoint, args.split, tuple(args.overrides), use_ema=not args.no_ema,
                         batch_size=args.batch_size, output=args.output, record=args.record,
-                        predictions=args.predictions, adjust_logits=args.adjust_logits, tta=args.tta)
+                        predictions=args.predictions, adjust_logits=args.adjust_logits, tta=args.tta, knn=args.knn)
     _end_processes()
 
 
@@ -315,6 +315,9 @@ def main(argv: list[str] | None = None) -> None:
     ev.add_argument("--adjust-logits", type=float, metavar="TAU",
                     help="an image classifier's: subtract TAU x log(its training class frequencies) from its logits "
                          "(post-hoc logit adjustment, Menon et al. 2021; 1 = the balanced error's rule)")
+    ev.add_argument("--knn", type=int, default=0, metavar="K",
+                    help="an image classifier's: also the top-1 of the vote of the K nearest training images by the "
+                         "pooled features (DINO's weighted k-NN: cosine similarity, temperature 0.07; K = 20 is DINO's)")
     ev.add_argument("--tta", choices=("none", "flip"), default="none",
                     help="an image classifier's test-time augmentation: flip, the mean of each image's probabilities "
                          "and its mirror's")

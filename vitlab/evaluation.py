@@ -27,7 +27,7 @@ __all__ = ["evaluate_checkpoint", "record_evaluation", "calibrate_checkpoint"]
 def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: tuple[str, ...] = (),
                         use_ema: bool = True, batch_size: int = 256, output: str | Path | None = None,
                         record: bool = False, predictions: str | Path | None = None,
-                        adjust_logits: float | None = None, tta: str = "none") -> dict[str, Any]:
+                        adjust_logits: float | None = None, tta: str = "none", knn: int = 0) -> dict[str, Any]:
     """Evaluate a run (its best checkpoint) or a checkpoint directory on ``split`` (train, val, test) of
     its own data; print the metrics on the main process and write them to ``output`` (JSON) if given.
     A classifier also gets its confusion matrix (JSON + PNG) beside ``output`` or in the checkpoint, and with
@@ -36,9 +36,13 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: 
     ``adjust_logits`` (``tau``): a classifier's logits less ``tau * log`` of its training class frequencies
     (post-hoc logit adjustment, Menon et al. 2021: for the balanced error of a model trained on skewed classes).
     ``record`` adds the result to the checkpoint (:func:`record_evaluation`) for its model card. ``tta='flip'``: a
-    classifier's predictions are the mean of each image's and its mirror's (:func:`~vitlab.tasks.classification.flip_tta`)."""
+    classifier's predictions are the mean of each image's and its mirror's (:func:`~vitlab.tasks.classification.flip_tta`).
+    ``knn``: also the top-1 of the ``knn`` nearest training images' vote by the model's pooled features (DINO's
+    protocol, :mod:`vitlab.tasks.knn`), as ``knn_top1``."""
     directory = resolve_checkpoint(checkpoint)
     cfg = load_config(directory / "run_config.yaml", overrides, recorded=True)
+    if knn and cfg.task != "classification":
+        raise ConfigError(f"--knn {knn} is for an image classifier; {directory} holds a {cfg.task} run")
     if tta != "none" and cfg.task != "classification":
         raise ConfigError(f"--tta {tta} is for an image classifier; {directory} holds a {cfg.task} run")
     if adjust_logits is not None and cfg.task != "classification":
@@ -49,7 +53,7 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: 
     model = load_model(directory, use_ema=use_ema)
     if cfg.task == "classification":
         metrics = _evaluate_classifier(directory, cfg, model, split, batch_size, Path(output) if output else None,
-                                       Path(predictions) if predictions else None, adjust_logits, tta)
+                                       Path(predictions) if predictions else None, adjust_logits, tta, knn)
     else:
         run = _evaluate_lm if cfg.task == "lm" else _evaluate_seq2seq
         metrics = run(directory, cfg, model, split, batch_size, Path(output) if output else None)
@@ -255,7 +259,7 @@ def _classifier_split(directory: Path, cfg: Config, model: nn.Module, split: str
 
 def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
                          output: Path | None, predictions: Path | None = None,
-                         adjust_logits: float | None = None, tta: str = "none") -> dict[str, Any]:
+                         adjust_logits: float | None = None, tta: str = "none", knn: int = 0) -> dict[str, Any]:
     from .data.transforms import ModelInput
     from .tasks.calibration import calibration_bins
     from .tasks.classification import evaluate_classifier, logit_adjustment, streamed_in_shards, training_class_counts
@@ -265,6 +269,9 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
         if value is not None and streamed_in_shards(cfg.data):
             raise ConfigError(f"{option} {value}: shards are read as a stream, without the names of their images or "
                               f"the count of each class here; evaluate an ImageFolder or Hugging Face split")
+    if knn and (info.get("multi_label") or streamed_in_shards(cfg.data)):
+        raise ConfigError(f"--knn {knn}: the neighbours' vote gives one class an image from the training split's "
+                          f"images by position; {directory} holds a multi-label classifier or reads shards")
     if adjust_logits is not None and info.get("multi_label"):
         raise ConfigError(f"--adjust-logits {adjust_logits}: logit adjustment is for one class an image, and {directory} "
                           f"holds a multi-label classifier")
@@ -281,6 +288,8 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
     probs, labels = metrics.pop("probs"), metrics.pop("labels")
     metrics.pop("logits")
     metrics["temperature"] = temperature
+    if knn:
+        metrics.update(_knn_top1(directory, cfg, model, batch_size, knn, loader, accelerator, len(classes)))
     if tta != "none":
         metrics["tta"] = tta
     if adjust_logits is not None:
@@ -291,7 +300,9 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
           + (" | each the mean of it and its mirror (--tta flip)" if tta == "flip" else "")
           + (f" | logits adjusted by -{adjust_logits:g} x log(the training class frequencies) (Menon et al. 2021)"
              if adjust_logits is not None else ""))
-    print(f"top-1 {100 * metrics['top1']:.2f}%  top-5 {100 * metrics['top5']:.2f}%  loss {metrics['loss']:.4f}")
+    print(f"top-1 {100 * metrics['top1']:.2f}%  top-5 {100 * metrics['top5']:.2f}%  loss {metrics['loss']:.4f}"
+          + (f"  | k-NN top-1 {100 * metrics['knn_top1']:.2f}% ({knn} neighbours among the {metrics['knn_train_images']} "
+             f"training images, by the pooled features)" if knn else ""))
     print(f"calibration error (ECE, 15 bins) {100 * metrics['ece']:.2f}%"
           + (f" at temperature {temperature:.4f} (vitlab calibrate)" if temperature != 1.0 else
              " (uncalibrated: vitlab calibrate fits a temperature on the validation split)"))
@@ -323,6 +334,7 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
         write_json(output, {"top1": metrics["top1"], "top5": metrics["top5"], "loss": metrics["loss"],
                             "balanced_top1": metrics["balanced_top1"], **averages, "ece": metrics["ece"],
                             "temperature": temperature, **({"tta": tta} if tta != "none" else {}),
+                            **({k: metrics[k] for k in ("knn_top1", "knn_k", "knn_train_images")} if knn else {}),
                             **({"adjust_logits": adjust_logits} if adjust_logits is not None else {}),
                             "per_class": per_class,
                             **{f"per_class_{name}": dict(zip(classes, metrics[name])) for name in ("precision", "f1")},
@@ -376,3 +388,21 @@ def _evaluate_multi_label(directory: Path, model: nn.Module, split: str, loader:
                             **({"thresholds": dict(zip(classes, thresholds.tolist()))} if thresholds is not None else {}),
                             "num_images": metrics["num_images"], "checkpoint": str(directory), "split": split})
     return metrics
+
+
+def _knn_top1(directory: Path, cfg: Config, model: nn.Module, batch_size: int, k: int, loader: Any,
+              accelerator: Any, num_classes: int) -> dict[str, Any]:
+    """``vitlab eval --knn K``: the split's top-1 by the vote of its ``k`` nearest training images (their pooled
+    features, the run's training images as evaluation shows them; :mod:`vitlab.tasks.knn`)."""
+    from .data.transforms import ModelInput
+    from .tasks.knn import collect_features, knn_predict
+
+    info = model.pretrained_cfg
+    model_input = ModelInput(info["mean"], info["std"])
+    _, train_loader, _, _, _ = _classifier_split(directory, cfg, model, "train", batch_size)
+    prepared = accelerator.prepare(model)
+    train_features, train_labels = collect_features(prepared, train_loader, accelerator, model_input)
+    features, labels = collect_features(prepared, loader, accelerator, model_input)
+    predicted = knn_predict(train_features, train_labels, features, num_classes, k)
+    return {"knn_top1": (predicted == labels).double().mean().item(), "knn_k": k,
+            "knn_train_images": len(train_labels)}
