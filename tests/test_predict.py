@@ -242,3 +242,35 @@ def test_the_weighted_vote_is_scikit_learns_on_features_where_the_weights_decide
     if k > 1:  # a plain majority would differ somewhere: the weights decide
         plain = KNeighborsClassifier(k, metric="cosine").fit(train.numpy(), labels.numpy()).predict(test.numpy())
         assert (plain != theirs).any()
+
+
+def test_vitlab_embed_writes_the_pooled_features_with_their_paths(trained, tiny_imagefolder, tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from vitlab import create_transform, load_model
+    from vitlab.cli import main
+    from vitlab.tasks.knn import pooled_features
+
+    images = tmp_path / "images"
+    shutil.copytree(tiny_imagefolder / "test" / "class_2", images)
+    (images / "000_broken.png").write_bytes(b"not a png")
+    main(["embed", "--checkpoint", str(trained), "--output", str(tmp_path / "e.npy"), "--num-workers", "0",
+          str(images)])
+    array = np.load(tmp_path / "e.npy")
+    paths = (tmp_path / "e.paths.txt").read_text().splitlines()
+    assert array.shape == (13, 32) and array.dtype == np.float32 and paths == sorted(str(p) for p in images.iterdir())
+    broken = paths.index(str(images / "000_broken.png"))
+    good = [i for i in range(13) if i != broken]
+    assert np.isnan(array[broken]).all() and not np.isnan(array[good]).any()  # the broken file: a row of NaN
+    model = load_model(trained)
+    with torch.no_grad():
+        want = pooled_features(model, torch.stack([create_transform(model)(Image.open(paths[i])) for i in good]))
+    np.testing.assert_allclose(array[good], want.numpy(), atol=1e-5)
+    main(["embed", "--checkpoint", str(trained), "--output", str(tmp_path / "e.jsonl"), "--num-workers", "0",
+          str(images)])
+    rows = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
+    assert [r["image"] for r in rows] == paths and "error" in rows[broken]
+    np.testing.assert_allclose(np.array([rows[i]["embedding"] for i in good]), array[good], atol=1e-6)
+    with pytest.raises(SystemExit):
+        main(["embed", "--checkpoint", str(trained), "--output", str(tmp_path / "e.csv"), str(images)])

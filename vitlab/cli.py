@@ -156,6 +156,14 @@ def _predict(args: argparse.Namespace) -> None:
     _end_processes()
 
 
+def _embed(args: argparse.Namespace) -> None:
+    from .checkpoint import load_model
+    from .prediction import embed_images
+
+    embed_images(load_model(args.checkpoint), args.images, args.output, args.batch_size, args.num_workers)
+    _end_processes()
+
+
 def _attention(args: argparse.Namespace) -> None:
     from .checkpoint import load_model
     from .data.decode import open_image
@@ -342,6 +350,14 @@ def main(argv: list[str] | None = None) -> None:
     pr.add_argument("--tta", choices=("none", "flip"), default="none",
                     help="test-time augmentation: flip, the mean of each image's probabilities and its mirror's")
     pr.add_argument("images", nargs="+", help="image files, folders (their images, below them too) and globs")
+    em = sub.add_parser("embed", help="the pooled pre-logits features of image files, folders and globs into a "
+                                      ".parquet, .jsonl or .npy file (a stopped job continues where it stopped)")
+    em.add_argument("--checkpoint", required=True)
+    em.add_argument("--output", required=True, help="FILE.parquet or .jsonl (a row an image), or FILE.npy (an array; "
+                                                    "the paths in FILE.paths.txt)")
+    em.add_argument("--batch-size", type=int, default=64)
+    em.add_argument("--num-workers", type=int, default=2, help="DataLoader workers reading the images")
+    em.add_argument("images", nargs="+", help="image files, folders (their images, below them too) and globs")
     at = sub.add_parser("attention", help="draw where a ViT looks: attention rollout or one block/head over images")
     at.add_argument("--checkpoint", required=True)
     at.add_argument("--output", required=True, help="the figure (.png, .pdf, .svg)")
@@ -392,7 +408,8 @@ def main(argv: list[str] | None = None) -> None:
     mo = sub.add_parser("models", help="list the model presets with their sizes")
     mo.add_argument("pattern", nargs="?", default="*")
     args = parser.parse_args(argv)
-    command = {"eval": _eval, "calibrate": _calibrate, "predict": _predict, "attention": _attention, "translate": _translate,
+    command = {"eval": _eval, "calibrate": _calibrate, "predict": _predict, "embed": _embed, "attention": _attention,
+               "translate": _translate,
                "sample": _sample, "export": _export, "models": _models, "shards": _shards}[args.command]
     run_command(lambda: command(args))
 

@@ -29,10 +29,12 @@ from .data.transforms import ModelInput, decode_size, decode_upright
 from .errors import ConfigError, DataError
 from .progress import Progress
 from .tasks.classification import eval_dataset, flip_tta
+from .tasks.knn import pooled_features
 
-__all__ = ["list_images", "predict_images", "FORMATS"]
+__all__ = ["list_images", "predict_images", "embed_images", "FORMATS", "EMBED_FORMATS"]
 
 FORMATS = (".csv", ".jsonl", ".parquet")
+EMBED_FORMATS = (".parquet", ".jsonl", ".npy")
 
 
 def list_images(inputs: list[str]) -> list[str]:
@@ -151,6 +153,38 @@ def _to_parquet(partial: Path, out: Path) -> None:
     partial.unlink()
 
 
+def _to_npy(partial: Path, out: Path) -> None:
+    """The finished job's embeddings as one float32 array ``(N, E)`` in ``out`` (a row of NaN for an image that
+    could not be read) and their paths, a line each in the same order, in ``out``'s ``.paths.txt``."""
+    import numpy as np
+
+    rows = [json.loads(line) for line in partial.read_text().splitlines()]
+    width = next((len(r["embedding"]) for r in rows if "embedding" in r), 0)
+    array = np.full((len(rows), width), np.nan, dtype=np.float32)
+    for i, r in enumerate(rows):
+        if "embedding" in r:
+            array[i] = r["embedding"]
+    paths = out.with_suffix(".paths.txt")
+    paths.with_name(paths.name + ".tmp").write_text("".join(r["image"] + "\n" for r in rows))
+    with open(out.with_name(out.name + ".tmp"), "wb") as f:
+        np.save(f, array)
+    os.replace(paths.with_name(paths.name + ".tmp"), paths)
+    os.replace(out.with_name(out.name + ".tmp"), out)
+    partial.unlink()
+
+
+def embed_images(model: nn.Module, inputs: list[str], output: str | Path, batch_size: int = 64,
+                 num_workers: int = 2, device: str | torch.device | None = None,
+                 stop_after_batches: int | None = None) -> dict[str, int]:
+    """The pooled pre-logits features (:func:`~vitlab.tasks.knn.pooled_features`: what a backbone is used for
+    besides its head, search, clustering, deduplication) of every image ``inputs`` name, as
+    :func:`predict_images` reads and batches them (eval's preprocessing, any number of processes, a stopped job
+    continued), into ``output``: ``.parquet`` or ``.jsonl`` rows (``image``, ``embedding``; or ``error``), or a
+    ``.npy`` float32 array ``(N, E)`` (NaN rows for unreadable images) with the paths in ``<name>.paths.txt``."""
+    return predict_images(model, inputs, output, batch_size, num_workers, device=device,
+                          stop_after_batches=stop_after_batches, embed=True)
+
+
 def _resume(partial: Path, header: str, files: list[str], suffix: str) -> tuple[int, int]:
     """How many rows ``partial`` (an earlier run of the same job) holds whole, after cutting a row it was
     stopped in the middle of, and how many of them are errors; it must hold ``header`` (CSV) and the rows of
@@ -211,7 +245,7 @@ def _shared(dist: Any, rank: int, work: Callable[[], Any]) -> Any:
 @torch.no_grad()
 def predict_images(model: nn.Module, inputs: list[str], output: str | Path | None = None, batch_size: int = 64,
                    num_workers: int = 2, topk: int = 5, device: str | torch.device | None = None,
-                   stop_after_batches: int | None = None, tta: str = "none") -> dict[str, int]:
+                   stop_after_batches: int | None = None, tta: str = "none", embed: bool = False) -> dict[str, int]:
     """Predict every image ``inputs`` name (:func:`list_images`) with ``model`` (from :func:`vitlab.load_model`),
     ``batch_size`` at a time, read by ``num_workers`` DataLoader workers, on ``device`` (default: CUDA if there,
     in bf16 autocast; else the CPU in float32). Rows go to ``output`` (``.csv`` or ``.jsonl``, see the module
@@ -222,6 +256,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     Under ``torchrun`` or ``accelerate launch`` every process reads and predicts its part of each global batch
     (``batch_size`` a process, contiguous parts), and process 0 writes all the rows, in the inputs' order: the
     output does not depend on the number of processes, and a job may continue on another number.
+    ``embed``: rows of the pooled pre-logits features instead (:func:`embed_images`).
     ``tta='flip'``: each image's probabilities are the mean of its and its mirror's
     (:func:`~vitlab.tasks.classification.flip_tta`). ``stop_after_batches`` ends the job early, as an
     interruption would (for tests).
@@ -235,26 +270,30 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
             without class names, inputs that name no image, a partial output of another job.
     """
     cfg = getattr(model, "pretrained_cfg", None) or {}
-    names = cfg.get("label_names")
-    if not names:
+    names = cfg.get("label_names") or ([] if embed else None)
+    if names is None:
         raise ConfigError("the checkpoint holds no class names (label_names); predict needs a classifier trained "
                           "or saved by vitlab")
     out = Path(output) if output is not None else None
-    if out is not None and out.suffix not in FORMATS:
-        raise ConfigError(f"--output {out}: write predictions as {', '.join(FORMATS)} (by the file's suffix)")
+    formats = EMBED_FORMATS if embed else FORMATS
+    if embed and out is None:
+        raise ConfigError(f"vitlab embed writes the features to a file: give --output FILE ({', '.join(formats)})")
+    if out is not None and out.suffix not in formats:
+        raise ConfigError(f"--output {out}: write {'embeddings' if embed else 'predictions'} as {', '.join(formats)} "
+                          f"(by the file's suffix)")
     if out is not None and out.suffix == ".parquet":
         try:
             import pyarrow.json  # noqa: F401  (the rows become a parquet file at the end)
         except ImportError:
             raise ConfigError(f"--output {out}: parquet files are written with pyarrow: pip install pyarrow "
                               f"(or 'vitlab[hf]', which brings it)") from None
-    lines = ".csv" if out is not None and out.suffix == ".csv" else ".jsonl"  # parquet: JSON lines until the end
+    lines = ".csv" if out is not None and out.suffix == ".csv" else ".jsonl"  # parquet, npy: JSON lines until the end
     rank, world, dist = _processes()
     files = _shared(dist, rank, lambda: list_images(inputs))
     multi = bool(cfg.get("multi_label"))
     thresholds = torch.tensor(cfg.get("thresholds") or [0.5] * len(names)) if multi else None
     k = min(topk, len(names))
-    columns = _columns(names, k, multi)
+    columns = ["image", "error", "embedding"] if embed else _columns(names, k, multi)
     header = ",".join(columns) + "\n"
     partial = out.with_name(out.name + ".partial") if out is not None else None
     done, unreadable = _shared(dist, rank, lambda: _resume(partial, header, files, lines)
@@ -289,9 +328,16 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                     images, errors = next(loader)
                     x = model_input(images.to(device, non_blocking=True))
                     with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
-                        logits = (flip_tta(model, x, multi) if tta == "flip" else model(x).float()).cpu()
-                    probs = logits.sigmoid() if multi else (logits / temperature).softmax(-1)
-                    rows = _rows([todo[i] for i in part], list(errors), probs, names, k, thresholds)
+                        if embed:
+                            features = pooled_features(model, x).float().cpu()
+                        else:
+                            logits = (flip_tta(model, x, multi) if tta == "flip" else model(x).float()).cpu()
+                    if embed:
+                        rows = [{"image": todo[i], "error": e} if e else {"image": todo[i], "embedding": f.tolist()}
+                                for i, e, f in zip(part, errors, features)]
+                    else:
+                        probs = logits.sigmoid() if multi else (logits / temperature).softmax(-1)
+                        rows = _rows([todo[i] for i in part], list(errors), probs, names, k, thresholds)
                 if dist is not None:
                     gathered: list[Any] = [None] * world
                     dist.all_gather_object(gathered, rows)
@@ -311,6 +357,8 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     if partial is not None and rank == 0:
         if out.suffix == ".parquet":
             _to_parquet(partial, out)
+        elif out.suffix == ".npy":
+            _to_npy(partial, out)
         else:
             os.replace(partial, out)
     if (unreadable or partial is not None) and rank == 0:
