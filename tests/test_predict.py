@@ -274,3 +274,15 @@ def test_vitlab_embed_writes_the_pooled_features_with_their_paths(trained, tiny_
     np.testing.assert_allclose(np.array([rows[i]["embedding"] for i in good]), array[good], atol=1e-6)
     with pytest.raises(SystemExit):
         main(["embed", "--checkpoint", str(trained), "--output", str(tmp_path / "e.csv"), str(images)])
+
+
+def test_embed_takes_a_backbone_without_class_names(trained, tiny_imagefolder, tmp_path):
+    import numpy as np
+
+    from vitlab import load_model
+    from vitlab.prediction import embed_images
+
+    model = load_model(trained)
+    del model.pretrained_cfg["label_names"]  # a save_pretrained backbone may carry none
+    embed_images(model, [str(tiny_imagefolder / "test" / "class_0")], tmp_path / "e.npy", num_workers=0)
+    assert np.load(tmp_path / "e.npy").shape == (12, 32)

@@ -282,14 +282,14 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
     temperature = info.get("temperature", 1.0)
     offset = None if adjust_logits is None else \
         logit_adjustment(training_class_counts(cfg.data, cfg.train.seed, train_index), adjust_logits)
-    metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes),
-                                  ModelInput(info["mean"], info["std"]), keep_probs=True, temperature=temperature,
-                                  logit_offset=offset, tta=tta)
+    prepared = accelerator.prepare(model)
+    metrics = evaluate_classifier(prepared, loader, accelerator, len(classes), ModelInput(info["mean"], info["std"]),
+                                  keep_probs=True, temperature=temperature, logit_offset=offset, tta=tta)
     probs, labels = metrics.pop("probs"), metrics.pop("labels")
     metrics.pop("logits")
     metrics["temperature"] = temperature
     if knn:
-        metrics.update(_knn_top1(directory, cfg, model, batch_size, knn, loader, accelerator, len(classes)))
+        metrics.update(_knn_top1(directory, cfg, model, prepared, batch_size, knn, loader, accelerator, len(classes)))
     if tta != "none":
         metrics["tta"] = tta
     if adjust_logits is not None:
@@ -390,8 +390,8 @@ def _evaluate_multi_label(directory: Path, model: nn.Module, split: str, loader:
     return metrics
 
 
-def _knn_top1(directory: Path, cfg: Config, model: nn.Module, batch_size: int, k: int, loader: Any,
-              accelerator: Any, num_classes: int) -> dict[str, Any]:
+def _knn_top1(directory: Path, cfg: Config, model: nn.Module, prepared: nn.Module, batch_size: int, k: int,
+              loader: Any, accelerator: Any, num_classes: int) -> dict[str, Any]:
     """``vitlab eval --knn K``: the split's top-1 by the vote of its ``k`` nearest training images (their pooled
     features, the run's training images as evaluation shows them; :mod:`vitlab.tasks.knn`)."""
     from .data.transforms import ModelInput
@@ -400,7 +400,6 @@ def _knn_top1(directory: Path, cfg: Config, model: nn.Module, batch_size: int, k
     info = model.pretrained_cfg
     model_input = ModelInput(info["mean"], info["std"])
     _, train_loader, _, _, _ = _classifier_split(directory, cfg, model, "train", batch_size)
-    prepared = accelerator.prepare(model)
     train_features, train_labels = collect_features(prepared, train_loader, accelerator, model_input)
     features, labels = collect_features(prepared, loader, accelerator, model_input)
     predicted = knn_predict(train_features, train_labels, features, num_classes, k)

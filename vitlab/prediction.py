@@ -17,7 +17,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -28,7 +28,7 @@ from .data.split import SplitIndex
 from .data.transforms import ModelInput, decode_size, decode_upright
 from .errors import ConfigError, DataError
 from .progress import Progress
-from .tasks.classification import eval_dataset, flip_tta
+from .tasks.classification import eval_dataset, flip_tta, listed_once
 from .tasks.knn import pooled_features
 
 __all__ = ["list_images", "predict_images", "embed_images", "FORMATS", "EMBED_FORMATS"]
@@ -71,7 +71,8 @@ def _model_view(model: nn.Module, files: list[str]) -> Dataset:
     cfg = model.pretrained_cfg
     size, crop_pct = tuple(cfg["input_size"][1:]), cfg.get("crop_pct")
     reader = FolderFiles([Path(f) for f in files], decode_upright(model))
-    index = SplitIndex(torch.zeros(len(files), dtype=torch.long), list(cfg["label_names"]), reader.open, "the inputs",
+    index = SplitIndex(torch.zeros(len(files), dtype=torch.long), list(cfg.get("label_names") or ["?"]), reader.open,
+                       "the inputs",
                        encoded=reader.encoded, read=reader.read, key=reader.key, upright=reader.exif_transpose)
     stored = None if crop_pct else (decode_size(model) or size)  # a center crop decodes each file at its own size
     return eval_dataset(index.load(stored, in_memory=False, scaled=True), size, crop_pct)
@@ -226,22 +227,6 @@ def _processes() -> tuple[int, int, Any]:
     return 0, 1, None
 
 
-def _shared(dist: Any, rank: int, work: Callable[[], Any]) -> Any:
-    """``work()`` done by process 0 alone, its result (or its one-line error) given to every process."""
-    if dist is None:
-        return work()
-    box: list[Any] = [None]
-    if rank == 0:
-        try:
-            box = [work()]
-        except (DataError, ConfigError) as e:
-            box = [e]
-    dist.broadcast_object_list(box, src=0)
-    if isinstance(box[0], Exception):
-        raise box[0]
-    return box[0]
-
-
 @torch.no_grad()
 def predict_images(model: nn.Module, inputs: list[str], output: str | Path | None = None, batch_size: int = 64,
                    num_workers: int = 2, topk: int = 5, device: str | torch.device | None = None,
@@ -289,15 +274,15 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                               f"(or 'vitlab[hf]', which brings it)") from None
     lines = ".csv" if out is not None and out.suffix == ".csv" else ".jsonl"  # parquet, npy: JSON lines until the end
     rank, world, dist = _processes()
-    files = _shared(dist, rank, lambda: list_images(inputs))
+    files = listed_once(lambda: list_images(inputs), world)
     multi = bool(cfg.get("multi_label"))
     thresholds = torch.tensor(cfg.get("thresholds") or [0.5] * len(names)) if multi else None
     k = min(topk, len(names))
     columns = ["image", "error", "embedding"] if embed else _columns(names, k, multi)
     header = ",".join(columns) + "\n"
     partial = out.with_name(out.name + ".partial") if out is not None else None
-    done, unreadable = _shared(dist, rank, lambda: _resume(partial, header, files, lines)
-                               if partial is not None and partial.is_file() else (0, 0))
+    done, unreadable = listed_once(lambda: _resume(partial, header, files, lines)
+                                   if partial is not None and partial.is_file() else (0, 0), world)
     if device is None:
         device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)

@@ -112,13 +112,7 @@ def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str
     image_feature = ds.features[image_key]
     if isinstance(image_feature, dict) and {"bytes", "path"} <= set(image_feature):
         ds = ds.cast_column(image_key, datasets.Image())  # encoded images without the metadata that says so
-    if lists:
-        inner = getattr(feature, "feature", None) or (feature[0] if isinstance(feature, list) and feature else None)
-        names = list(inner.names) if hasattr(inner, "names") else None  # a Sequence(ClassLabel)
-        labels, classes = label_sets(ds[label_key], classes, where, names)
-    else:
-        names = list(feature.names) if hasattr(feature, "names") else None  # a ClassLabel
-        labels, classes = label_indices(ds[label_key], classes, where, names)  # without decoding any image
+    labels, classes = _labels(ds[label_key], feature, lists, classes, where)  # without decoding any image
     images = ds.select_columns([image_key])
     reader = DatasetImages(images, image_key, where, exif_transpose)
     return SplitIndex(labels, classes, reader.open, where, encoded=reader.encoded, read=reader.read,
@@ -130,6 +124,15 @@ def _is_list(feature: Any) -> bool:
     import datasets
 
     return isinstance(feature, (list, datasets.Sequence, getattr(datasets, "List", datasets.Sequence)))
+
+
+def _labels(values: Any, feature: Any, lists: bool, classes: list[str] | None, where: str) -> tuple[Tensor, list[str]]:
+    """A label column's values as class indices (:func:`~vitlab.data.split.label_indices`) or, for ``lists``,
+    multi-hot rows (:func:`~vitlab.data.split.label_sets`), named by its ``ClassLabel`` (of the list's items)."""
+    inner = (getattr(feature, "feature", None) or (feature[0] if isinstance(feature, list) and feature else None)
+             if lists else feature)
+    names = list(inner.names) if hasattr(inner, "names") else None
+    return (label_sets if lists else label_indices)(values, classes, where, names)
 
 
 class DatasetImages:
@@ -228,13 +231,7 @@ def index_hf_stream(root: str, split: str, *, image_key: str = "", label_key: st
     per_shard = [[row[label_key] for row in labels_only.shard(shards, s)] for s in range(shards)]
     values = [v for shard in per_shard for v in shard]
     multi = feature is not None and _is_list(feature) or any(isinstance(v, list) for v in values[:1])
-    if multi:
-        inner = getattr(feature, "feature", None) or (feature[0] if isinstance(feature, list) and feature else None)
-        label_names = list(inner.names) if hasattr(inner, "names") else None
-        labels, classes = label_sets(values, classes, where, label_names)
-    else:
-        label_names = list(feature.names) if hasattr(feature, "names") else None
-        labels, classes = label_indices(values, classes, where, label_names)
+    labels, classes = _labels(values, feature, multi, classes, where)
     return ShardIndex([f"{root} {split} file {s}" for s in range(shards)], [len(s) for s in per_shard], labels,
                       classes, where, read=_HubShards(root, split, image_key, shards),
                       decode=functools.partial(_decode_row, image_key, exif_transpose), multi_label=multi)

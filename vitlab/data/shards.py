@@ -293,7 +293,12 @@ def index_shards(root: str | Path, split: str, classes: list[str] | None = None,
     if largest >= len(names):
         raise DataError(f"{where} have {'labels' if multi else 'cls'} {largest}, but there are {len(names)} classes "
                         f"({'the training split' if classes is not None else 'classes.txt'}: {names[:10]}...)")
-    labels = torch.tensor([_multi_hot(v, len(names)) for v in values]) if multi else torch.tensor(values)
+    if multi:
+        labels = torch.zeros(len(values), len(names), dtype=torch.bool)
+        for i, v in enumerate(values):
+            labels[i, v] = True
+    else:
+        labels = torch.tensor(values)
     counts = tuple(len(s) for s in per_shard)
     return ShardIndex(urls, list(counts), labels, list(names), where,
                       read=functools.partial(_read_shard, tuple(urls), counts, ""),

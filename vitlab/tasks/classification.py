@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 __all__ = ["image_classification_task", "resolve_loader", "in_memory", "index_splits", "shard_streams", "load_train_val_data", "load_test_data",
            "eval_dataset",
            "evaluate_classifier", "metrics_from_predictions", "report_metrics", "gather_uneven",
-           "training_class_counts", "class_counts", "logit_adjustment", "class_weights", "flip_tta"]
+           "training_class_counts", "class_counts", "logit_adjustment", "class_weights", "flip_tta", "listed_once"]
 
 
 def _decode_size(d: DataConfig, size: tuple[int, int], keep_in_memory: bool = True) -> tuple[int, int] | None:
@@ -251,7 +251,7 @@ def streamed_in_shards(d: DataConfig) -> bool:
     return d.dataset == "wds" or (d.dataset == "hf" and d.streaming)
 
 
-def _listed_once(list_split: Callable[[], ShardIndex], num_processes: int) -> ShardIndex:
+def listed_once(list_split: Callable[[], Any], num_processes: int) -> Any:
     """``list_split()`` run by process 0 alone, its listing (or its one-line error) given to every process:
     shards without an index are read through to list them (about 2 minutes for ImageNet-1k), a streamed
     Hub split's label column is read; once a run, not once a process."""
@@ -293,7 +293,7 @@ def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: i
     stored = _decode_size(d, size, keep_in_memory=False)
     common = dict(seed=seed, num_processes=num_processes, process_index=process_index, num_workers=d.num_workers)
     streams: dict[str, ShardStream] = {}
-    train = _listed_once(lambda: _index_stream(d, d.train_split, classes), num_processes)
+    train = listed_once(lambda: _index_stream(d, d.train_split, classes), num_processes)
     held = spread(d.val_size, train.counts)
     rest = [c - k for c, k in zip(train.counts, held)]
     used = spread(d.train_subset, rest) if d.train_subset else rest
@@ -311,7 +311,7 @@ def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: i
         streams["val"] = ShardStream(train, [(s, 0, k) for s, k in enumerate(held)], evaluation, batch_size, False,
                                      stored, lazy=lazy_eval, **common)
     if "test" in splits:
-        test = _listed_once(lambda: _index_stream(d, d.test_split, train.classes), num_processes)
+        test = listed_once(lambda: _index_stream(d, d.test_split, train.classes), num_processes)
         take = spread(d.test_subset, test.counts) if d.test_subset else test.counts
         streams["test"] = ShardStream(test, [(s, 0, k) for s, k in enumerate(take)], evaluation, batch_size, False,
                                       stored, lazy=lazy_eval, **common)
