@@ -53,6 +53,21 @@ def test_temperature_scaling_minimizes_the_validation_nll_as_scipy_finds_it():
     assert expected_calibration_error(scaled, labels) < expected_calibration_error(logits.softmax(-1), labels)
 
 
+def test_the_ece_objective_finds_the_temperature_of_the_least_calibration_error_a_dense_search_finds():
+    # Two kinds of images, their logits at scales 1 and 4: no one temperature fits both, and the one of the least
+    # NLL is not the one of the least ECE (here it is worse than none at all).
+    g = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 10, (3000,), generator=g)
+    scale = torch.where(torch.rand(3000, generator=g) < 0.5, 1.0, 4.0)[:, None]
+    logits = scale * (torch.randn(3000, 10, generator=g) + 1.5 * F.one_hot(labels, 10))
+    ece = lambda t: _ece_by_hand((logits.double() / t).softmax(-1).numpy(), labels.numpy())
+    grid = np.exp(np.linspace(np.log(0.05), np.log(20), 4000))
+    least = min(ece(t) for t in grid)
+    fitted = fit_temperature(logits, labels, objective="ece")
+    assert ece(fitted) <= least + 1e-6 and ece(fitted) == pytest.approx(0.1360, abs=1e-4)
+    assert ece(fit_temperature(logits, labels)) > least + 0.02 and ece(1.0) > least + 0.005
+
+
 def test_calibrate_keeps_the_temperature_with_the_model_and_eval_and_predict_use_it(
         tiny_imagefolder, tmp_path, capsys, on_cpu):
     from vitlab import load_model
@@ -99,10 +114,12 @@ def test_train_calibrate_fits_at_the_end_what_vitlab_calibrate_fits(tiny_imagefo
     run, config = tmp_path / "run", tmp_path / "tiny.yaml"
     config.write_text("{}\n")  # every key from the defaults and the overrides
     train_main(["--config", str(config), *tiny_overrides(tiny_imagefolder, run, "data.val_size=12", "train.epochs=1",
-                                                          "train.calibrate=true", "train.log_with=none")])
+                                                          "train.calibrate=true", "train.calibrate_objective=ece",
+                                                          "train.log_with=none")])
     reset_accelerate()
     at_end = load_model(run).pretrained_cfg["temperature"]
-    main(["calibrate", "--checkpoint", str(run)])
+    assert "temperature of the least calibration error" in capsys.readouterr().out
+    main(["calibrate", "--checkpoint", str(run), "--objective", "ece"])
     reset_accelerate()
     assert load_model(run).pretrained_cfg["temperature"] == pytest.approx(at_end, rel=1e-6)
     assert "fitted on the 12 validation images" in capsys.readouterr().out

@@ -68,7 +68,7 @@ def _calibrate(args: argparse.Namespace) -> None:
     from .evaluation import calibrate_checkpoint
 
     calibrate_checkpoint(args.checkpoint, "val", tuple(args.overrides), use_ema=not args.no_ema,
-                         batch_size=args.batch_size)
+                         batch_size=args.batch_size, objective=args.objective)
     _end_processes()
 
 
@@ -284,7 +284,7 @@ def train_main(argv: list[str] | None = None) -> None:
         if cfg.train.calibrate:  # the finished run's model, fitted on its validation split as vitlab calibrate does
             from .evaluation import calibrate_checkpoint
 
-            calibrate_checkpoint(cfg.train.output_dir)
+            calibrate_checkpoint(cfg.train.output_dir, objective=cfg.train.calibrate_objective)
         if args.json and PartialState().is_main_process:
             print(json.dumps(summary_of(summary)))
 
@@ -338,6 +338,9 @@ def main(argv: list[str] | None = None) -> None:
     ca.add_argument("--checkpoint", required=True, help="run directory (its best checkpoint) or checkpoint directory")
     ca.add_argument("--batch-size", type=int, default=256)
     ca.add_argument("--no-ema", action="store_true", help="calibrate the raw weights even if the run kept an EMA")
+    ca.add_argument("--objective", choices=("nll", "ece"), default="nll",
+                    help="the temperature of the least validation loss (nll, Guo et al. 2017) or of the least "
+                         "calibration error (ece, Mukhoti et al. 2020)")
     ca.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. data.root=...")
     pr = sub.add_parser("predict", help="the top-k classes of image files, folders and globs: printed, or a row an "
                                         "image in a .csv, .jsonl or .parquet file (a stopped job continues where it "

@@ -256,8 +256,10 @@ class TrainConfig:
     early_stop_patience: int = 0
     # At the end of a finished run (train.py, vitlab train): fit the model's calibration on the validation split
     # (data.val_size) and keep it in its checkpoint, as vitlab calibrate does: the temperature (temperature
-    # scaling), or a multi-label model's threshold a class.
+    # scaling), or a multi-label model's threshold a class. The temperature of the least validation NLL (Guo et
+    # al. 2017), or of the least validation ECE (ece: Mukhoti et al. 2020; vitlab calibrate --objective).
     calibrate: bool = False
+    calibrate_objective: Literal["nll", "ece"] = "nll"
     output_dir: str = "runs/vit_cifar10"
     seed: int = 0
     log_every: int = 50       # optimizer steps between training-metric log lines

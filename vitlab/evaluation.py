@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch.nn.functional as F
 from accelerate import PartialState
@@ -64,9 +64,11 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: 
 
 
 def calibrate_checkpoint(checkpoint: str | Path, split: str = "val", overrides: tuple[str, ...] = (),
-                         use_ema: bool = True, batch_size: int = 256) -> float | list[float]:
+                         use_ema: bool = True, batch_size: int = 256,
+                         objective: Literal["nll", "ece"] = "nll") -> float | list[float]:
     """Temperature scaling (Guo et al. 2017) of a classifier run: the temperature that minimises the
-    negative log-likelihood of its ``split`` (its validation images), fitted on the logits of every image
+    negative log-likelihood of its ``split`` (its validation images), or (``objective='ece'``) their expected
+    calibration error, fitted on the logits of every image
     (:func:`~vitlab.tasks.calibration.fit_temperature`) and written into the checkpoint's ``config.json``,
     where ``load_model``, ``vitlab eval`` and ``vitlab predict`` take it (top-1 unchanged). Returns it.
     A multi-label run gets instead a threshold a class, the one of its best F1 on those images
@@ -95,7 +97,7 @@ def calibrate_checkpoint(checkpoint: str | Path, split: str = "val", overrides: 
     logits, labels = metrics["logits"], metrics["labels"]
     if labels.ndim == 2:
         return _choose_thresholds(directory, metrics, split, classes, accelerator.is_main_process)
-    temperature = fit_temperature(logits, labels)
+    temperature = fit_temperature(logits, labels, objective)
     if accelerator.is_main_process:
         meta = read_json(directory / "config.json")
         meta["temperature"] = temperature
@@ -104,7 +106,8 @@ def calibrate_checkpoint(checkpoint: str | Path, split: str = "val", overrides: 
         os.replace(tmp, directory / "config.json")
         nll = lambda t: F.cross_entropy(logits / t, labels).item()
         ece = lambda t: expected_calibration_error((logits / t).softmax(-1), labels)
-        print(f"temperature {temperature:.4f} fitted on the {len(labels)} {'validation' if split == 'val' else split} "
+        kind = "temperature" if objective == "nll" else "temperature of the least calibration error"
+        print(f"{kind} {temperature:.4f} fitted on the {len(labels)} {'validation' if split == 'val' else split} "
               f"images of {directory}: their loss {nll(1.0):.4f} -> {nll(temperature):.4f}, calibration error (ECE) "
               f"{100 * ece(1.0):.2f}% -> {100 * ece(temperature):.2f}%; kept in {directory / 'config.json'}: eval and "
               f"predict use it")
