@@ -14,7 +14,7 @@ from conftest import reset_accelerate, tiny_overrides
 from vitlab import checkpoint as ckpt
 from vitlab.config import load_config
 from vitlab.errors import CheckpointError, ConfigError
-from vitlab.training import param_groups, train
+from vitlab.training import create_optimizer, create_scheduler, train
 import vitlab
 
 TINY_LR = ["optim.lr=1e-7", "optim.min_lr=0", "optim.weight_decay=0", "train.epochs=1", "train.label_smoothing=0"]
@@ -99,8 +99,11 @@ def test_layer_decay_scales_each_depth_as_beit():
     """BEiT / timm: with n blocks, the stem is layer 0, block i layer i + 1, the head layer n + 1, and
     layer l learns at lr * decay ** (n + 1 - l)."""
     model = vitlab.create_model("vit_cifar_tiny_patch4_32", depth=3)
+    optim = load_config(None, ["optim.lr=1e-3", "optim.layer_decay=0.5", "optim.warmup_epochs=0"]).optim
+    optimizer = create_optimizer(model, optim, 128, torch.device("cpu"))
+    create_scheduler(optimizer, optim, steps_per_epoch=10, epochs=2)  # the rate of the first step: the peak
     lr_of = {}
-    for group in param_groups(model, 0.05, lr=1e-3, layer_decay=0.5):
+    for group in optimizer.param_groups:
         for p in group["params"]:
             lr_of[p] = group["lr"]
     named = dict(model.named_parameters())

@@ -2,6 +2,7 @@
 an elastic restart after a killed worker. Each is compared with the uninterrupted run, bit for bit (CPU)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -67,6 +68,34 @@ def test_a_signal_inside_an_epoch_checkpoints_there_and_the_same_command_ends_bi
         assert _equal(_weights(whole, name), _weights(parts, name)), name
     # The log too: the epoch's training loss sums what was trained before and after the stop.
     assert same_run_records(whole, parts)
+
+
+@pytest.mark.parametrize("optim", [("optim.opt=sgd", "optim.lr=0.05"), ("optim.opt=lamb",),
+                                   ("optim.schedule=plateau", "optim.patience_epochs=0", "optim.decay_rate=0.5",
+                                    "data.val_size=24", "train.epochs=5")],
+                         ids=["sgd", "lamb", "plateau"])
+def test_timms_optimizers_and_the_plateau_schedule_resume_bit_identical_after_a_signal(
+        tiny_imagefolder, tmp_path, monkeypatch, on_cpu, optim):
+    # The optimizer's state (SGD's momentum, LAMB's moments) and the schedule's (the plateau's best metric and
+    # its count of evaluations without a better one, the rates it lowered) survive the stop, exactly.
+    extra = (*RANDOM, *optim)
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, whole, *extra)))
+    reset_accelerate()
+    plateau = "optim.schedule=plateau" in optim  # 5 epochs of 4 steps: stopped in the 4th; else 2 of 6
+    train_until_signal(monkeypatch, load_config(None, tiny_overrides(tiny_imagefolder, parts, *extra)),
+                       14 if plateau else 9)
+    reset_accelerate()
+    summary = train(load_config(None, tiny_overrides(tiny_imagefolder, parts, *extra)))
+    assert summary["epochs_done"] == (5 if plateau else 2)
+    for name in ("model.safetensors", "ema.safetensors"):
+        assert _equal(_weights(whole, name), _weights(parts, name)), name
+    assert same_run_records(whole, parts)
+    if plateau:  # the EMA's validation top-1 reaches 1 at epoch 2: no better at 3 and at 4, the rate halves after
+        # each (an epoch's record holds the rate it trained at); after 4 it would not, were the plateau's best lost
+        rates = [r["lr"] for r in map(json.loads, (whole / "metrics.jsonl").read_text().splitlines())
+                 if r["split"] == "eval"]
+        assert rates == pytest.approx([3e-3, 3e-3, 3e-3, 1.5e-3, 7.5e-4]), rates
 
 
 def test_checkpoints_every_n_steps_keep_the_k_newest_and_last_is_the_newest(tiny_imagefolder, tmp_path):

@@ -179,7 +179,7 @@ def test_layer_decay_of_a_timm_model_gives_timms_own_groups(name):
     theirs = {id(p): (g["lr_scale"], g["weight_decay"])
               for g in param_groups_layer_decay(inner, 0.05, no_weight_decay_list=skip, layer_decay=0.65)
               for p in g["params"]}
-    ours = {id(p): (g["lr"], g["weight_decay"]) for g in param_groups(model, 0.05, lr=1.0, layer_decay=0.65)
+    ours = {id(p): (g["lr_scale"], g["weight_decay"]) for g in param_groups(model, 0.05, layer_decay=0.65)
             for p in g["params"]}
     assert ours.keys() == theirs.keys() == {id(p) for p in model.parameters()}
     assert all(ours[k] == pytest.approx(theirs[k], rel=1e-12) for k in theirs)

@@ -81,26 +81,37 @@ def save_model(model: nn.Module, directory: Path, preset: str, meta: dict[str, A
 
 
 def save_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:
-    """Optimizer state as safetensors (per-parameter tensors) + JSON (hyper-parameters)."""
+    """Optimizer state as safetensors (per-parameter tensors, and a group's: timm's LAMB counts its steps in a
+    tensor of the group, ``group.<i>.step``) + JSON (hyper-parameters)."""
     state = optimizer.state_dict()
-    tensors, scalars = {}, {}
+    tensors, scalars, groups = {}, {}, []
     for idx, per_param in state["state"].items():
         for name, value in per_param.items():
             if isinstance(value, Tensor):
                 tensors[f"{idx}.{name}"] = value.detach().cpu().contiguous()
             else:
                 scalars[f"{idx}.{name}"] = value
+    for i, group in enumerate(state["param_groups"]):
+        for name, value in group.items():
+            if isinstance(value, Tensor):
+                tensors[f"group.{i}.{name}"] = value.detach().cpu().contiguous()
+        groups.append({k: v for k, v in group.items() if not isinstance(v, Tensor)})
     save_file(tensors, str(directory / "optimizer.safetensors"))
-    write_json(directory / "optimizer.json", {"param_groups": state["param_groups"], "scalars": scalars})
+    write_json(directory / "optimizer.json", {"param_groups": groups, "scalars": scalars})
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:
     meta = read_json(directory / "optimizer.json")
     state: dict[int, dict[str, Any]] = {}
+    groups = meta["param_groups"]
     for key, value in {**load_tensors(directory / "optimizer.safetensors"), **meta["scalars"]}.items():
         idx, name = key.split(".", 1)
-        state.setdefault(int(idx), {})[name] = value
-    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+        if idx == "group":
+            i, name = name.split(".", 1)
+            groups[int(i)][name] = value
+        else:
+            state.setdefault(int(idx), {})[name] = value
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
 def keep_step_copy(checkpoint: Path, checkpoints: Path, step: int, keep: int) -> None:

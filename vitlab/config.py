@@ -191,12 +191,31 @@ class GenerateConfig:
 
 @dataclass
 class OptimConfig:
+    # timm's optimizer names (timm.optim.list_optimizers(); create_optimizer_v2): adamw, adam, sgd (Nesterov
+    # momentum, as timm's), momentum (plain), lamb, lars, lion, adafactor, ...
+    opt: str = "adamw"
     lr: float = 1e-3          # peak learning rate, reached after warmup
-    min_lr: float = 1e-5      # end of the cosine decay
+    min_lr: float = 1e-5      # the least the schedule goes to
     weight_decay: float = 0.05
-    betas: tuple[float, float] = (0.9, 0.999)
+    betas: tuple[float, float] | None = None  # null = the optimizer's own (AdamW, LAMB: 0.9, 0.999; Lion: 0.9, 0.99)
+    eps: float | None = None  # null = the optimizer's own (AdamW's: 1e-8)
+    momentum: float = 0.9     # sgd, momentum, lars, ... (timm's --momentum)
     warmup_epochs: float = 5.0
-    schedule: Literal["cosine", "inverse_sqrt"] = "cosine"  # after warmup: cosine to min_lr, or lr * sqrt(warmup / step)
+    warmup_lr: float = 0.0    # the warmup's start (timm's --warmup-lr); its first step is one warmup step above
+    # After warmup (timm's schedulers, every length counted in optimizer steps): cosine to min_lr (cycle_limit
+    # cycles, each cycle_mul times the one before and its peak cycle_decay times), poly (power decay_rate),
+    # step (x decay_rate every decay_epochs), multistep (x decay_rate at each of decay_milestones), plateau
+    # (x decay_rate after patience_epochs evaluations without a better validation metric: train.best_metric's),
+    # or inverse_sqrt (Vaswani et al. 2017: lr * sqrt(warmup / step)).
+    schedule: Literal["cosine", "poly", "step", "multistep", "plateau", "inverse_sqrt"] = "cosine"
+    cooldown_epochs: float = 0.0  # the last epochs at min_lr (inside train.epochs; timm adds them)
+    decay_epochs: float = 30.0
+    decay_milestones: list[float] = field(default_factory=lambda: [30.0, 60.0])
+    decay_rate: float = 0.1
+    patience_epochs: int = 10
+    cycle_limit: int = 1
+    cycle_mul: float = 1.0
+    cycle_decay: float = 0.1
     grad_clip: float = 1.0    # max global grad norm; 0 = no clipping
     layer_decay: float = 0.0  # layer-wise lr decay (BEiT / timm): block i of n gets lr * layer_decay ** (n + 1 - i);
                               # 0 = off (a ViT only)
@@ -302,6 +321,18 @@ _DERIVED_MODEL_ARGS = {"src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "
 def _close(key: str, options: typing.Iterable[str]) -> str:
     matches = difflib.get_close_matches(key, list(options), n=3, cutoff=0.5)
     return f"; did you mean {', '.join(matches)}?" if matches else ""
+
+
+def _check_optimizer(name: str) -> None:
+    """``optim.opt`` is one of timm's optimizers (``lookahead_`` before any), or one line with the close names."""
+    from timm.optim import get_optimizer_info, list_optimizers
+
+    try:
+        get_optimizer_info(name.lower().removeprefix("lookahead_"))
+    except ValueError:
+        known = list_optimizers()
+        hint = _close(name.lower(), known) or f" ({len(known)}: timm.optim.list_optimizers())"
+        raise ConfigError(f"optim.opt={name!r} is not one of timm's optimizers{hint}") from None
 
 
 def _coerce(key: str, value: Any, annotation: Any) -> Any:
@@ -483,8 +514,24 @@ def _check_values(cfg: Config) -> None:
     need(0 <= o.min_lr <= peak, "optim.min_lr", o.min_lr, f"a number in [0, optim.lr={o.lr}]" if not o.lr_base else
          f"a number in [0, the peak learning rate {peak:.5g}] (optim.lr_base x train.batch_size / optim.lr_base_size)")
     need(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "a number >= 0")
-    need(all(0 <= b < 1 for b in o.betas), "optim.betas", list(o.betas), "two numbers in [0, 1)")
+    need(o.betas is None or all(0 <= b < 1 for b in o.betas), "optim.betas", o.betas and list(o.betas),
+         "null (the optimizer's own) or two numbers in [0, 1)")
     need(o.warmup_epochs >= 0, "optim.warmup_epochs", o.warmup_epochs, "a number >= 0")
+    _check_optimizer(o.opt)
+    need(o.eps is None or o.eps > 0, "optim.eps", o.eps, "null (the optimizer's own) or a number > 0")
+    need(0 <= o.momentum < 1, "optim.momentum", o.momentum, "a number in [0, 1)")
+    need(0 <= o.warmup_lr <= peak, "optim.warmup_lr", o.warmup_lr,
+         f"a number in [0, the peak learning rate {peak:.5g}]")
+    need(0 <= o.cooldown_epochs < t.epochs, "optim.cooldown_epochs", o.cooldown_epochs,
+         f"a number in [0, train.epochs={t.epochs}): the last epochs at optim.min_lr")
+    need(o.decay_epochs > 0, "optim.decay_epochs", o.decay_epochs, "a number of epochs > 0")
+    need(o.decay_milestones == sorted(o.decay_milestones) and all(m > 0 for m in o.decay_milestones),
+         "optim.decay_milestones", o.decay_milestones, "epochs > 0 in increasing order, e.g. [30, 60]")
+    need(o.decay_rate > 0, "optim.decay_rate", o.decay_rate, "a number > 0 (a factor; poly: the power)")
+    need(o.patience_epochs >= 0, "optim.patience_epochs", o.patience_epochs, "an integer >= 0")
+    need(o.cycle_limit >= 1, "optim.cycle_limit", o.cycle_limit, "an integer >= 1")
+    need(o.cycle_mul > 0, "optim.cycle_mul", o.cycle_mul, "a number > 0")
+    need(o.cycle_decay > 0, "optim.cycle_decay", o.cycle_decay, "a number > 0")
     need(o.grad_clip >= 0, "optim.grad_clip", o.grad_clip, "a number >= 0 (0 = off)")
     need(0 <= o.layer_decay <= 1, "optim.layer_decay", o.layer_decay, "a number in [0, 1] (0 = off; e.g. 0.65)")
     need(o.layer_decay == 0 or cfg.task == "classification", "optim.layer_decay", o.layer_decay,
@@ -514,12 +561,14 @@ def _check_values(cfg: Config) -> None:
     need(t.early_stop_patience >= 0, "train.early_stop_patience", t.early_stop_patience, "an integer >= 0 (0 = never)")
     need(not t.calibrate or cfg.task == "classification", "train.calibrate", t.calibrate,
          "false unless task: classification (it calibrates an image classifier)")
-    if (t.best_metric or t.early_stop_patience or t.calibrate) and cfg.task == "classification" \
+    plateau = cfg.optim.schedule == "plateau"
+    if (t.best_metric or t.early_stop_patience or t.calibrate or plateau) and cfg.task == "classification" \
             and isinstance(d, DataConfig) and not d.val_size:
         key = "train.best_metric" if t.best_metric else "train.early_stop_patience" if t.early_stop_patience \
-            else "train.calibrate"
-        raise ConfigError(f"{key}={getattr(t, key.split('.')[1])!r} reads the validation split, and this run holds out "
-                          f"none: set data.val_size=N (e.g. 5000 of CIFAR-10's training images)")
+            else "train.calibrate" if t.calibrate else "optim.schedule"
+        section, name = key.split(".")
+        raise ConfigError(f"{key}={getattr(getattr(cfg, section), name)!r} reads the validation split, and this run "
+                          f"holds out none: set data.val_size=N (e.g. 5000 of CIFAR-10's training images)")
     need(bool(t.output_dir), "train.output_dir", t.output_dir, "a directory path")
 
 

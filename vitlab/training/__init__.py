@@ -40,7 +40,7 @@ from ..preemption import StopSignals, elastic_restart_advice, ignore_in_workers
 from ..progress import Progress
 from ..seeding import rng_state, seed_process, set_rng_state
 from ..tasks import TaskSetup, bare_model
-from .optim import create_optimizer, create_scheduler, lr_multiplier, param_groups
+from .optim import create_optimizer, create_scheduler, param_groups
 from .report import busy_machine_advice, last_eval, plot_curves, result_line, summary_of, truncate_lines
 from .resume import find_resume_point, interrupted_message, resolve_resume, resume_state
 from .trackers import resolve_trackers, start_trackers
@@ -49,7 +49,7 @@ from .trackers import resolve_trackers, start_trackers
 _busy_machine_advice, _result_line = busy_machine_advice, result_line
 
 __all__ = ["train", "summary_of", "interrupted_message", "resolve_resume", "set_epoch", "create_accelerator",
-           "param_groups", "lr_multiplier", "plot_curves"]
+           "param_groups", "create_optimizer", "create_scheduler", "plot_curves"]
 
 
 def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int | None = None) -> dict[str, Any]:
@@ -248,8 +248,8 @@ class _Loop:
         if self.steps_per_epoch == 0:
             raise ConfigError(f"one epoch has {len(self.train_loader)} micro-batches, fewer than "
                               f"train.grad_accum_steps={self.accum}; lower train.batch_size or train.grad_accum_steps")
-        self.scheduler = create_scheduler(self.optimizer.optimizer, cfg.optim, t.batch_size, self.steps_per_epoch,
-                                          t.epochs)
+        self.scheduler = create_scheduler(self.optimizer.optimizer, cfg.optim, self.steps_per_epoch, t.epochs,
+                                          lower_is_better=task.select_lower)
         self.ema = ModelEmaV3(self.plain_model, decay=t.ema_decay) if t.ema_decay > 0 else None
         self.scaler = acc.scaler  # fp16 only
         self.has_moe = bool(expert_utilization(self.model))
@@ -462,6 +462,7 @@ class _Loop:
                 if best is None or (metric < best if self.task.select_lower else metric > best):
                     state.update(best_metric=metric, best_epoch=epoch)
                     is_best = True
+                self.scheduler.evaluated(metric)  # optim.schedule=plateau
             record["eval_time"] = time.time() - eval_start
         # One line per epoch, evaluated or not, so a run without evaluations still shows its progress.
         acc.print(f"epoch {epoch}: " + ", ".join(
