@@ -20,6 +20,7 @@ import yaml
 from .data.transforms import AUGMENTS, timm_augment_problem
 from .errors import ConfigError
 from .models import list_models, preset_class
+from .models.freeze import check_freeze
 from .models.timm_classifier import TIMM_PREFIX, TimmClassifier, timm_problem
 
 __all__ = ["ConfigError", "Config", "ModelConfig", "DataConfig", "TextDataConfig", "LMDataConfig", "OptimConfig", "TrainConfig",
@@ -36,6 +37,8 @@ class ModelConfig:
     of a timm or vitlab ViT, or a vitlab run / checkpoint / ``save_pretrained`` directory. The head is
     reset to the data's classes and the positional embedding resampled to the model's ``img_size``.
     ``grad_checkpointing`` recomputes each block's activations in the backward pass (less memory).
+    ``freeze``: what of an image classifier does not train (:mod:`vitlab.models.freeze`): ``none``,
+    ``backbone`` (a linear probe), ``blocks:N`` (the embeddings and the first N blocks), ``attn_only``.
     """
 
     name: str = "vit_cifar_small_patch4_32"
@@ -43,6 +46,7 @@ class ModelConfig:
     pretrained: str = ""
     pretrained_file: str = ""
     grad_checkpointing: bool = False
+    freeze: str = "none"
 
 
 @dataclass
@@ -537,6 +541,9 @@ def _check_values(cfg: Config) -> None:
     need(o.layer_decay == 0 or cfg.task == "classification", "optim.layer_decay", o.layer_decay,
          "0 for a text model (layer-wise decay is for fine-tuning a ViT)")
     m = cfg.model
+    check_freeze(m.freeze)
+    need(m.freeze == "none" or cfg.task == "classification", "model.freeze", m.freeze,
+         "none for a text model (freezing is for fine-tuning an image classifier)")
     need(not m.pretrained or cfg.task == "classification", "model.pretrained", m.pretrained,
          "'' for a text model (fine-tuning from pretrained weights is for image models)")
     need(not m.pretrained_file or m.pretrained.startswith("timm:"), "model.pretrained_file", m.pretrained_file,
@@ -572,7 +579,7 @@ def _check_values(cfg: Config) -> None:
     need(bool(t.output_dir), "train.output_dir", t.output_dir, "a directory path")
 
 
-_MODEL_OPTIONS = ["name", "pretrained", "pretrained_file", "grad_checkpointing"]
+_MODEL_OPTIONS = ["name", "pretrained", "pretrained_file", "grad_checkpointing", "freeze"]
 _TASK_MODELS = {"classification": ("VisionTransformer",), "seq2seq": ("Seq2SeqTransformer", "RNNSeq2Seq"),
                 "lm": ("GPT",)}
 _TASK_DEFAULT_MODELS = {"classification": ModelConfig.name, "seq2seq": "transformer_tiny", "lm": "gpt_char_tiny"}

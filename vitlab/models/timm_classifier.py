@@ -88,6 +88,10 @@ class TimmClassifier(nn.Module, HubMixin):
         average: timm's ``set_distilled_training``, as vitlab's distilled ViT."""
         self.model.set_distilled_training(enable)
 
+    def get_classifier(self) -> nn.Module:
+        """timm's model's head (timm's name)."""
+        return self.model.get_classifier()
+
     def reset_classifier(self, num_classes: int) -> None:
         """A new head of ``num_classes``, initialised as timm initialises it."""
         self.model.reset_classifier(num_classes)

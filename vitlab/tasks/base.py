@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from ..errors import ConfigError
 from ..models import create_model
+from ..models.freeze import freeze_parameters
 
 if TYPE_CHECKING:
     from ..config import Config
@@ -28,12 +29,14 @@ def bare_model(model: nn.Module, accelerator: Accelerator) -> nn.Module:
 
 def build_model(cfg: Config, **derived: Any) -> nn.Module:
     """The model of ``cfg.model`` plus arguments the data decides (vocabulary sizes, special ids), with
-    gradient checkpointing as ``model.grad_checkpointing`` says; invalid arguments raise :class:`ConfigError` naming the preset and the overrides."""
+    gradient checkpointing as ``model.grad_checkpointing`` says and frozen as ``model.freeze`` says; invalid
+    arguments raise :class:`ConfigError` naming the preset and the overrides."""
     try:
         model = create_model(cfg.model.name, **derived, **cfg.model.args)
         model.set_grad_checkpointing(cfg.model.grad_checkpointing)
     except ValueError as e:
         raise ConfigError(f"model ({cfg.model.name} with {cfg.model.args or 'no overrides'}): {e}") from None
+    freeze_parameters(model, cfg.model.freeze)
     return model
 
 
