@@ -303,7 +303,7 @@ def test_every_skip_says_why_and_the_quick_start_runs_whole() -> None:
     text = (ROOT / "README.md").read_text()
     start, end = text.index("[start:quickstart]"), text.index("[end:quickstart]")
     quick_start = [b for b in BLOCKS if b.page.name == "README.md" and start < text.index(b.code) < end]
-    assert len(quick_start) == 5 and not any(b.skip for b in quick_start)
+    assert len(quick_start) == 6 and not any(b.skip for b in quick_start)
 
 
 def test_the_documentation_site_builds_without_warnings(tmp_path) -> None:

@@ -96,6 +96,45 @@ def test_a_stopped_job_continues_where_it_stopped_without_a_row_twice_or_missing
         predict_images(model, [str(tiny_imagefolder / "train")], parts, num_workers=0)
 
 
+@pytest.mark.parametrize("source", ["imagefolder", "hf"])
+def test_a_data_sets_split_named_by_data_keys_gives_the_rows_its_files_give(trained, tiny_imagefolder, tmp_path,
+                                                                           source):
+    from vitlab.cli import main
+
+    test = tiny_imagefolder / "test"
+    files = sorted(test.rglob("*.png"))
+    if source == "hf":  # the same images as a saved Hugging Face data set, a row each, in the files' order
+        datasets = pytest.importorskip("datasets")
+        classes = sorted(p.name for p in test.iterdir())
+        features = datasets.Features({"image": datasets.Image(), "label": datasets.ClassLabel(names=classes)})
+        datasets.DatasetDict({"test": datasets.Dataset.from_dict(
+            {"image": [str(f) for f in files], "label": [classes.index(f.parent.name) for f in files]},
+            features=features)}).save_to_disk(str(tmp_path / "saved"))
+        keys = ["data.dataset=hf", f"data.root={tmp_path / 'saved'}"]
+        names = [str(i) for i in range(len(files))]
+    else:
+        keys = ["data.dataset=imagefolder", f"data.root={tiny_imagefolder}"]
+        names = [str(f.relative_to(test)) for f in files]
+    main(["predict", "--checkpoint", str(trained), "--output", str(tmp_path / "files.jsonl"), "--num-workers", "0",
+          str(test)])
+    main(["predict", "--checkpoint", str(trained), "--output", str(tmp_path / "split.jsonl"), "--num-workers", "1",
+          "--batch-size", "7", "--split", "test", *keys])
+    reset_accelerate()
+    by_files, by_split = ([json.loads(line) for line in (tmp_path / f).read_text().splitlines()]
+                          for f in ("files.jsonl", "split.jsonl"))
+    assert [r["image"] for r in by_split] == names  # the split's keys: paths in its folder, row numbers
+    for a, b in zip(by_files, by_split):
+        assert a["classes"] == b["classes"] and a["probs"] == pytest.approx(b["probs"], abs=1e-6)
+    main(["embed", "--checkpoint", str(trained), "--output", str(tmp_path / "e.npy"), "--num-workers", "0", *keys])
+    assert (tmp_path / "e.paths.txt").read_text().splitlines() == names
+    if source == "hf":  # a split to predict often has no labels: listed all the same
+        datasets.DatasetDict({"test": datasets.Dataset.from_dict({"image": [str(f) for f in files]}, features=
+                              datasets.Features({"image": datasets.Image()}))}).save_to_disk(str(tmp_path / "bare"))
+        main(["predict", "--checkpoint", str(trained), "--output", str(tmp_path / "bare.jsonl"), "--num-workers", "0",
+              "data.dataset=hf", f"data.root={tmp_path / 'bare'}"])
+        assert (tmp_path / "bare.jsonl").read_text() == (tmp_path / "split.jsonl").read_text()
+
+
 def test_bad_inputs_are_one_line_before_anything_is_written(trained, tmp_path):
     from vitlab import load_model
     from vitlab.prediction import predict_images
@@ -109,6 +148,13 @@ def test_bad_inputs_are_one_line_before_anything_is_written(trained, tmp_path):
             ([str(tmp_path)], "p.txt", ConfigError, r"^--output .*p.txt: write predictions as .csv, .jsonl, .parquet")):
         with pytest.raises(error, match=message):
             predict_images(model, inputs, tmp_path / output)
+    for inputs, data, message in (
+            ([str(tmp_path)], ["data.dataset=imagefolder"], r"^give image files, folders and globs .* or a data set "
+                                                           r"\(data.\* keys\), not both$"),
+            ([], ["data.dataset=wds", f"data.root={tmp_path}"], r"^data.dataset=wds: predict and embed read files"),
+            ([], ["train.epochs=1"], r"^'train.epochs=1': predict and embed take data.\* keys")):
+        with pytest.raises(ConfigError, match=message):
+            predict_images(model, inputs, tmp_path / "p.csv", data=data)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
 
 

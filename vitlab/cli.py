@@ -147,12 +147,19 @@ def _attention_pattern(model: object, tokenizer: object, prompt: list[int], args
     print(f"wrote {save_figure(fig, args.attention)}", file=sys.stderr)
 
 
+def _inputs(given: list[str]) -> tuple[list[str], list[str]]:
+    """predict's and embed's inputs: image files, folders and globs, and ``data.*=`` keys (a data set)."""
+    keys = [g for g in given if g.startswith("data.") and "=" in g]
+    return [g for g in given if g not in keys], keys
+
+
 def _predict(args: argparse.Namespace) -> None:
     from .checkpoint import load_model
     from .prediction import predict_images
 
-    predict_images(load_model(args.checkpoint), args.images, args.output, args.batch_size, args.num_workers, args.topk,
-                   tta=args.tta)
+    images, data = _inputs(args.images)
+    predict_images(load_model(args.checkpoint), images, args.output, args.batch_size, args.num_workers, args.topk,
+                   tta=args.tta, data=data, split=args.split)
     _end_processes()
 
 
@@ -160,7 +167,9 @@ def _embed(args: argparse.Namespace) -> None:
     from .checkpoint import load_model
     from .prediction import embed_images
 
-    embed_images(load_model(args.checkpoint), args.images, args.output, args.batch_size, args.num_workers)
+    images, data = _inputs(args.images)
+    embed_images(load_model(args.checkpoint), images, args.output, args.batch_size, args.num_workers, data=data,
+                 split=args.split)
     _end_processes()
 
 
@@ -352,7 +361,9 @@ def main(argv: list[str] | None = None) -> None:
     pr.add_argument("--num-workers", type=int, default=2, help="DataLoader workers reading the images")
     pr.add_argument("--tta", choices=("none", "flip"), default="none",
                     help="test-time augmentation: flip, the mean of each image's probabilities and its mirror's")
-    pr.add_argument("images", nargs="+", help="image files, folders (their images, below them too) and globs")
+    pr.add_argument("--split", default="", help="with data.* keys: the split to read (default data.test_split)")
+    pr.add_argument("images", nargs="+", metavar="INPUT", help="image files, folders (their images, below them too) "
+                    "and globs; or data.* keys naming a data set as training does (data.dataset=hf data.root=...)")
     em = sub.add_parser("embed", help="the pooled pre-logits features of image files, folders and globs into a "
                                       ".parquet, .jsonl or .npy file (a stopped job continues where it stopped)")
     em.add_argument("--checkpoint", required=True)
@@ -360,7 +371,9 @@ def main(argv: list[str] | None = None) -> None:
                                                     "the paths in FILE.paths.txt)")
     em.add_argument("--batch-size", type=int, default=64)
     em.add_argument("--num-workers", type=int, default=2, help="DataLoader workers reading the images")
-    em.add_argument("images", nargs="+", help="image files, folders (their images, below them too) and globs")
+    em.add_argument("--split", default="", help="with data.* keys: the split to read (default data.test_split)")
+    em.add_argument("images", nargs="+", metavar="INPUT", help="image files, folders (their images, below them too) "
+                    "and globs; or data.* keys naming a data set as training does (data.dataset=hf data.root=...)")
     at = sub.add_parser("attention", help="draw where a ViT looks: attention rollout or one block/head over images")
     at.add_argument("--checkpoint", required=True)
     at.add_argument("--output", required=True, help="the figure (.png, .pdf, .svg)")

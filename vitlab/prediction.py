@@ -1,5 +1,7 @@
-"""Predictions over many images (``vitlab predict``): files, folders and globs, read in batches by DataLoader
-workers with the checkpoint's own preprocessing, into a CSV, JSON-lines or parquet file, a row an image.
+"""Predictions over many images (``vitlab predict``): files, folders and globs, or a split of a data set named
+by ``data.*`` keys as in training (a Hugging Face data set, a folder of class folders, a csv table), read in
+batches by DataLoader workers with the checkpoint's own preprocessing, into a CSV, JSON-lines or parquet file,
+a row an image (a data set's image named by its key: its path in the split's folder, its row number).
 
 The job holds one batch of images at a time, whatever the number of files; rows reach ``OUTPUT.partial`` as
 each batch is done and the file is renamed to ``OUTPUT`` when all are, so a job stopped and started again
@@ -17,7 +19,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -31,7 +33,7 @@ from .progress import Progress
 from .tasks.classification import eval_dataset, flip_tta, listed_once
 from .tasks.knn import pooled_features
 
-__all__ = ["list_images", "predict_images", "embed_images", "FORMATS", "EMBED_FORMATS"]
+__all__ = ["list_images", "data_split", "predict_images", "embed_images", "FORMATS", "EMBED_FORMATS"]
 
 FORMATS = (".csv", ".jsonl", ".parquet")
 EMBED_FORMATS = (".parquet", ".jsonl", ".npy")
@@ -64,16 +66,47 @@ def list_images(inputs: list[str]) -> list[str]:
     return files
 
 
-def _model_view(model: nn.Module, files: list[str]) -> Dataset:
-    """``files`` as ``vitlab eval`` shows a split's images to ``model``: listed as a split, streamed (decoded
-    when read, a JPEG only as large as the model needs: ``data.scaled_decode``'s default) at the size training
-    stored them, through eval's own transform (:func:`~vitlab.tasks.classification.eval_dataset`); uint8 out."""
+def _files_index(model: nn.Module, files: list[str]) -> SplitIndex:
+    """``files`` listed as a split (no labels), read as the model's training read its files (EXIF rule)."""
+    reader = FolderFiles([Path(f) for f in files], decode_upright(model))
+    return SplitIndex(torch.zeros(len(files), dtype=torch.long), list(model.pretrained_cfg.get("label_names") or ["?"]),
+                      reader.open, "the inputs", encoded=reader.encoded, read=reader.read, key=reader.key,
+                      upright=reader.exif_transpose)
+
+
+def data_split(model: nn.Module, keys: list[str], split: str = "") -> SplitIndex:
+    """The split ``split`` (default: ``data.test_split``) of the data set the ``data.*`` ``keys`` name, as
+    training names one (``data.dataset=hf data.root=...``), listed (nothing decoded), its labels read through
+    the model's classes where it has them (a Hugging Face split without labels is listed too); read upright as
+    the model's training read its files.
+
+    Raises:
+        ConfigError, DataError: one line, for keys of no data section, shards (not listed for random access).
+    """
+    from .config import load_config
+    from .data.sources import index_split
+
+    bad = [k for k in keys if not k.startswith("data.")]
+    if bad:
+        raise ConfigError(f"{bad[0]!r}: predict and embed take data.* keys (the data set to read), as training does")
+    d = load_config(None, [*keys, "data.download=false"] if not any(k.startswith("data.download=") for k in keys)
+                    else keys).data
+    if d.dataset == "wds":
+        raise ConfigError("data.dataset=wds: predict and embed read files, folders and globs, and the splits of "
+                          "cifar10, imagefolder, csv and hf data sets; read shards with vitlab eval --predictions")
+    cfg = model.pretrained_cfg
+    multi = bool(cfg.get("multi_label"))
+    return index_split(d.dataset, d.root, split or d.test_split, download=d.download, image_key=d.image_key,
+                       label_key=d.label_key, classes=list(cfg["label_names"]) if cfg.get("label_names") else None,
+                       exif_transpose=decode_upright(model), multi_label=multi, labelled=False)
+
+
+def _model_view(model: nn.Module, index: SplitIndex) -> Dataset:
+    """A split's images as ``vitlab eval`` shows them to ``model``: streamed (decoded when read, a JPEG only as
+    large as the model needs: ``data.scaled_decode``'s default) at the size training stored them, through
+    eval's own transform (:func:`~vitlab.tasks.classification.eval_dataset`); uint8 out."""
     cfg = model.pretrained_cfg
     size, crop_pct = tuple(cfg["input_size"][1:]), cfg.get("crop_pct")
-    reader = FolderFiles([Path(f) for f in files], decode_upright(model))
-    index = SplitIndex(torch.zeros(len(files), dtype=torch.long), list(cfg.get("label_names") or ["?"]), reader.open,
-                       "the inputs",
-                       encoded=reader.encoded, read=reader.read, key=reader.key, upright=reader.exif_transpose)
     stored = None if crop_pct else (decode_size(model) or size)  # a center crop decodes each file at its own size
     return eval_dataset(index.load(stored, in_memory=False, scaled=True), size, crop_pct)
 
@@ -176,14 +209,15 @@ def _to_npy(partial: Path, out: Path) -> None:
 
 def embed_images(model: nn.Module, inputs: list[str], output: str | Path, batch_size: int = 64,
                  num_workers: int = 2, device: str | torch.device | None = None,
-                 stop_after_batches: int | None = None) -> dict[str, int]:
+                 stop_after_batches: int | None = None, data: Sequence[str] = (), split: str = "") -> dict[str, int]:
     """The pooled pre-logits features (:func:`~vitlab.tasks.knn.pooled_features`: what a backbone is used for
     besides its head, search, clustering, deduplication) of every image ``inputs`` name, as
     :func:`predict_images` reads and batches them (eval's preprocessing, any number of processes, a stopped job
     continued), into ``output``: ``.parquet`` or ``.jsonl`` rows (``image``, ``embedding``; or ``error``), or a
-    ``.npy`` float32 array ``(N, E)`` (NaN rows for unreadable images) with the paths in ``<name>.paths.txt``."""
+    ``.npy`` float32 array ``(N, E)`` (NaN rows for unreadable images) with the paths in ``<name>.paths.txt``.
+    ``data``, ``split``: a data set's split instead, as :func:`predict_images` reads one."""
     return predict_images(model, inputs, output, batch_size, num_workers, device=device,
-                          stop_after_batches=stop_after_batches, embed=True)
+                          stop_after_batches=stop_after_batches, embed=True, data=data, split=split)
 
 
 def _resume(partial: Path, header: str, files: list[str], suffix: str) -> tuple[int, int]:
@@ -230,8 +264,11 @@ def _processes() -> tuple[int, int, Any]:
 @torch.no_grad()
 def predict_images(model: nn.Module, inputs: list[str], output: str | Path | None = None, batch_size: int = 64,
                    num_workers: int = 2, topk: int = 5, device: str | torch.device | None = None,
-                   stop_after_batches: int | None = None, tta: str = "none", embed: bool = False) -> dict[str, int]:
-    """Predict every image ``inputs`` name (:func:`list_images`) with ``model`` (from :func:`vitlab.load_model`),
+                   stop_after_batches: int | None = None, tta: str = "none", embed: bool = False,
+                   data: Sequence[str] = (), split: str = "") -> dict[str, int]:
+    """Predict every image ``inputs`` name (:func:`list_images`), or, with ``data`` (``data.*`` keys as in
+    training), every image of that data set's ``split`` (:func:`data_split`), with ``model`` (from
+    :func:`vitlab.load_model`),
     ``batch_size`` at a time, read by ``num_workers`` DataLoader workers, on ``device`` (default: CUDA if there,
     in bf16 autocast; else the CPU in float32). Rows go to ``output`` (``.csv`` or ``.jsonl``, see the module
     docstring), or without one to stdout as ``path: class p, ...`` lines. A single-label model's row holds its
@@ -274,7 +311,13 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                               f"(or 'vitlab[hf]', which brings it)") from None
     lines = ".csv" if out is not None and out.suffix == ".csv" else ".jsonl"  # parquet, npy: JSON lines until the end
     rank, world, dist = _processes()
-    files = listed_once(lambda: list_images(inputs), world)
+    if data and inputs:
+        raise ConfigError(f"give image files, folders and globs ({inputs[0]!r}, ...) or a data set (data.* keys), "
+                          f"not both")
+    # A data set's split is listed by every process (its listing holds readers, which do not travel).
+    index = data_split(model, list(data), split) if data else None
+    files = [index.key(i) for i in range(len(index))] if index is not None else \
+        listed_once(lambda: list_images(inputs), world)
     multi = bool(cfg.get("multi_label"))
     thresholds = torch.tensor(cfg.get("thresholds") or [0.5] * len(names)) if multi else None
     k = min(topk, len(names))
@@ -290,7 +333,10 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     size = tuple(cfg["input_size"][1:])
     todo = files[done:]
     mine = [i for i in range(len(todo)) if i // batch_size % world == rank]  # my part of every global batch
-    dataset = _Guarded(_model_view(model, [todo[i] for i in mine]), (3, *size))
+    ids = [done + i for i in mine]
+    part_index = _files_index(model, [files[i] for i in ids]) if index is None else \
+        index.subset(torch.tensor(ids, dtype=torch.long), index.where)
+    dataset = _Guarded(_model_view(model, part_index), (3, *size)) if ids else []
     loader = iter(DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
                              pin_memory=device.type == "cuda"))
     model_input = ModelInput(cfg["mean"], cfg["std"])

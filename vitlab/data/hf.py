@@ -10,6 +10,7 @@ import io
 from pathlib import Path
 from typing import Any, Iterator
 
+import torch
 from torch import Tensor
 
 from ..errors import DataError
@@ -70,9 +71,9 @@ def _column(names: list[str], wanted: str, usual: tuple[str, ...], what: str) ->
 
 def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str = "",
                    classes: list[str] | None = None, exif_transpose: bool = True,
-                   multi_label: bool | None = None) -> SplitIndex:
+                   multi_label: bool | None = None, labelled: bool = True) -> SplitIndex:
     """List one split of a Hugging Face image-classification data set: its labels, without decoding
-    an image.
+    an image. ``labelled=False`` (predictions): a split without a label column is listed too, its labels 0.
 
     Args:
         root: A Hub id (``uoft-cs/cifar10``), a ``DatasetDict.save_to_disk`` directory or a folder of
@@ -101,8 +102,12 @@ def index_hf_split(root: str, split: str, *, image_key: str = "", label_key: str
                         f"data.train_split / data.test_split)")
     ds = dataset_dict[split]
     image_key = _column(ds.column_names, image_key, IMAGE_KEYS, "image")
-    label_key = _column(ds.column_names, label_key, LABEL_KEYS, "label")
     where = f"split {split!r} of data.root={root!r}"
+    if not labelled and not label_key and not set(LABEL_KEYS) & set(ds.column_names):
+        reader = DatasetImages(ds.select_columns([image_key]), image_key, where, exif_transpose)
+        return SplitIndex(torch.zeros(len(ds), dtype=torch.long), list(classes or ["?"]), reader.open, where,
+                          encoded=reader.encoded, read=reader.read, upright=exif_transpose)
+    label_key = _column(ds.column_names, label_key, LABEL_KEYS, "label")
     feature = ds.features[label_key]
     lists = _is_list(feature)
     if lists and multi_label is False:

@@ -15,7 +15,7 @@ __all__ = ["index_split", "load_split"]
 
 def index_split(dataset: str, root: str | Path, split: str, *, download: bool = False, image_key: str = "",
                 label_key: str = "", classes: list[str] | None = None, exif_transpose: bool = True,
-                multi_label: bool | None = None) -> SplitIndex:
+                multi_label: bool | None = None, labelled: bool = True) -> SplitIndex:
     """List one split without decoding it.
 
     Args:
@@ -33,12 +33,13 @@ def index_split(dataset: str, root: str | Path, split: str, *, download: bool = 
             ``PIL.ImageOps.exif_transpose`` and Hugging Face ``datasets`` do; False: the stored pixels.
         multi_label: True: labels as multi-hot rows (bool ``(N, K)``), also where each image has one class;
             False: one class an image (label sets are one line); None: as the data holds them (``data.multi_label``).
+        labelled: False (predictions): a Hugging Face split without a label column is listed, its labels 0.
     """
     if dataset == "hf":
         from .hf import index_hf_split
 
         index = index_hf_split(str(root), split, image_key=image_key, label_key=label_key, classes=classes,
-                               exif_transpose=exif_transpose, multi_label=multi_label)
+                               exif_transpose=exif_transpose, multi_label=multi_label, labelled=labelled)
     elif dataset == "csv":
         index = index_csv(Path(root).expanduser(), split, classes, exif_transpose, multi_label)
     elif dataset == "cifar10":
