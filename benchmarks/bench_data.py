@@ -19,6 +19,15 @@ over ``--images`` images after its first two batches, median of ``--rounds``.
     python benchmarks/make_photos.py --out /tmp/photos
     python benchmarks/bench_data.py --root /tmp/photos --size 224
     python benchmarks/bench_data.py --root /tmp/photos --size 224 --stages   # where an image's time goes
+
+``--shards DIR`` with ``--root``: the same photos written once at a training resolution (``vitlab shards ROOT DIR
+--split train --max-size 512``) and streamed by vitlab's training loader for shards (``data.dataset=wds``,
+random resized crops), against timm's ``create_loader`` on the original files; and the PSNR of the model's
+evaluation input (the 0.875 center crop) from the shards against the full decode of the originals.
+
+    python benchmarks/make_photos.py --phone --out /tmp/phone --train 22 --test 0
+    vitlab shards /tmp/phone /tmp/phone512 --split train --max-size 512
+    python benchmarks/bench_data.py --root /tmp/phone --shards /tmp/phone512 --size 224 --batch 32 --images 256
 """
 from __future__ import annotations
 
@@ -271,6 +280,70 @@ def photo_pipeline(args: argparse.Namespace) -> None:
           f"{decoded_whole:.1f} s ({len(index) / decoded_whole:.0f} images/s) decoded whole")
 
 
+def shard_pipeline(args: argparse.Namespace) -> None:
+    """``--shards``: vitlab's loader on shards written at a training resolution against timm's on the files."""
+    import math
+    from statistics import median
+
+    from timm.data import ImageDataset, create_loader
+    from timm.data.constants import IMAGENET_DEFAULT_MEAN as MEAN, IMAGENET_DEFAULT_STD as STD
+
+    from vitlab.config import load_config
+    from vitlab.data import index_split
+    from vitlab.data.decode import EncodedImage
+    from vitlab.data.shard_stream import ShardLoader
+    from vitlab.data.shards import read_samples
+    from vitlab.data.transforms import ModelInput, center_crop_transform
+    from vitlab.tasks.classification import shard_streams
+
+    size, batch, workers = (args.size, args.size), args.batch, int(args.workers.split(",")[-1])
+    d = load_config(None, ["data.dataset=wds", f"data.root={args.shards}", "data.train_crop=rrc",
+                           f"data.num_workers={workers}", "data.scaled_decode=true"]).data
+    to_input = ModelInput(MEAN, STD)
+
+    def vitlab_loader():
+        streams, _ = shard_streams(d, 0, size, batch, splits=("train",), mean=MEAN)
+        loader = ShardLoader(streams["train"])
+
+        def epochs():
+            for epoch in range(10 ** 6):
+                loader.set_epoch(epoch)
+                yield from loader
+        return epochs()
+
+    def timm_loader():
+        return create_loader(ImageDataset(str(Path(args.root) / "train")), (3, *size), batch, is_training=True,
+                             scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), hflip=0.5, color_jitter=None,
+                             interpolation="bicubic", mean=MEAN, std=STD, num_workers=workers,
+                             device=torch.device("cpu"), use_prefetcher=True, persistent_workers=False)
+
+    rates: dict[str, list[float]] = {"timm on the files": [], "vitlab on the shards": []}
+    for r in range(args.rounds):
+        rates["timm on the files"].append(_streamed_rate(timm_loader, args.images))
+        rates["vitlab on the shards"].append(_streamed_rate(vitlab_loader, args.images, to_input))
+        print(f"round {r + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()), flush=True)
+    # The evaluation input from a shard's image against the full decode of the file it was written from.
+    index = index_split("imagefolder", args.root, "train")
+    evaluation = center_crop_transform(size, 0.875)
+    values = []
+    for url in sorted(Path(args.shards).glob("train-*.tar")):
+        for sample in read_samples(str(url)):
+            i = int(sample["__key__"].rsplit("_", 1)[1])  # vitlab shards names a sample <split>_<index>
+            encoded = next(v for k, v in sample.items() if k in ("jpg", "jpeg", "png", "webp"))
+            ours, theirs = evaluation(EncodedImage(encoded, str(i))), evaluation(index.read(i))
+            mse = ((ours.double() - theirs.double()) ** 2).mean().item()
+            values.append(10 * math.log10(255 ** 2 / mse) if mse else math.inf)
+    files = len(index)
+    print(f"{files} photos under {args.root}/train against their shards under {args.shards}, {args.size} px, batch "
+          f"{batch}, {workers} workers; median images/s of {args.rounds} rounds:")
+    for name, v in rates.items():
+        print(f"  {name:24s} {median(v):8.1f}")
+    ratio = median(rates["vitlab on the shards"]) / median(rates["timm on the files"])
+    print(f"vitlab on the shards / timm on the files: {ratio:.1f}x")
+    print(f"evaluation input (center crop 0.875) from the shards against the full decode: PSNR median "
+          f"{median(values):.1f} dB, lowest {min(values):.1f} dB over {len(values)} photos")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -286,12 +359,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="--root: rounds, loaders alternating")
     parser.add_argument("--psnr", type=int, default=0, help="--root: measure the scaled decode's PSNR on this many "
                                                             "crops instead of timing")
+    parser.add_argument("--shards", help="--root: shards of its photos written by vitlab shards --max-size: vitlab's "
+                                         "loader on them against timm's on the files, and the PSNR of the input")
     parser.add_argument("--stages", action="store_true", help="--root: time each stage of a streamed image on one "
                                                               "core instead")
     args = parser.parse_args()
     if args.root:
         if args.batch == 256 and args.images == 10240:  # the CIFAR defaults: smaller for photographs
             args.batch, args.images = 64, 1024
+        if args.shards:
+            return shard_pipeline(args)
         return crop_psnr(args) if args.psnr else stage_costs(args) if args.stages else photo_pipeline(args)
     device = torch.device(args.device)
     if args.data:

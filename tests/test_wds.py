@@ -63,6 +63,41 @@ def test_vitlab_shards_writes_every_image_byte_for_byte_with_torchvisions_class(
         convert_to_shards(tiny_imagefolder, tiny_shards, ["train"])
 
 
+def test_vitlab_shards_max_size_writes_photos_upright_at_most_n_px_as_pil_resizes_them_and_keeps_small_ones(tmp_path):
+    # Photos written once at a training resolution (FFCV's max_resolution): a 300 x 200 JPEG whose EXIF
+    # orientation 6 stands it upright as 200 x 300, a 60 x 40 PNG smaller than the limit, a 120 x 40 one.
+    import io
+
+    import webdataset
+    from PIL import Image, ImageOps
+
+    from vitlab.cli import main
+
+    root = tmp_path / "photos" / "train"
+    rng = torch.Generator().manual_seed(0)
+    pixels = lambda w, h: Image.fromarray(torch.randint(0, 256, (h, w, 3), generator=rng, dtype=torch.uint8).numpy())
+    (root / "a").mkdir(parents=True)
+    (root / "b").mkdir()
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    pixels(300, 200).save(root / "a" / "tall.jpg", quality=95, exif=exif.tobytes())
+    pixels(60, 40).save(root / "a" / "small.png")
+    pixels(120, 40).save(root / "b" / "wide.png")
+    main(["shards", str(tmp_path / "photos"), str(tmp_path / "out"), "--split", "train", "--max-size", "64",
+          "--quality", "85"])
+    got = list(webdataset.WebDataset(str(tmp_path / "out" / "train-000000.tar"), shardshuffle=False))
+    assert len(got) == 3 and sorted(int(s["cls"]) for s in got) == [0, 0, 1]
+    small = next(s for s in got if "png" in s)
+    assert small["png"] == (root / "a" / "small.png").read_bytes()  # at most 64 px already: its own bytes
+    for name, size in (("a/tall.jpg", (43, 64)), ("b/wide.png", (64, 21))):
+        upright = ImageOps.exif_transpose(Image.open(root / name)).convert("RGB")
+        expected = io.BytesIO()
+        upright.resize(size, Image.BICUBIC).save(expected, format="JPEG", quality=85, subsampling=0)
+        assert any(s.get("jpg") == expected.getvalue() for s in got), name
+    with pytest.raises(SystemExit):
+        main(["shards", str(tmp_path / "photos"), str(tmp_path / "out2"), "--max-size", "0"])
+
+
 def test_shards_with_their_wids_index_are_listed_without_reading_them_and_a_stale_index_is_not_trusted(
         tiny_shards, tmp_path, monkeypatch):
     import shutil

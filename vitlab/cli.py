@@ -303,8 +303,12 @@ def train_main(argv: list[str] | None = None) -> None:
 def _shards(args: argparse.Namespace) -> None:
     from .data.convert import convert_to_shards
 
+    if args.max_size is not None and args.max_size < 1:
+        raise ConfigError(f"--max-size {args.max_size}: give the longest side to write, in px (>= 1), or leave it out "
+                          f"to keep every image as stored")
     written = convert_to_shards(args.src, args.out, [s for s in args.split.split(",") if s], args.shard_size,
-                                seed=args.seed, image_key=args.image_key, label_key=args.label_key)
+                                seed=args.seed, image_key=args.image_key, label_key=args.label_key,
+                                max_size=args.max_size or 0, quality=args.quality)
     for split, paths in written.items():
         print(f"{split}: {len(paths)} shard(s), {paths[0].name} .. {paths[-1].name}")
     print(f"wrote {args.out}/classes.txt; train on it: data.dataset=wds data.root={args.out}")
@@ -421,6 +425,10 @@ def main(argv: list[str] | None = None) -> None:
     sh.add_argument("--seed", type=int, default=0, help="the shuffle of each split's samples before writing")
     sh.add_argument("--image-key", default="", help="Hugging Face data: the image column ('' = found by name)")
     sh.add_argument("--label-key", default="", help="Hugging Face data: the label column ('' = found by name)")
+    sh.add_argument("--max-size", type=int, help="write the images at most this many px on their longer side "
+                                                 "(upright, bicubic, as JPEGs): a data set prepared once at a "
+                                                 "training resolution; smaller ones keep their bytes")
+    sh.add_argument("--quality", type=int, default=90, help="--max-size: the JPEG quality (default 90)")
     mo = sub.add_parser("models", help="list the model presets with their sizes")
     mo.add_argument("pattern", nargs="?", default="*")
     args = parser.parse_args(argv)
