@@ -120,6 +120,10 @@ class DataConfig:
     # its processes, streamed otherwise (the run says which and why). The same images give the same
     # weights either way.
     in_memory: bool | Literal["auto"] = "auto"
+    # A folder that keeps a split of image files decoded into memory (at data.decode_size) for the next run,
+    # checked against the files' sizes and modification times ('' = none): the next start reads it instead
+    # of decoding every photo again.
+    cache_dir: str = ""
     # wds and streamed hf: each partition of the epoch's shards is shuffled through a buffer of this many
     # (raw, encoded) samples, after the shards' order is shuffled each epoch.
     shuffle_buffer: int = 1000

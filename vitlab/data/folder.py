@@ -38,6 +38,11 @@ class FolderFiles:
     def encoded(self, i: int) -> bytes:
         return self.files[i].read_bytes()
 
+    def stamp(self, i: int) -> str:
+        """File ``i``'s size and modification time (ns): what a decode cache checks."""
+        st = self.files[i].stat()
+        return f"{st.st_size}.{st.st_mtime_ns}"
+
     def read(self, i: int) -> torch.Tensor:
         return decode_image(self.encoded(i), repr(str(self.files[i])), exif_transpose=self.exif_transpose)
 
@@ -94,7 +99,7 @@ def index_imagefolder(root: Path, split: str, classes: list[str] | None = None,
     labels, classes = label_indices(names, classes if classes is not None else folders, where)
     reader = FolderFiles(files, exif_transpose, split_dir)
     return SplitIndex(labels, classes, reader.open, where, encoded=reader.encoded, read=reader.read, key=reader.key,
-                      upright=exif_transpose)
+                      upright=exif_transpose, stamp=reader.stamp)
 
 
 def index_cifar10(root: Path, split: str, download: bool) -> SplitIndex:

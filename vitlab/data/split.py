@@ -9,11 +9,15 @@ numbering.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 from PIL import Image
+from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from ..errors import DataError
@@ -45,6 +49,8 @@ class SplitIndex:
             a row's number), for recording which samples a run held out.
         held_out: For a test split held out of the training split (:func:`hold_out`), its record.
         upright: Whether its image files are read upright by their EXIF orientation (``data.exif_transpose``).
+        stamp: ``stamp(i)`` -> what changes when sample ``i``'s file does (its size and modification time),
+            where the source has files: what a decode cache (``data.cache_dir``) is checked against.
     """
 
     labels: Tensor
@@ -57,6 +63,7 @@ class SplitIndex:
     key: Callable[[int], str] = str
     held_out: dict[str, Any] | None = None
     upright: bool = True
+    stamp: Callable[[int], str] | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -67,7 +74,7 @@ class SplitIndex:
         pick = [None if f is None else Picked(f, ids) for f in (self.encoded, self.read)]
         return SplitIndex(self.labels[ids], self.classes, Picked(self.open, ids), where,
                           None if self.pixels is None else self.pixels[ids], *pick, Picked(self.key, ids),
-                          upright=self.upright)
+                          upright=self.upright, stamp=None if self.stamp is None else Picked(self.stamp, ids))
 
     def decode(self, i: int, size: tuple[int, int] | None, scaled: bool = False) -> Tensor:
         """Sample ``i`` as uint8 RGB ``(3, H, W)``, resized (PIL's bicubic) to ``size`` if given (a source
@@ -95,10 +102,15 @@ class SplitIndex:
         return f"{self.key(i)!r} of {self.where}"
 
     def load(self, size: tuple[int, int] | None, subset: int = 0, seed: int = 0, in_memory: bool = True,
-             scaled: bool = False) -> ImageData:
+             scaled: bool = False, cache_dir: str | Path | None = None) -> ImageData:
         """The split (or ``subset`` images of it, balanced across classes, chosen by ``seed``: only
         those are used) at ``size``: decoded into memory now, or with ``in_memory=False`` decoded
-        each time an image is read (:class:`StreamedImages`, for data larger than memory)."""
+        each time an image is read (:class:`StreamedImages`, for data larger than memory).
+
+        ``cache_dir`` (``data.cache_dir``): a split of files decoded into memory at ``size`` is kept there
+        (safetensors, written whole and renamed into place) and read back by the next load of the same images
+        at the same size and scaling whose files have kept their sizes and modification times; anything
+        else decodes anew into an entry of its own."""
         index = balanced_indices(self.labels, subset, seed).tolist()
         if not index:
             raise DataError(f"{self.where} holds no images")
@@ -106,12 +118,33 @@ class SplitIndex:
         if not in_memory:
             return ImageData(StreamedImages(self, torch.tensor(index), size, scaled), self.labels[index], self.classes,
                              key)
+        cached = None
+        if cache_dir is not None and size is not None and self.pixels is None and self.stamp is not None:
+            cached = self._cache_file(Path(cache_dir), index, size, scaled)
+            if cached.is_file():
+                images = load_file(str(cached))["images"]
+                if len(images) == len(index):
+                    print(f"read the {len(index):,} decoded images ({self.where}) from {cached} (data.cache_dir)")
+                    return ImageData(images, self.labels[index], self.classes, key)
         with Progress(total=len(index), desc=f"decoding {len(index):,} images ({self.where})", unit="images",
                       interval=10.0) as progress:
             if not progress.terminal and progress.enabled:
                 print(f"decoding {len(index):,} images ({self.where}) ...", flush=True)
             images = decode_all(lambda i: self.decode(i, size, scaled), index, progress.update)
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_name(f"{cached.name}.tmp{os.getpid()}")
+            save_file({"images": images.contiguous()}, str(tmp))
+            os.replace(tmp, cached)
+            print(f"kept the {len(index):,} decoded images ({self.where}) in {cached} for the next run (data.cache_dir)")
         return ImageData(images, self.labels[index], self.classes, key)
+
+    def _cache_file(self, cache_dir: Path, index: list[int], size: tuple[int, int], scaled: bool) -> Path:
+        """The entry of these samples (their keys and file stamps) at ``size``, ``scaled``, upright or not."""
+        digest = hashlib.sha256(json.dumps(["vitlab decoded split 1", list(size), scaled, self.upright]).encode())
+        for i in index:
+            digest.update(f"{self.key(i)}\0{self.stamp(i)}\n".encode())
+        return cache_dir / f"{digest.hexdigest()[:40]}.safetensors"
 
 
 def held_out_count(size: float, total: int) -> int:

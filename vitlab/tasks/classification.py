@@ -200,7 +200,7 @@ def load_train_val_data(d: DataConfig, seed: int, size: tuple[int, int], index: 
     the validation images training used."""
     rows, val_index = _train_val_rows(d, seed, index)  # only these are decoded: the training subset and validation
     train = index.load(_decode_size(d, size, keep_in_memory), len(rows) if d.train_subset else 0, seed,
-                       keep_in_memory, d.scaled_decode)
+                       keep_in_memory, d.scaled_decode, d.cache_dir or None)
     if val_index is None:
         return train, None
     keep = torch.ones(len(train.labels), dtype=torch.bool)
@@ -212,7 +212,8 @@ def load_test_data(d: DataConfig, seed: int, size: tuple[int, int], index: Split
                    keep_in_memory: bool = True) -> ImageData:
     """Decode the test images of ``index`` (``data.test_subset`` of them, balanced, if set), as
     :func:`load_train_val_data`."""
-    return index.load(_decode_size(d, size, keep_in_memory), d.test_subset, seed, keep_in_memory, d.scaled_decode)
+    return index.load(_decode_size(d, size, keep_in_memory), d.test_subset, seed, keep_in_memory, d.scaled_decode,
+                      d.cache_dir or None)
 
 
 def _eval_transform(size: tuple[int, int], stored: tuple[int, int] | None, crop_pct: float | None) -> v2.Transform:
