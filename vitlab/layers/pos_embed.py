@@ -20,11 +20,13 @@ def resample_pos_embed(
     new_grid: tuple[int, int],
     old_grid: tuple[int, int],
     num_prefix_tokens: int = 1,
+    antialias: bool = True,
 ) -> Tensor:
     """Resample a learned positional embedding to another patch grid, as timm does.
 
     The prefix (CLS) positions are kept; the grid positions are interpolated bicubically
-    (antialiased when shrinking), in float32.
+    (antialiased, PyTorch's PIL-like kernel, as timm; ``antialias=False``: the plain bicubic kernel, as
+    transformers' ``interpolate_pos_encoding``), in float32.
 
     Args:
         pos_embed: ``(1, num_prefix_tokens + old_h * old_w, E)``.
@@ -45,7 +47,7 @@ def resample_pos_embed(
     prefix, grid = pos_embed[:, :num_prefix_tokens], pos_embed[:, num_prefix_tokens:]
     dim = pos_embed.shape[-1]
     grid = grid.float().reshape(1, old_grid[0], old_grid[1], dim).permute(0, 3, 1, 2)
-    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False, antialias=True)
+    grid = F.interpolate(grid, size=tuple(new_grid), mode="bicubic", align_corners=False, antialias=antialias)
     grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], dim).to(pos_embed.dtype)
     return torch.cat([prefix, grid], dim=1)
 

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from ..attention import MultiHeadAttention
+from ..layers.pos_embed import resample_pos_embed
 from .transformer import Transformer
 from .vit import VisionTransformer
 
@@ -232,3 +233,149 @@ def transformer_from_torch(module: nn.Transformer) -> Transformer:
     ours.encoder_norm.load_state_dict(module.encoder.norm.state_dict())
     ours.decoder_norm.load_state_dict(module.decoder.norm.state_dict())
     return ours.to(first.linear1.weight.device).train(module.training)
+
+
+# transformers' ViT and DeiT: their parameter names in a layer under the base model (``vit.``, ``deit.`` or
+# none), and vitlab's for each; a layer's query, key and value are vitlab's one qkv projection. transformers 5
+# renamed the modules (its checkpoints' names are converted when read); both are known.
+_HF_NAMES = {  # (a layer's prefix, its query / key / value, the rest)
+    4: ("encoder.layer.{i}.", [f"attention.attention.{p}" for p in ("query", "key", "value")],
+        {"layernorm_before": "norm1", "attention.output.dense": "attn.proj", "layernorm_after": "norm2",
+         "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2"}),
+    5: ("layers.{i}.", [f"attention.{p}_proj" for p in "qkv"],
+        {"layernorm_before": "norm1", "attention.o_proj": "attn.proj", "layernorm_after": "norm2",
+         "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}),
+}
+
+
+def _hf_names(base: nn.Module) -> tuple[str, list[str], dict[str, str]]:
+    """The layer names of this transformers release's ViT (``base``: its encoder)."""
+    return _HF_NAMES[5] if hasattr(base, "layers") else _HF_NAMES[4]
+_HF_KINDS = ("ViTForImageClassification", "ViTModel", "DeiTForImageClassificationWithTeacher",
+             "DeiTForImageClassification", "DeiTModel")
+
+
+def _hf_base(model: nn.Module) -> tuple[nn.Module, nn.Module | None, nn.Module | None]:
+    """The encoder of a transformers ViT / DeiT and its classifier heads (cls, distillation), if any."""
+    kind = type(model).__name__
+    if kind not in _HF_KINDS:
+        raise ValueError(f"expected one of transformers' {', '.join(_HF_KINDS)}, got {kind}")
+    base = getattr(model, "vit", None) or getattr(model, "deit", None) or model
+    head = getattr(model, "classifier", None) or getattr(model, "cls_classifier", None)
+    return base, head, getattr(model, "distillation_classifier", None)
+
+
+def from_transformers(model: nn.Module, img_size: int | tuple[int, int] | None = None) -> VisionTransformer:
+    """A vitlab ``VisionTransformer`` with the architecture, weights and label names of a transformers
+    ``ViTForImageClassification``, ``ViTModel`` (no head: ``forward`` returns the normed CLS token) or DeiT
+    model (``DeiTForImageClassificationWithTeacher``: its distillation token and head, their logits averaged
+    in eval as transformers' are): patch and image size, width, depth, heads, MLP width, layer-norm eps.
+    ``img_size``: built for this size instead, its positions resampled as transformers'
+    ``interpolate_pos_encoding`` resamples them (plain bicubic; ``set_input_size`` resamples as timm does).
+
+    Raises:
+        ValueError: for another model, or a config vitlab's ViT cannot reproduce (an activation other than
+            GELU, a ViTModel's pooler).
+    """
+    base, head, head_dist = _hf_base(model)
+    c = model.config
+    if c.hidden_act != "gelu":
+        raise ValueError(f"this {type(model).__name__} uses hidden_act={c.hidden_act!r}; vitlab's ViT runs GELU")
+    if getattr(base, "pooler", None) is not None and head is None:
+        raise ValueError("this ViTModel has a pooler (dense + tanh on the CLS token), which vitlab's ViT does not; "
+                         "build it with add_pooling_layer=False, or read a ViTForImageClassification")
+    distilled = head_dist is not None
+    num_classes = head.out_features if head is not None else 0
+    vit = VisionTransformer(img_size=img_size or c.image_size, patch_size=c.patch_size, in_chans=c.num_channels,
+                            num_classes=num_classes, embed_dim=c.hidden_size, depth=c.num_hidden_layers,
+                            num_heads=c.num_attention_heads, mlp_ratio=c.intermediate_size / c.hidden_size,
+                            qkv_bias=c.qkv_bias, distilled=distilled, norm_eps=c.layer_norm_eps)
+    state = {k: v for k, v in base.state_dict().items() if not k.startswith("pooler.")}
+    ours = {"cls_token": state.pop("embeddings.cls_token"), "pos_embed": state.pop("embeddings.position_embeddings"),
+            "patch_embed.proj.weight": state.pop("embeddings.patch_embeddings.projection.weight"),
+            "patch_embed.proj.bias": state.pop("embeddings.patch_embeddings.projection.bias"),
+            "norm.weight": state.pop("layernorm.weight"), "norm.bias": state.pop("layernorm.bias")}
+    if distilled:
+        ours["dist_token"] = state.pop("embeddings.distillation_token")
+    prefix, qkv, rest = _hf_names(base)
+    for i in range(c.num_hidden_layers):
+        layer = prefix.format(i=i)
+        for kind in ("weight", "bias"):
+            ours[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([state.pop(f"{layer}{p}.{kind}") for p in qkv])
+            for theirs, mine in rest.items():
+                ours[f"blocks.{i}.{mine}.{kind}"] = state.pop(f"{layer}{theirs}.{kind}")
+    state.pop("embeddings.mask_token", None)  # masked image modelling's token: not used to classify
+    if state:
+        raise ValueError(f"weights of this {type(model).__name__} vitlab's ViT has no place for: {sorted(state)[:4]}")
+    for name, module in (("head", head), ("head_dist", head_dist)):
+        if module is not None:
+            ours.update({f"{name}.{k}": v for k, v in module.state_dict().items()})
+    grid = (c.image_size // c.patch_size,) * 2
+    ours["pos_embed"] = resample_pos_embed(ours["pos_embed"], vit.patch_embed.grid_size, grid,
+                                           vit.num_prefix_tokens, antialias=False)
+    vit.load_state_dict(ours, strict=True)
+    if head is not None and c.id2label and len(c.id2label) == num_classes:
+        names = [c.id2label[i] for i in range(num_classes)]
+        vit.pretrained_cfg = {**getattr(vit, "pretrained_cfg", {}), "label_names": names}
+    return vit.train(model.training)
+
+
+def to_transformers(model: VisionTransformer) -> nn.Module:
+    """A transformers ``ViTForImageClassification`` (``DeiTForImageClassificationWithTeacher`` for a distilled
+    ViT) with ``model``'s architecture, weights and label names (``pretrained_cfg["label_names"]``), to
+    ``save_pretrained`` where transformers users will read it.
+
+    Raises:
+        ValueError: for a ViT transformers' cannot express (average pooling, no class token, registers,
+            LayerScale, qk-norm, RMSNorm, SwiGLU or experts, other scores or kernels, fixed positions).
+    """
+    import transformers
+
+    cfg = model.config
+    unsupported = [f"{k}={cfg.get(k)!r}" for k, ok in (
+        ("global_pool", ("token",)), ("class_token", (True,)), ("reg_tokens", (0,)), ("init_values", (None,)),
+        ("qk_norm", (False,)), ("norm_layer", ("layernorm",)), ("mlp_layer", ("mlp",)), ("score", ("dot",)),
+        ("kernel", ("softmax",)), ("pos_embed", ("learn",)), ("no_embed_class", (False,)),
+        ("act_layer", (None, "gelu"))) if cfg.get(k) not in ok]
+    if model.patch_embed.img_size[0] != model.patch_embed.img_size[1] or model.patch_embed.patch_size[0] != \
+            model.patch_embed.patch_size[1]:
+        unsupported.append(f"img_size={model.patch_embed.img_size} / patch_size={model.patch_embed.patch_size} "
+                           f"(not square)")
+    if unsupported or not isinstance(model.fc_norm, nn.Identity):
+        raise ValueError(f"transformers' ViT has no {', '.join(unsupported) or 'fc_norm'}; only vitlab runs this model")
+    names = (getattr(model, "pretrained_cfg", None) or {}).get("label_names") or [
+        f"LABEL_{i}" for i in range(model.num_classes)]
+    sizes = dict(image_size=model.patch_embed.img_size[0], patch_size=model.patch_embed.patch_size[0],
+                 num_channels=cfg["in_chans"], hidden_size=cfg["embed_dim"], num_hidden_layers=cfg["depth"],
+                 num_attention_heads=cfg["num_heads"], intermediate_size=model.blocks[0].mlp.fc1.out_features,
+                 qkv_bias=cfg["qkv_bias"], layer_norm_eps=cfg.get("norm_eps", 1e-6), hidden_act="gelu",
+                 id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
+    if model.distilled:
+        hf = transformers.DeiTForImageClassificationWithTeacher(transformers.DeiTConfig(**sizes))
+    else:
+        hf = transformers.ViTForImageClassification(transformers.ViTConfig(**sizes))
+    base, head, head_dist = _hf_base(hf)
+    mine = model.state_dict()
+    state = {"embeddings.cls_token": mine["cls_token"], "embeddings.position_embeddings": mine["pos_embed"],
+             "embeddings.patch_embeddings.projection.weight": mine["patch_embed.proj.weight"],
+             "embeddings.patch_embeddings.projection.bias": mine["patch_embed.proj.bias"],
+             "layernorm.weight": mine["norm.weight"], "layernorm.bias": mine["norm.bias"]}
+    if model.distilled:
+        state["embeddings.distillation_token"] = mine["dist_token"]
+    prefix, qkv, rest = _hf_names(base)
+    for i in range(cfg["depth"]):
+        layer = prefix.format(i=i)
+        for kind in ("weight", "bias"):
+            for p, part in zip(qkv, mine[f"blocks.{i}.attn.qkv.{kind}"].chunk(3)):
+                state[f"{layer}{p}.{kind}"] = part
+            for theirs, ours in rest.items():
+                state[f"{layer}{theirs}.{kind}"] = mine[f"blocks.{i}.{ours}.{kind}"]
+    missing, unexpected = base.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k != "embeddings.mask_token"]:
+        raise ValueError(f"transformers' ViT does not take these weights: missing {missing[:4]}, unexpected "
+                         f"{unexpected[:4]}")
+    head.load_state_dict({k.removeprefix("head."): v for k, v in mine.items() if k.startswith("head.")})
+    if head_dist is not None:
+        head_dist.load_state_dict({k.removeprefix("head_dist."): v for k, v in mine.items()
+                                   if k.startswith("head_dist.")})
+    return hf.train(model.training)

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 
 from ..errors import CheckpointError
 from .hub import CONFIG_NAME, load_model_dir, read_json, resolve_checkpoint
-from .interop import from_timm
+from .interop import from_timm, from_transformers
 from .timm_classifier import TIMM_PREFIX, TimmClassifier
 from .vit import checkpoint_filter_fn
 
@@ -126,6 +126,40 @@ def _from_file(path: Path, model_name: str | None) -> tuple[dict[str, Tensor], d
     return state, {"mean": tuple(mean), "std": tuple(std)}
 
 
+_TRANSFORMERS_KINDS = "ViTForImageClassification, ViTModel, DeiTForImageClassificationWithTeacher"
+
+
+def _from_transformers(source: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """A transformers ViT or DeiT checkpoint (a Hub id or a ``save_pretrained`` directory) as vitlab weights
+    (:func:`~vitlab.models.interop.from_transformers`) and its normalization (its image processor's, else
+    ViT's 0.5)."""
+    try:
+        import transformers
+    except ImportError:
+        raise CheckpointError(f"model.pretrained=transformers:{source} needs the transformers library: "
+                              f"pip install 'vitlab[transformers]'") from None
+    try:
+        config = transformers.AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"model.pretrained=transformers:{source}: {str(e).splitlines()[0]}") from None
+    if config.model_type not in ("vit", "deit"):
+        raise CheckpointError(f"model.pretrained=transformers:{source} is a {config.model_type} checkpoint; vitlab "
+                              f"reads ViT and DeiT ({_TRANSFORMERS_KINDS})")
+    arch = (config.architectures or ["ViTModel" if config.model_type == "vit" else "DeiTModel"])[0]
+    cls = getattr(transformers, arch, None)
+    if cls is None or arch not in _TRANSFORMERS_KINDS + ", DeiTForImageClassification, DeiTModel":
+        raise CheckpointError(f"model.pretrained=transformers:{source} holds a {arch}; vitlab reads "
+                              f"{_TRANSFORMERS_KINDS}")
+    extra = {"add_pooling_layer": False} if arch in ("ViTModel", "DeiTModel") else {}
+    vit = from_transformers(cls.from_pretrained(source, **extra))
+    try:
+        processor = transformers.AutoImageProcessor.from_pretrained(source)
+        mean, std = tuple(processor.image_mean), tuple(processor.image_std)
+    except (OSError, ValueError, AttributeError):  # no image processor saved: ViT's own normalization
+        mean, std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+    return vit.state_dict(), {"mean": mean, "std": std}
+
+
 def _from_vitlab(path: Path, cls: type[nn.Module]) -> tuple[dict[str, Tensor], dict[str, Any]]:
     directory = resolve_checkpoint(path)
     source = load_model_dir(cls, directory, read_json(directory / CONFIG_NAME))
@@ -141,7 +175,8 @@ def load_pretrained(model: nn.Module, source: str, file: str = "", model_name: s
 
     Args:
         model: The ViT (or :class:`TimmClassifier`) to fill, already built for the new task.
-        source: ``timm:<name>``, a weights file, or a vitlab run / checkpoint / ``save_pretrained`` directory.
+        source: ``timm:<name>``, ``transformers:<Hub id or directory>`` (a ViT or DeiT checkpoint), a weights
+            file, or a vitlab run / checkpoint / ``save_pretrained`` directory.
         file: With ``timm:<name>``, a local copy of timm's weights for that name (offline).
         model_name: The preset ``model`` was built from (for a bare file's normalisation).
 
@@ -151,6 +186,8 @@ def load_pretrained(model: nn.Module, source: str, file: str = "", model_name: s
     vit = not isinstance(model, TimmClassifier)  # a timm model loads timm's weights as they are
     if source.startswith("timm:"):
         state, cfg = _from_timm(source.removeprefix("timm:"), file, convert=vit)
+    elif source.startswith("transformers:"):
+        state, cfg = _from_transformers(source.removeprefix("transformers:"))
     else:
         path = Path(source).expanduser()
         if path.is_dir():

@@ -91,7 +91,8 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         class_token: Prepend a learned CLS token (needs ``global_pool='avg'`` when False).
         pos_embed: ``'learn'`` (a learned table), ``'sincos'`` (fixed 2-D sin-cos over the patch
             grid; the CLS token gets none) or ``'none'``.
-        norm_layer: ``'layernorm'`` or ``'rmsnorm'`` (blocks and the final norm; eps 1e-6).
+        norm_layer: ``'layernorm'`` or ``'rmsnorm'`` (blocks and the final norm).
+        norm_eps: Their eps: 1e-6 as timm's and Google's ViT (transformers' ViT and DeiT checkpoints: 1e-12).
         mlp_layer: ``'mlp'``, ``'swiglu'`` or ``'moe'``.
         act_layer: MLP activation (``'gelu'``, ``'silu'``, ``'relu'``); None: GELU for ``mlp``,
             SiLU for ``swiglu``.
@@ -145,6 +146,7 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         reg_tokens: int = 0,
         no_embed_class: bool = False,
         distilled: bool = False,
+        norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
         if distilled and (global_pool != "token" or not class_token or fc_norm):
@@ -168,7 +170,8 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
             fc_norm=fc_norm, class_token=class_token, pos_embed=pos_embed, norm_layer=norm_layer, mlp_layer=mlp_layer,
             act_layer=act_layer, num_experts=num_experts, moe_top_k=moe_top_k, moe_expert_layer=moe_expert_layer,
             moe_aux_loss_weight=moe_aux_loss_weight, score=score, kernel=kernel, init_values=init_values,
-            qk_norm=qk_norm, reg_tokens=reg_tokens, no_embed_class=no_embed_class, distilled=distilled)
+            qk_norm=qk_norm, reg_tokens=reg_tokens, no_embed_class=no_embed_class, distilled=distilled,
+            norm_eps=norm_eps)
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         self.num_classes = num_classes
         self.global_pool = global_pool
@@ -192,14 +195,14 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         block_args = dict(norm_layer=norm_layer, mlp_layer=mlp_layer, act=act_layer, num_experts=num_experts,
                           moe_top_k=moe_top_k, moe_expert_layer=moe_expert_layer,
                           moe_aux_loss_weight=moe_aux_loss_weight, score=score, kernel=kernel,
-                          init_values=init_values, qk_norm=qk_norm)
+                          init_values=init_values, qk_norm=qk_norm, norm_eps=norm_eps)
         self.blocks = nn.Sequential(*[
             Block(embed_dim, num_heads, mlp_ratio, qkv_bias=qkv_bias, proj_drop=proj_drop_rate,
                   attn_drop=attn_drop_rate, drop_path=rate, **block_args)
             for rate in drop_path_rates(drop_path_rate, depth)
         ])
-        self.norm = nn.Identity() if use_fc_norm else create_norm(norm_layer, embed_dim)
-        self.fc_norm = create_norm(norm_layer, embed_dim) if use_fc_norm else nn.Identity()
+        self.norm = nn.Identity() if use_fc_norm else create_norm(norm_layer, embed_dim, norm_eps)
+        self.fc_norm = create_norm(norm_layer, embed_dim, norm_eps) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         if distilled:

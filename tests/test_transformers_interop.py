@@ -1,0 +1,89 @@
+"""transformers checkpoints (issue 52, 3): ViTForImageClassification, ViTModel and
+DeiTForImageClassificationWithTeacher read into vitlab's ViT and written back, their outputs equal to
+transformers' own forward to 1e-5 in eval mode, at the checkpoint's size and at another; model.pretrained=
+transformers:<directory> starts a run from one. Offline: transformers builds the models from a config."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="the transformers extra is not installed: "
+                                                          "pip install 'vitlab[transformers]'")
+
+from vitlab.errors import CheckpointError  # noqa: E402
+from vitlab.interop import from_transformers, to_transformers  # noqa: E402
+
+SIZES = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+             intermediate_size=96, layer_norm_eps=1e-12)
+LABELS = {i: name for i, name in enumerate(["ant", "bee", "cat", "dog", "eel"])}
+
+
+def _hf(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "deit":
+        config = transformers.DeiTConfig(**SIZES, id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
+        return transformers.DeiTForImageClassificationWithTeacher(config).eval()
+    config = transformers.ViTConfig(**SIZES, id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
+    if kind == "vit-model":
+        return transformers.ViTModel(config, add_pooling_layer=False).eval()
+    return transformers.ViTForImageClassification(config).eval()
+
+
+def _theirs(hf: torch.nn.Module, x: torch.Tensor, **kwargs) -> torch.Tensor:
+    out = hf(pixel_values=x, **kwargs)
+    return out.last_hidden_state[:, 0] if hasattr(out, "last_hidden_state") else out.logits
+
+
+@pytest.mark.parametrize("kind", ["vit", "vit-model", "deit"])
+def test_a_transformers_vit_read_into_vitlab_gives_its_outputs_at_its_size_and_at_another(kind):
+    hf = _hf(kind)
+    vit = from_transformers(hf).eval()
+    assert vit.config["norm_eps"] == 1e-12 and vit.config["patch_size"] == 8 and vit.config["img_size"] == 32
+    if kind != "vit-model":
+        assert vit.pretrained_cfg["label_names"] == list(LABELS.values()) and vit.num_classes == 5
+        assert vit.distilled == (kind == "deit")
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(vit(x), _theirs(hf, x), atol=1e-5)
+        # Built for 48 px: the positions resampled as transformers' interpolate_pos_encoding resamples them
+        bigger = from_transformers(hf, img_size=48).eval()
+        big = torch.randn(2, 3, 48, 48)
+        assert torch.allclose(bigger(big), _theirs(hf, big, interpolate_pos_encoding=True), atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["vit", "deit"])
+def test_to_transformers_writes_a_checkpoint_transformers_reads_with_the_same_outputs(kind, tmp_path):
+    vit = from_transformers(_hf(kind)).eval()
+    hf = to_transformers(vit)
+    hf.save_pretrained(tmp_path / "saved")
+    again = transformers.AutoModelForImageClassification.from_pretrained(tmp_path / "saved").eval()
+    assert type(again).__name__ == ("DeiTForImageClassificationWithTeacher" if kind == "deit"
+                                    else "ViTForImageClassification")
+    assert again.config.id2label == LABELS and again.config.layer_norm_eps == 1e-12
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(again(pixel_values=x).logits, vit(x), atol=1e-5)
+
+
+def test_a_run_starts_from_a_transformers_checkpoint_and_other_architectures_are_one_line(tmp_path):
+    import vitlab
+    from vitlab.models.pretrained import load_pretrained
+
+    hf = _hf("vit")
+    hf.save_pretrained(tmp_path / "vit")
+    model = vitlab.create_model("vit_cifar_tiny_patch4_32", img_size=32, patch_size=8, embed_dim=48, depth=2,
+                                num_heads=3, mlp_ratio=2.0, num_classes=3, norm_eps=1e-12)
+    info = load_pretrained(model, f"transformers:{tmp_path / 'vit'}")
+    assert info["mean"] == (0.5, 0.5, 0.5) and info["source"] == f"transformers:{tmp_path / 'vit'}"
+    theirs = hf.vit(pixel_values=torch.randn(1, 3, 32, 32)).last_hidden_state  # every weight but the head's
+    model.eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.allclose(model.forward_features(x), hf.vit(pixel_values=x).last_hidden_state, atol=1e-5)
+    assert theirs.shape[-1] == 48
+    torch.manual_seed(0)
+    transformers.ResNetForImageClassification(transformers.ResNetConfig(hidden_sizes=[8, 16], depths=[1, 1],
+                                                                        embedding_size=8)).save_pretrained(tmp_path / "rn")
+    with pytest.raises(CheckpointError, match=r"transformers:.*rn is a resnet checkpoint; vitlab reads ViT and DeiT "
+                                              r"\(ViTForImageClassification, ViTModel"):
+        load_pretrained(model, f"transformers:{tmp_path / 'rn'}")
