@@ -7,6 +7,7 @@ allowed.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import difflib
 import signal
 import types
@@ -39,6 +40,8 @@ class ModelConfig:
     ``grad_checkpointing`` recomputes each block's activations in the backward pass (less memory).
     ``freeze``: what of an image classifier does not train (:mod:`vitlab.models.freeze`): ``none``,
     ``backbone`` (a linear probe), ``blocks:N`` (the embeddings and the first N blocks), ``attn_only``.
+    ``lora_r`` > 0: LoRA through peft (:mod:`vitlab.models.lora`) of rank ``lora_r`` and scale ``lora_alpha /
+    lora_r`` on the linear layers ``lora_targets`` name, the rest of the pretrained model frozen but its head.
     """
 
     name: str = "vit_cifar_small_patch4_32"
@@ -47,6 +50,10 @@ class ModelConfig:
     pretrained_file: str = ""
     grad_checkpointing: bool = False
     freeze: str = "none"
+    lora_r: int = 0
+    lora_alpha: float = 16.0
+    lora_dropout: float = 0.0
+    lora_targets: list[str] = field(default_factory=lambda: ["attn.qkv", "attn.proj"])
 
 
 @dataclass
@@ -546,6 +553,19 @@ def _check_values(cfg: Config) -> None:
          "0 for a text model (layer-wise decay is for fine-tuning a ViT)")
     m = cfg.model
     check_freeze(m.freeze)
+    need(m.lora_r >= 0, "model.lora_r", m.lora_r, "an integer >= 0 (0 = no LoRA; 4-16 usual)")
+    if m.lora_r:
+        if not m.pretrained:
+            raise ConfigError(f"model.lora_r={m.lora_r} adapts pretrained weights: set model.pretrained (timm:<name>, "
+                              f"a weights file or a vitlab run)")
+        need(m.freeze == "none", "model.freeze", m.freeze, f"none with model.lora_r={m.lora_r} (LoRA freezes all but "
+             f"its adapters and the head itself)")
+        need(m.lora_alpha > 0, "model.lora_alpha", m.lora_alpha, "a number > 0 (the adapters' scale is alpha / r)")
+        need(0 <= m.lora_dropout < 1, "model.lora_dropout", m.lora_dropout, "a number in [0, 1)")
+        need(bool(m.lora_targets), "model.lora_targets", m.lora_targets, "the names of linear layers, e.g. "
+             "[attn.qkv, attn.proj]")
+        if importlib.util.find_spec("peft") is None:
+            raise ConfigError(f"model.lora_r={m.lora_r} needs the peft library: pip install 'vitlab[lora]'")
     need(m.freeze == "none" or cfg.task == "classification", "model.freeze", m.freeze,
          "none for a text model (freezing is for fine-tuning an image classifier)")
     need(not m.pretrained or cfg.task == "classification", "model.pretrained", m.pretrained,
@@ -583,7 +603,8 @@ def _check_values(cfg: Config) -> None:
     need(bool(t.output_dir), "train.output_dir", t.output_dir, "a directory path")
 
 
-_MODEL_OPTIONS = ["name", "pretrained", "pretrained_file", "grad_checkpointing", "freeze"]
+_MODEL_OPTIONS = ["name", "pretrained", "pretrained_file", "grad_checkpointing", "freeze", "lora_r", "lora_alpha",
+                  "lora_dropout", "lora_targets"]
 _TASK_MODELS = {"classification": ("VisionTransformer",), "seq2seq": ("Seq2SeqTransformer", "RNNSeq2Seq"),
                 "lm": ("GPT",)}
 _TASK_DEFAULT_MODELS = {"classification": ModelConfig.name, "seq2seq": "transformer_tiny", "lm": "gpt_char_tiny"}

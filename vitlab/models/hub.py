@@ -112,9 +112,10 @@ def weights_for_saving(model: nn.Module) -> dict[str, Tensor]:
     return state
 
 
-def load_weights(model: nn.Module, path: Path) -> None:
+def load_weights(model: nn.Module, path: Path, only: set[str] | None = None) -> None:
     """Load a safetensors state dict written by :func:`write_model_files` into ``model`` (tied weights included);
-    any missing or unexpected name raises :class:`CheckpointError`."""
+    any missing or unexpected name raises :class:`CheckpointError`. ``only``: the file holds these names alone
+    (a LoRA run's adapters and head, :func:`trained_names`); the rest of the model keeps its weights."""
     model = getattr(model, "_orig_mod", model)
     try:
         missing, unexpected = model.load_state_dict(load_tensors(path), strict=False)
@@ -122,6 +123,8 @@ def load_weights(model: nn.Module, path: Path) -> None:
         raise CheckpointError(f"weights in {str(path)!r} do not fit the model: {str(e).splitlines()[0]}") from None
     tied = {name for name, p in model.named_parameters(remove_duplicate=False)} - {
         name for name, p in model.named_parameters()}  # second names of shared parameters
+    if only is not None:
+        tied |= set(model.state_dict()) - only
     if unexpected or set(missing) - tied:
         raise CheckpointError(f"weights in {str(path)!r} do not fit the model: missing "
                               f"{sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}")
@@ -160,12 +163,20 @@ def write_model_files(model: nn.Module, directory: Path, meta: dict[str, Any], p
     ``meta`` adds what inference needs besides the architecture (class names and normalization for
     an image model; the task for a text model).
     """
-    save_file(weights_for_saving(model), str(directory / WEIGHTS_NAME))
-    if ema is not None:
-        save_file(weights_for_saving(ema), str(directory / "ema.safetensors"))
+    keep = trained_names(model) if meta.get("lora") else None  # a LoRA run: its adapters and head alone
+    for net, name in ((model, WEIGHTS_NAME), (ema, "ema.safetensors")):
+        if net is not None:
+            weights = weights_for_saving(net)
+            save_file({k: v for k, v in weights.items() if keep is None or k in keep}, str(directory / name))
     model = getattr(model, "_orig_mod", model)
     write_json(directory / CONFIG_NAME, {"architecture": type(model).__name__, "preset": preset,
                                          "model_args": _model_args(model), "has_ema": ema is not None, **meta})
+
+
+def trained_names(model: nn.Module) -> set[str]:
+    """The names of the parameters ``model`` trains (``requires_grad``): what a LoRA checkpoint holds."""
+    model = getattr(model, "_orig_mod", model)
+    return {name for name, p in model.named_parameters() if p.requires_grad}
 
 
 def image_input_size(model: nn.Module) -> tuple[int, int, int] | None:
@@ -210,7 +221,17 @@ def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], 
         model = cls(**args)
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{str(config_file)!r} holds invalid model arguments: {e}") from None
-    load_weights(model, directory / ("ema.safetensors" if use_ema and meta.get("has_ema") else WEIGHTS_NAME))
+    weights = directory / ("ema.safetensors" if use_ema and meta.get("has_ema") else WEIGHTS_NAME)
+    if meta.get("lora"):  # adapters and head alone: the base model first, then peft's layers on it
+        from .lora import add_lora
+        from .pretrained import load_pretrained
+
+        base = meta["base"]
+        load_pretrained(model, base["pretrained"], base.get("pretrained_file", ""), meta.get("preset"))
+        add_lora(model, **meta["lora"])
+        load_weights(model, weights, only=trained_names(model))
+    else:
+        load_weights(model, weights)
     input_size = image_input_size(model)
     if input_size is not None:  # an image model
         cfg: dict[str, Any] = {"input_size": input_size}
@@ -225,6 +246,8 @@ def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], 
             cfg["exif_transpose"] = False
         if meta.get("temperature"):  # calibrated (vitlab calibrate): probabilities are softmax(logits / temperature)
             cfg["temperature"] = float(meta["temperature"])
+        if meta.get("lora"):  # LoRA adapters on a base model (vitlab.models.lora.merge_lora folds them in)
+            cfg["lora"] = dict(meta["lora"])
         if meta.get("multi_label"):  # several classes an image: a sigmoid a class, not a softmax
             cfg["multi_label"] = True
             if meta.get("thresholds") is not None:  # chosen on the validation split (vitlab calibrate)

@@ -37,6 +37,10 @@ def build_model(cfg: Config, **derived: Any) -> nn.Module:
     except ValueError as e:
         raise ConfigError(f"model ({cfg.model.name} with {cfg.model.args or 'no overrides'}): {e}") from None
     freeze_parameters(model, cfg.model.freeze)
+    if cfg.model.lora_r:  # the targets checked now, before any image is decoded; the adapters come after the weights
+        from ..models.lora import check_lora_targets
+
+        check_lora_targets(model, cfg.model.lora_targets)
     return model
 
 

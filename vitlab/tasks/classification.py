@@ -329,6 +329,8 @@ def _normalization(cfg: Config, model: nn.Module, resume_from: Path | None) -> t
     """
     d = cfg.data
     if resume_from is not None:
+        if cfg.model.lora_r:  # the checkpoint holds the adapters and head alone: the base comes from its source
+            load_pretrained(model, cfg.model.pretrained, cfg.model.pretrained_file, cfg.model.name)
         meta = read_json(resume_from / "config.json")
         for key in ("mean", "std"):
             given = getattr(d, key)

@@ -32,6 +32,7 @@ from timm.utils import ModelEmaV3
 from torch import nn
 
 from .. import checkpoint as ckpt
+from ..models.hub import trained_names
 from ..config import Config, TrainConfig, save_config
 from ..data.workers import shutdown_workers
 from ..errors import PREEMPTED_EXIT_CODE, ConfigError, Preempted, TrainingError
@@ -128,6 +129,23 @@ def _choose_best_metric(t: TrainConfig, task: TaskSetup) -> None:
         task.select, task.select_lower = name, name.endswith("loss")
     if t.greater_is_better is not None:
         task.select_lower = not t.greater_is_better
+
+
+def _add_lora(cfg: Config, task: TaskSetup, accelerator: Accelerator) -> None:
+    """peft's LoRA layers into the task's model, now that it holds its pretrained weights and the data's head;
+    its checkpoints then keep the adapters and head alone, with what rebuilds the rest (``lora``, ``base``)."""
+    from ..models.lora import add_lora
+
+    m = cfg.model
+    total = sum(p.numel() for p in task.model.parameters())
+    lora = {"r": m.lora_r, "alpha": m.lora_alpha, "dropout": m.lora_dropout, "targets": list(m.lora_targets)}
+    trained = add_lora(task.model, **lora)
+    task.meta = {**task.meta, "lora": lora,
+                 "base": {"pretrained": m.pretrained, **({"pretrained_file": m.pretrained_file} if m.pretrained_file
+                                                         else {})}}
+    accelerator.print(f"LoRA r={m.lora_r} on {', '.join(m.lora_targets)} (alpha {m.lora_alpha:g}): {trained:,} of "
+                      f"{total:,} parameters train ({100 * trained / total:.2f}%); adapters and head saved alone, "
+                      f"the rest read from model.pretrained={m.pretrained!r}")
 
 
 def _setup_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
@@ -230,6 +248,8 @@ class _Loop:
                               f"{micro_batch} is not divisible by the {acc.num_processes} processes")
         set_seed(t.seed)  # the initial weights depend on train.seed only: equal on every process
         self.task = task = _setup_task(cfg, acc, micro_batch, run_dir, resume_from)
+        if cfg.model.lora_r:
+            _add_lora(cfg, task, acc)
         _choose_best_metric(t, task)
         for loader in (task.train_loader, *task.eval_loaders.values()):
             ignore_in_workers(loader, t.stop_signals)  # before Accelerate copies them
@@ -277,7 +297,8 @@ class _Loop:
                                                         "is the result")
         workers = getattr(task.train_loader, "num_workers", 0)
         acc.print(f"model {cfg.model.name}: {n_params / 1e6:.2f}M params"
-                  + (f" ({trainable:,} trainable: model.freeze={cfg.model.freeze})" if trainable < n_params else "")
+                  + (f" ({trainable:,} trainable" + (f": model.freeze={cfg.model.freeze})" if cfg.model.freeze != "none"
+                                                    else ")") if trainable < n_params else "")
                   + f" | train {task.train_size} examples, "
                   f"{self.steps_per_epoch} steps/epoch x {t.epochs} epochs | {acc.num_processes} process(es) on "
                   f"{acc.device}, {torch.get_num_threads()} torch thread(s) each"
@@ -302,9 +323,10 @@ class _Loop:
         ``metrics.jsonl`` the checkpoint had seen (None: all, for a checkpoint that did not count)."""
         acc = self.accelerator
         saved = resume_state(resume_from, self.run_dir)
-        ckpt.load_weights(self.plain_model, resume_from / "model.safetensors")
+        only = trained_names(self.plain_model) if self.cfg.model.lora_r else None  # adapters and head alone
+        ckpt.load_weights(self.plain_model, resume_from / "model.safetensors", only)
         if self.ema is not None:
-            ckpt.load_weights(self.ema.module, resume_from / "ema.safetensors")
+            ckpt.load_weights(self.ema.module, resume_from / "ema.safetensors", only)
         ckpt.load_optimizer(self.optimizer.optimizer, resume_from)
         self.scheduler.load_state_dict(saved.pop("scheduler"))
         grad_scaler = saved.pop("grad_scaler", None)
