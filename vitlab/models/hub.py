@@ -20,7 +20,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
@@ -203,13 +203,16 @@ def _meta_of(model: nn.Module) -> dict[str, Any]:
 
 
 def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], use_ema: bool = False,
-                   map_location: str | torch.device = "cpu", **overrides: Any) -> nn.Module:
+                   map_location: str | torch.device = "cpu",
+                   before_weights: Callable[[nn.Module], set[str]] | None = None, **overrides: Any) -> nn.Module:
     """Build ``cls`` from ``config.json``'s ``meta`` (arguments overridden by ``overrides``), load the
     weights of ``directory`` and set ``model.pretrained_cfg``; returns the model in eval mode.
 
     ``pretrained_cfg`` says what the model expects: for an image model ``input_size`` and, when the
     model was trained or saved with them, ``mean``, ``std`` and ``label_names``; for a text model
-    the ``task`` and the ``tokenizer`` file beside the weights.
+    the ``task`` and the ``tokenizer`` file beside the weights. ``before_weights(model)``: what to do to the
+    built model before its weights load (a LoRA checkpoint's base and adapters), returning the names the file
+    holds alone (:func:`load_weights`'s ``only``).
     """
     config_file = directory / CONFIG_NAME
     if meta.get("architecture") != cls.__name__ or "model_args" not in meta:
@@ -222,16 +225,9 @@ def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], 
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{str(config_file)!r} holds invalid model arguments: {e}") from None
     weights = directory / ("ema.safetensors" if use_ema and meta.get("has_ema") else WEIGHTS_NAME)
-    if meta.get("lora"):  # adapters and head alone: the base model first, then peft's layers on it
-        from .lora import add_lora
-        from .pretrained import load_pretrained
-
-        base = meta["base"]
-        load_pretrained(model, base["pretrained"], base.get("pretrained_file", ""), meta.get("preset"))
-        add_lora(model, **meta["lora"])
-        load_weights(model, weights, only=trained_names(model))
-    else:
-        load_weights(model, weights)
+    if meta.get("lora") and before_weights is None:
+        raise CheckpointError(f"{str(directory)!r} holds LoRA adapters on a base model: load it with vitlab.load_model")
+    load_weights(model, weights, only=before_weights(model) if before_weights is not None else None)
     input_size = image_input_size(model)
     if input_size is not None:  # an image model
         cfg: dict[str, Any] = {"input_size": input_size}

@@ -15,14 +15,14 @@ import difflib
 import fnmatch
 import inspect
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from ..errors import CheckpointError
 from .gpt import GPT
-from .hub import load_model_dir, read_json, resolve_checkpoint
+from .hub import load_model_dir, read_json, resolve_checkpoint, trained_names
 from .rnn import RNNSeq2Seq
 from .timm_classifier import TIMM_PREFIX, TimmClassifier
 from .transformer import Seq2SeqTransformer
@@ -174,4 +174,19 @@ def load_model(path: str | Path, use_ema: bool = True, map_location: str | torch
         cls = model_class(meta.get("architecture", ""))
     except (ValueError, AttributeError):
         raise CheckpointError(f"{str(directory / 'config.json')!r} does not describe a vitlab model") from None
-    return load_model_dir(cls, directory, meta, use_ema=use_ema, map_location=map_location)
+    return load_model_dir(cls, directory, meta, use_ema=use_ema, map_location=map_location,
+                          before_weights=_lora_base(meta) if meta.get("lora") else None)
+
+
+def _lora_base(meta: dict) -> Callable[[nn.Module], set[str]]:
+    """For a LoRA checkpoint (adapters and head alone): the base model's weights from its source, then peft's
+    layers on it; the names the checkpoint holds."""
+    from .lora import add_lora
+    from .pretrained import load_pretrained
+
+    def prepare(model: nn.Module) -> set[str]:
+        base = meta["base"]
+        load_pretrained(model, base["pretrained"], base.get("pretrained_file", ""), meta.get("preset"))
+        add_lora(model, **meta["lora"])
+        return trained_names(model)
+    return prepare
