@@ -245,6 +245,43 @@ def test_flip_tta_averages_the_probabilities_of_the_image_and_its_mirror(trained
         assert row["probs"] == pytest.approx(sorted(p.tolist(), reverse=True), abs=1e-5)
 
 
+def test_crops_tta_averages_torchvisions_five_crops_of_a_view_larger_by_1_over_0_875(trained, tiny_imagefolder,
+                                                                                     tmp_path):
+    from PIL import Image
+    from torchvision.transforms import v2
+
+    from vitlab import load_model
+    from vitlab.cli import main
+    from vitlab.data.transforms import ModelInput, eval_transform
+    from vitlab.prediction import predict_images
+
+    main(["eval", "--checkpoint", str(trained), "--tta", "crops", "--predictions", str(tmp_path / "eval.csv"),
+          "--output", str(tmp_path / "m.json")])
+    reset_accelerate()
+    assert json.loads((tmp_path / "m.json").read_text())["tta"] == "crops"
+    theirs = {r["image"]: r for r in csv.DictReader((tmp_path / "eval.csv").open())}
+    model = load_model(trained)
+    cfg = model.pretrained_cfg
+    files = sorted((tiny_imagefolder / "test" / "class_2").glob("*.png"))[:4]
+    view = eval_transform((36, 36))  # floor(32 / 0.875): the model takes its whole 32 px image
+    five = v2.FiveCrop((32, 32))  # the reference: torchvision's corners and center
+    with torch.no_grad():
+        want = []
+        for f in files:
+            crops = torch.stack(five(view(v2.functional.pil_to_tensor(Image.open(f).convert("RGB")))))
+            want.append(model(ModelInput(cfg["mean"], cfg["std"])(crops)).softmax(-1).mean(0))
+    for f, p in zip(files, want):
+        row = theirs[f"class_2/{f.name}"]
+        assert [float(row[f"prob_class_{k}"]) for k in range(3)] == pytest.approx(p.tolist(), abs=1e-5)
+    predict_images(model, [str(f) for f in files], tmp_path / "p.jsonl", topk=3, num_workers=0, tta="crops")
+    for line, p in zip((tmp_path / "p.jsonl").read_text().splitlines(), want):
+        assert json.loads(line)["probs"] == pytest.approx(sorted(p.tolist(), reverse=True), abs=1e-5)
+    with pytest.raises(ConfigError, match=r"--knn 3 reads the images at the model's own size; leave out --tta crops"):
+        from vitlab.evaluation import evaluate_checkpoint
+
+        evaluate_checkpoint(trained, tta="crops", knn=3)
+
+
 def test_knn_top1_is_scikit_learns_weighted_vote_of_the_nearest_training_images(trained, tiny_imagefolder, tmp_path):
     # DINO's k-NN: cosine similarity, each neighbour weighted by exp(similarity / 0.07); scikit-learn's
     # KNeighborsClassifier with the cosine metric and that weight of its distance (1 - similarity) is the reference.

@@ -339,9 +339,9 @@ def main(argv: list[str] | None = None) -> None:
     ev.add_argument("--knn", type=int, default=0, metavar="K",
                     help="an image classifier's: also the top-1 of the vote of the K nearest training images by the "
                          "pooled features (DINO's weighted k-NN: cosine similarity, temperature 0.07; K = 20 is DINO's)")
-    ev.add_argument("--tta", choices=("none", "flip"), default="none",
+    ev.add_argument("--tta", choices=("none", "flip", "crops"), default="none",
                     help="an image classifier's test-time augmentation: flip, the mean of each image's probabilities "
-                         "and its mirror's")
+                         "and its mirror's; crops, of its five crops (corners and center of a view 1/0.875 larger)")
     ev.add_argument("--no-ema", action="store_true", help="evaluate the raw weights even if the run kept an EMA")
     ev.add_argument("--record", action="store_true", help="add the result to the checkpoint's config.json: the model "
                                                           "card save_pretrained writes lists it")
@@ -363,8 +363,9 @@ def main(argv: list[str] | None = None) -> None:
     pr.add_argument("--output", help="write the rows to this .csv, .jsonl or .parquet file instead of printing them")
     pr.add_argument("--batch-size", type=int, default=64)
     pr.add_argument("--num-workers", type=int, default=2, help="DataLoader workers reading the images")
-    pr.add_argument("--tta", choices=("none", "flip"), default="none",
-                    help="test-time augmentation: flip, the mean of each image's probabilities and its mirror's")
+    pr.add_argument("--tta", choices=("none", "flip", "crops"), default="none",
+                    help="test-time augmentation: flip, the mean of each image's probabilities and its mirror's; "
+                         "crops, of its five crops (corners and center of a view 1/0.875 larger)")
     pr.add_argument("--split", default="", help="with data.* keys: the split to read (default data.test_split)")
     pr.add_argument("images", nargs="+", metavar="INPUT", help="image files, folders (their images, below them too) "
                     "and globs; or data.* keys naming a data set as training does (data.dataset=hf data.root=...)")

@@ -222,8 +222,8 @@ def _evaluate_seq2seq(directory: Path, cfg: Config, model: nn.Module, split: str
     return metrics
 
 
-def _classifier_split(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int
-                      ) -> tuple[Any, Any, list[str], Any, Any]:
+def _classifier_split(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
+                      tta: str = "none") -> tuple[Any, Any, list[str], Any, Any]:
     """The accelerator, a prepared loader of ``split`` of the run's own data, its class names and (unless
     streamed from shards) its decoded images and the run's training split, listed."""
     from .data.shard_stream import ShardLoader
@@ -241,6 +241,9 @@ def _classifier_split(directory: Path, cfg: Config, model: nn.Module, split: str
     # Labels are mapped through the model's classes: a split with a class it was not trained on is one line.
     accelerator = create_accelerator(cfg.train.mixed_precision)
     if streamed_in_shards(d):
+        if tta == "crops":
+            raise ConfigError("--tta crops reads each image at a larger view than evaluation's, which shards streamed "
+                              "by their own evaluation transform do not give; use --tta flip, or a folder or Hub split")
         if split == "train":
             raise ConfigError("--split train is not kept for data.dataset=wds (its epochs are streamed in an order of "
                               "their own); evaluate --split val or test")
@@ -255,7 +258,7 @@ def _classifier_split(directory: Path, cfg: Config, model: nn.Module, split: str
     keep, _ = in_memory(d, train_index, test_index, size)
     data = (load_test_data(d, cfg.train.seed, size, test_index, keep) if split == "test" else
             dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, size, train_index, keep)))[split])
-    loader = accelerator.prepare(DataLoader(eval_dataset(data, size, info.get("crop_pct")),
+    loader = accelerator.prepare(DataLoader(eval_dataset(data, size, info.get("crop_pct"), tta),
                                             batch_size=batch_size, num_workers=d.num_workers))
     return accelerator, loader, data.classes, data, train_index
 
@@ -272,13 +275,15 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
         if value is not None and streamed_in_shards(cfg.data):
             raise ConfigError(f"{option} {value}: shards are read as a stream, without the names of their images or "
                               f"the count of each class here; evaluate an ImageFolder or Hugging Face split")
+    if knn and tta == "crops":
+        raise ConfigError(f"--knn {knn} reads the images at the model's own size; leave out --tta crops (or use flip)")
     if knn and (info.get("multi_label") or streamed_in_shards(cfg.data)):
         raise ConfigError(f"--knn {knn}: the neighbours' vote gives one class an image from the training split's "
                           f"images by position; {directory} holds a multi-label classifier or reads shards")
     if adjust_logits is not None and info.get("multi_label"):
         raise ConfigError(f"--adjust-logits {adjust_logits}: logit adjustment is for one class an image, and {directory} "
                           f"holds a multi-label classifier")
-    accelerator, loader, classes, data, train_index = _classifier_split(directory, cfg, model, split, batch_size)
+    accelerator, loader, classes, data, train_index = _classifier_split(directory, cfg, model, split, batch_size, tta)
     if info.get("multi_label"):
         return _evaluate_multi_label(directory, model, split, loader, accelerator, classes, data, output, predictions,
                                      tta)
@@ -287,7 +292,8 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
         logit_adjustment(training_class_counts(cfg.data, cfg.train.seed, train_index), adjust_logits)
     prepared = accelerator.prepare(model)
     metrics = evaluate_classifier(prepared, loader, accelerator, len(classes), ModelInput(info["mean"], info["std"]),
-                                  keep_probs=True, temperature=temperature, logit_offset=offset, tta=tta)
+                                  keep_probs=True, temperature=temperature, logit_offset=offset, tta=tta,
+                                  input_size=tuple(info["input_size"][1:]))
     probs, labels = metrics.pop("probs"), metrics.pop("labels")
     metrics.pop("logits")
     metrics["temperature"] = temperature
@@ -300,7 +306,8 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
     if not accelerator.is_main_process:
         return metrics
     print(f"checkpoint {directory} | {split} split: {metrics['num_images']} images"
-          + (" | each the mean of it and its mirror (--tta flip)" if tta == "flip" else "")
+          + (" | each the mean of it and its mirror (--tta flip)" if tta == "flip" else
+             " | each the mean of its five crops (--tta crops)" if tta == "crops" else "")
           + (f" | logits adjusted by -{adjust_logits:g} x log(the training class frequencies) (Menon et al. 2021)"
              if adjust_logits is not None else ""))
     print(f"top-1 {100 * metrics['top1']:.2f}%  top-5 {100 * metrics['top5']:.2f}%  loss {metrics['loss']:.4f}"
@@ -359,7 +366,7 @@ def _evaluate_multi_label(directory: Path, model: nn.Module, split: str, loader:
     thresholds = torch.tensor(info["thresholds"]) if info.get("thresholds") is not None else None
     metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes),
                                   ModelInput(info["mean"], info["std"]), keep_probs=True, thresholds=thresholds,
-                                  tta=tta)
+                                  tta=tta, input_size=tuple(info["input_size"][1:]))
     probs, labels = metrics.pop("probs"), metrics.pop("labels")
     metrics.pop("logits")
     if not accelerator.is_main_process:

@@ -30,7 +30,7 @@ from .data.split import SplitIndex
 from .data.transforms import ModelInput, decode_size, decode_upright
 from .errors import ConfigError, DataError
 from .progress import Progress
-from .tasks.classification import eval_dataset, flip_tta, listed_once
+from .tasks.classification import crops_view_size, eval_dataset, listed_once, tta_logits
 from .tasks.knn import pooled_features
 
 __all__ = ["list_images", "data_split", "predict_images", "embed_images", "FORMATS", "EMBED_FORMATS"]
@@ -101,14 +101,14 @@ def data_split(model: nn.Module, keys: list[str], split: str = "") -> SplitIndex
                        exif_transpose=decode_upright(model), multi_label=multi, labelled=False)
 
 
-def _model_view(model: nn.Module, index: SplitIndex) -> Dataset:
+def _model_view(model: nn.Module, index: SplitIndex, tta: str = "none") -> Dataset:
     """A split's images as ``vitlab eval`` shows them to ``model``: streamed (decoded when read, a JPEG only as
     large as the model needs: ``data.scaled_decode``'s default) at the size training stored them, through
     eval's own transform (:func:`~vitlab.tasks.classification.eval_dataset`); uint8 out."""
     cfg = model.pretrained_cfg
     size, crop_pct = tuple(cfg["input_size"][1:]), cfg.get("crop_pct")
     stored = None if crop_pct else (decode_size(model) or size)  # a center crop decodes each file at its own size
-    return eval_dataset(index.load(stored, in_memory=False, scaled=True), size, crop_pct)
+    return eval_dataset(index.load(stored, in_memory=False, scaled=True), size, crop_pct, tta)
 
 
 class _Guarded(Dataset):
@@ -280,7 +280,8 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     output does not depend on the number of processes, and a job may continue on another number.
     ``embed``: rows of the pooled pre-logits features instead (:func:`embed_images`).
     ``tta='flip'``: each image's probabilities are the mean of its and its mirror's
-    (:func:`~vitlab.tasks.classification.flip_tta`). ``stop_after_batches`` ends the job early, as an
+    (:func:`~vitlab.tasks.classification.flip_tta`); ``'crops'``: of its five crops'
+    (:func:`~vitlab.tasks.classification.five_crops_tta`). ``stop_after_batches`` ends the job early, as an
     interruption would (for tests).
 
     Returns:
@@ -336,7 +337,8 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     ids = [done + i for i in mine]
     part_index = _files_index(model, [files[i] for i in ids]) if index is None else \
         index.subset(torch.tensor(ids, dtype=torch.long), index.where)
-    dataset = _Guarded(_model_view(model, part_index), (3, *size)) if ids else []
+    view = crops_view_size(size, cfg.get("crop_pct")) if tta == "crops" else size  # five-crop TTA's larger view
+    dataset = _Guarded(_model_view(model, part_index, tta), (3, *view)) if ids else []
     loader = iter(DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
                              pin_memory=device.type == "cuda"))
     model_input = ModelInput(cfg["mean"], cfg["std"])
@@ -362,7 +364,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                         if embed:
                             features = pooled_features(model, x).float().cpu()
                         else:
-                            logits = (flip_tta(model, x, multi) if tta == "flip" else model(x).float()).cpu()
+                            logits = tta_logits(model, x, tta, multi, size).cpu()
                     if embed:
                         rows = [{"image": todo[i], "error": e} if e else {"image": todo[i], "embedding": f.tolist()}
                                 for i, e, f in zip(part, errors, features)]

@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 __all__ = ["image_classification_task", "resolve_loader", "in_memory", "index_splits", "shard_streams", "load_train_val_data", "load_test_data",
            "eval_dataset",
            "evaluate_classifier", "metrics_from_predictions", "report_metrics", "gather_uneven",
-           "training_class_counts", "class_counts", "logit_adjustment", "class_weights", "flip_tta", "listed_once"]
+           "training_class_counts", "class_counts", "logit_adjustment", "class_weights", "flip_tta", "five_crops_tta",
+           "tta_logits", "listed_once"]
 
 
 def _decode_size(d: DataConfig, size: tuple[int, int], keep_in_memory: bool = True) -> tuple[int, int] | None:
@@ -239,10 +240,14 @@ def _train_transform(d: DataConfig, size: tuple[int, int], stored: tuple[int, in
     return train_transform(stored, d.crop_padding, out_size=size if stored != tuple(size) else None, **augment)
 
 
-def eval_dataset(data: ImageData, size: tuple[int, int], crop_pct: float | None = None) -> TensorImageDataset:
+def eval_dataset(data: ImageData, size: tuple[int, int], crop_pct: float | None = None,
+                 tta: str = "none") -> TensorImageDataset:
     """Images as the model sees them in evaluation (:func:`_eval_transform`), before normalization: the
     DataLoader's evaluation data, in training and in ``vitlab eval`` alike. Streamed image files reach the
-    center crop undecoded, which decodes them at the scale it needs (where ``data.scaled_decode`` is on)."""
+    center crop undecoded, which decodes them at the scale it needs (where ``data.scaled_decode`` is on).
+    ``tta='crops'``: the larger view :func:`five_crops_tta` cuts its five crops from (:func:`crops_view_size`)."""
+    if tta == "crops":
+        size, crop_pct = crops_view_size(size, crop_pct), (1.0 if crop_pct is not None else None)
     stored = tuple(data.images.shape[-2:]) if crop_pct is None else None
     return TensorImageDataset(data, _eval_transform(size, stored, crop_pct), lazy=crop_pct is not None)
 
@@ -686,7 +691,8 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
 def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator, num_classes: int,
                         model_input: Callable[[Tensor], Tensor] | None = None, keep_probs: bool = False,
                         temperature: float = 1.0, logit_offset: Tensor | None = None,
-                        thresholds: Tensor | None = None, tta: str = "none") -> dict[str, Any]:
+                        thresholds: Tensor | None = None, tta: str = "none",
+                        input_size: tuple[int, int] | None = None) -> dict[str, Any]:
     """Top-1/top-5 accuracy, mean cross-entropy, per-class accuracy and the confusion matrix; for multi-hot
     labels ``(N, K)`` the multi-label metrics instead (:func:`~vitlab.tasks.multilabel.multilabel_metrics`:
     mAP, F1s at 0.5 and, given per-class ``thresholds``, at them; ``probs`` are then sigmoids).
@@ -698,7 +704,8 @@ def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator,
     top-1 unchanged); ``logit_offset`` ``(K,)`` is subtracted from them first (post-hoc logit adjustment,
     :func:`logit_adjustment`). With ``keep_probs`` also ``probs``, the predicted probabilities ``(N, num_classes)`` in
     the loader's order, the raw ``logits`` and the ``labels``. ``tta='flip'``: each image's logits are those of the
-    mean of its and its mirror's probabilities (:func:`flip_tta`).
+    mean of its and its mirror's probabilities (:func:`flip_tta`); ``'crops'``: of its five crops' of the model's
+    ``input_size`` (:func:`five_crops_tta`; the loader then holds the larger views, :func:`eval_dataset`).
     """
     was_training = model.training
     model.eval()
@@ -708,7 +715,7 @@ def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator,
         if model_input is not None:
             images = model_input(images)
         with accelerator.autocast():
-            logits = flip_tta(model, images, labels.ndim == 2) if tta == "flip" else model(images).float()
+            logits = tta_logits(model, images, tta, labels.ndim == 2, input_size)
         labels = labels.to(torch.uint8) if labels.dtype == torch.bool else labels  # multi-hot, gathered as bytes
         if not exact:  # an Accelerate-prepared loader: drop the samples it repeated to even out
             logits, labels = accelerator.gather_for_metrics((logits, labels))
@@ -729,6 +736,42 @@ def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator,
     if keep_probs:
         metrics.update(probs=probs, logits=logits, labels=labels)
     return metrics
+
+
+TTA_CHOICES = ("none", "flip", "crops")
+
+
+def crops_view_size(size: tuple[int, int], crop_pct: float | None) -> tuple[int, int]:
+    """The view five-crop TTA cuts from: ``floor(size / crop_pct)`` (the model's ``crop_pct``, timm's 0.875 for a
+    model evaluated on the whole image): the image evaluation center-crops, whole (its shorter side at that size,
+    its center square), or the whole image resized to it."""
+    return tuple(math.floor(s / (crop_pct or 0.875)) for s in size)
+
+
+def five_crops_tta(model: nn.Module, views: Tensor, size: tuple[int, int], multi_label: bool = False) -> Tensor:
+    """Test-time augmentation by five crops (torchvision's ``FiveCrop``: the four corners and the center, of the
+    model's input ``size``) of ``views`` ``(b, C, H, W)`` (:func:`crops_view_size`): the logits ``(b, K)`` whose
+    probabilities are the mean of the crops' (softmax: the log of the mean; ``multi_label``: the logit of each
+    class's mean sigmoid). The center crop is evaluation's own view of a center-cropped model."""
+    (h, w), (height, width) = size, views.shape[-2:]
+    top, left = int(round((height - h) / 2.0)), int(round((width - w) / 2.0))
+    crops = [views[..., :h, :w], views[..., :h, width - w:], views[..., height - h:, :w],
+             views[..., height - h:, width - w:], views[..., top:top + h, left:left + w]]
+    parts = torch.stack(model(torch.cat(crops)).float().chunk(5))
+    if multi_label:
+        return torch.logit(parts.sigmoid().mean(0), eps=1e-7)
+    return torch.logsumexp(parts.log_softmax(-1), 0) - math.log(5)
+
+
+def tta_logits(model: nn.Module, images: Tensor, tta: str = "none", multi_label: bool = False,
+               size: tuple[int, int] | None = None) -> Tensor:
+    """The logits of ``images`` (``tta='none'``), or of the mean prediction of :func:`flip_tta` or
+    :func:`five_crops_tta` (which cuts crops of the model's input ``size``)."""
+    if tta == "flip":
+        return flip_tta(model, images, multi_label)
+    if tta == "crops":
+        return five_crops_tta(model, images, size, multi_label)
+    return model(images).float()
 
 
 def flip_tta(model: nn.Module, images: Tensor, multi_label: bool = False) -> Tensor:
