@@ -138,6 +138,36 @@ def test_a_data_sets_split_named_by_data_keys_gives_the_rows_its_files_give(trai
             assert a["classes"] == b["classes"] and a["probs"] == pytest.approx(b["probs"], abs=1e-6)
 
 
+def test_shards_are_read_in_order_by_workers_and_give_the_rows_of_the_files_they_were_written_from(
+        trained, tiny_imagefolder, tmp_path):
+    # vitlab shards names a sample <split>_<its index in the split's listing>; a row names it <shard>:<position>.
+    pytest.importorskip("webdataset")
+    from vitlab import load_model
+    from vitlab.cli import main
+    from vitlab.data.shards import read_samples
+    from vitlab.prediction import predict_images
+
+    main(["shards", str(tiny_imagefolder), str(tmp_path / "shards"), "--split", "test", "--shard-size", "10"])
+    files = sorted((tiny_imagefolder / "test").rglob("*.png"))
+    model = load_model(trained)
+    predict_images(model, [str(f) for f in files], tmp_path / "files.jsonl", batch_size=4, num_workers=0)
+    by_file = {r["image"]: r for r in map(json.loads, (tmp_path / "files.jsonl").read_text().splitlines())}
+    keys = ["data.dataset=wds", f"data.root={tmp_path / 'shards'}"]
+    whole, parts = tmp_path / "shards.jsonl", tmp_path / "parts.jsonl"
+    predict_images(model, [], whole, batch_size=4, num_workers=2, data=keys)  # 2 workers, batches in turn
+    predict_images(model, [], parts, batch_size=4, num_workers=2, data=keys, stop_after_batches=3)
+    assert predict_images(model, [], parts, batch_size=4, num_workers=2, data=keys)["resumed"] == 12
+    assert parts.read_text() == whole.read_text()
+    rows = [json.loads(line) for line in whole.read_text().splitlines()]
+    order = [(shard.name, position, int(sample["__key__"].rsplit("_", 1)[1]))
+             for shard in sorted((tmp_path / "shards").glob("test-*.tar"))
+             for position, sample in enumerate(read_samples(str(shard)))]
+    assert [r["image"] for r in rows] == [f"{name}:{position}" for name, position, _ in order] and len(rows) == 36
+    for row, (_, _, i) in zip(rows, order):
+        expected = by_file[str(files[i])]
+        assert row["classes"] == expected["classes"] and row["probs"] == pytest.approx(expected["probs"], abs=1e-6)
+
+
 def test_bad_inputs_are_one_line_before_anything_is_written(trained, tmp_path):
     from vitlab import load_model
     from vitlab.prediction import predict_images
@@ -154,7 +184,6 @@ def test_bad_inputs_are_one_line_before_anything_is_written(trained, tmp_path):
     for inputs, data, message in (
             ([str(tmp_path)], ["data.dataset=imagefolder"], r"^give image files, folders and globs .* or a data set "
                                                            r"\(data.\* keys\), not both$"),
-            ([], ["data.dataset=wds", f"data.root={tmp_path}"], r"^data.dataset=wds: predict and embed read files"),
             ([], ["train.epochs=1"], r"^'train.epochs=1': predict and embed take data.\* keys")):
         with pytest.raises(ConfigError, match=message):
             predict_images(model, inputs, tmp_path / "p.csv", data=data)

@@ -1,7 +1,8 @@
 """Predictions over many images (``vitlab predict``): files, folders and globs, or a split of a data set named
-by ``data.*`` keys as in training (a Hugging Face data set, a folder of class folders, a csv table), read in
-batches by DataLoader workers with the checkpoint's own preprocessing, into a CSV, JSON-lines or parquet file,
-a row an image (a data set's image named by its key: its path in the split's folder, its row number).
+by ``data.*`` keys as in training (a Hugging Face data set, a folder of class folders, a csv table, WebDataset
+shards), read in batches by DataLoader workers with the checkpoint's own preprocessing, into a CSV, JSON-lines
+or parquet file, a row an image (a data set's image named by its key: its path in the split's folder, its row
+number, ``<shard>:<position>``).
 
 The job holds one batch of images at a time, whatever the number of files; rows reach ``OUTPUT.partial`` as
 each batch is done and the file is renamed to ``OUTPUT`` when all are, so a job stopped and started again
@@ -19,18 +20,19 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from .data.folder import IMAGE_EXTENSIONS, FolderFiles
 from .data.split import SplitIndex
 from .data.transforms import ModelInput, decode_size, decode_upright
 from .errors import ConfigError, DataError
 from .progress import Progress
-from .tasks.classification import crops_view_size, eval_dataset, listed_once, tta_logits
+from .data.shards import ShardIndex
+from .tasks.classification import crops_view_size, eval_dataset, eval_view, listed_once, streamed_in_shards, tta_logits
 from .tasks.knn import pooled_features
 
 __all__ = ["list_images", "data_split", "predict_images", "embed_images", "FORMATS", "EMBED_FORMATS"]
@@ -74,14 +76,17 @@ def _files_index(model: nn.Module, files: list[str]) -> SplitIndex:
                       upright=reader.exif_transpose)
 
 
-def data_split(model: nn.Module, keys: list[str], split: str = "") -> SplitIndex:
+def data_split(model: nn.Module, keys: list[str], split: str = "") -> SplitIndex | ShardIndex:
     """The split ``split`` (default: ``data.test_split``) of the data set the ``data.*`` ``keys`` name, as
     training names one (``data.dataset=hf data.root=...``), listed (nothing decoded), its labels read through
     the model's classes where it has them (a Hugging Face split without labels is listed too); read upright as
     the model's training read its files.
 
+    Shards (``data.dataset=wds``, or a streamed Hugging Face split) come as their listing (a
+    :class:`~vitlab.data.shards.ShardIndex`), read in order.
+
     Raises:
-        ConfigError, DataError: one line, for keys of no data section, shards (not listed for random access).
+        ConfigError, DataError: one line, for keys of no data section.
     """
     from .config import load_config
     from .data.sources import index_split
@@ -91,14 +96,46 @@ def data_split(model: nn.Module, keys: list[str], split: str = "") -> SplitIndex
         raise ConfigError(f"{bad[0]!r}: predict and embed take data.* keys (the data set to read), as training does")
     d = load_config(None, [*keys, "data.download=false"] if not any(k.startswith("data.download=") for k in keys)
                     else keys).data
-    if d.dataset == "wds":
-        raise ConfigError("data.dataset=wds: predict and embed read files, folders and globs, and the splits of "
-                          "cifar10, imagefolder, csv and hf data sets; read shards with vitlab eval --predictions")
     cfg = model.pretrained_cfg
+    if streamed_in_shards(d):
+        from .tasks.classification import _index_stream
+
+        d.exif_transpose = decode_upright(model)
+        return _index_stream(d, split or d.test_split, list(cfg["label_names"]) if cfg.get("label_names") else None)
     multi = bool(cfg.get("multi_label"))
     return index_split(d.dataset, d.root, split or d.test_split, download=d.download, image_key=d.image_key,
                        label_key=d.label_key, classes=list(cfg["label_names"]) if cfg.get("label_names") else None,
                        exif_transpose=decode_upright(model), multi_label=multi, labelled=False)
+
+
+class _ShardView(IterableDataset):
+    """Samples ``ids`` (ascending positions in a shard listing) as evaluation shows them (``transform`` of each
+    image decoded at ``stored``), read in order; each DataLoader worker takes every ``workers``-th batch of them
+    (the loader hands the workers' batches over in turn, so they come in order), reading its shards past the
+    others' samples without decoding them. An unreadable image: zeros of ``shape`` and its error. Pickles."""
+
+    def __init__(self, index: ShardIndex, ids: list[int], batch_size: int, transform: Any,
+                 stored: tuple[int, int] | None, shape: tuple[int, ...]) -> None:
+        self.index, self.ids, self.batch_size = index, ids, batch_size
+        self.transform, self.stored, self.shape = transform, stored, shape
+
+    def __iter__(self) -> Iterator[tuple[Tensor, str]]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        mine = [i for k, i in enumerate(self.ids) if k // self.batch_size % workers == worker]
+        first = 0
+        for shard, count in enumerate(self.index.counts):
+            wanted = [i - first for i in mine if first <= i < first + count]
+            first += count
+            if not wanted:
+                continue
+            keep = set(wanted)
+            for position, sample in enumerate(self.index.read(shard, wanted[0], wanted[-1] + 1), wanted[0]):
+                if position in keep:
+                    try:
+                        yield self.transform(self.index.decode(sample, self.stored)), ""
+                    except DataError as e:
+                        yield torch.zeros(self.shape, dtype=torch.uint8), str(e)
 
 
 def _model_view(model: nn.Module, index: SplitIndex, tta: str = "none") -> Dataset:
@@ -317,8 +354,12 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                           f"not both")
     # A data set's split is listed by every process (its listing holds readers, which do not travel).
     index = data_split(model, list(data), split) if data else None
-    files = [index.key(i) for i in range(len(index))] if index is not None else \
-        listed_once(lambda: list_images(inputs), world)
+    if isinstance(index, ShardIndex):  # a sample of shards is named by its shard and its position in it
+        files = [f"{Path(url).name}:{i}" for url, count in zip(index.urls, index.counts) for i in range(count)]
+    elif index is not None:
+        files = [index.key(i) for i in range(len(index))]
+    else:
+        files = listed_once(lambda: list_images(inputs), world)
     multi = bool(cfg.get("multi_label"))
     thresholds = torch.tensor(cfg.get("thresholds") or [0.5] * len(names)) if multi else None
     k = min(topk, len(names))
@@ -335,10 +376,15 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     todo = files[done:]
     mine = [i for i in range(len(todo)) if i // batch_size % world == rank]  # my part of every global batch
     ids = [done + i for i in mine]
-    part_index = _files_index(model, [files[i] for i in ids]) if index is None else \
-        index.subset(torch.tensor(ids, dtype=torch.long), index.where)
     view = crops_view_size(size, cfg.get("crop_pct")) if tta == "crops" else size  # five-crop TTA's larger view
-    dataset = _Guarded(_model_view(model, part_index, tta), (3, *view)) if ids else []
+    if isinstance(index, ShardIndex):
+        stored = None if cfg.get("crop_pct") else (decode_size(model) or size)
+        dataset: Any = _ShardView(index, ids, batch_size, eval_view(size, stored, cfg.get("crop_pct"), tta), stored,
+                                  (3, *view))
+    else:
+        part_index = _files_index(model, [files[i] for i in ids]) if index is None else \
+            index.subset(torch.tensor(ids, dtype=torch.long), index.where)
+        dataset = _Guarded(_model_view(model, part_index, tta), (3, *view)) if ids else []
     loader = iter(DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
                              pin_memory=device.type == "cuda"))
     model_input = ModelInput(cfg["mean"], cfg["std"])

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..config import Config, DataConfig
 
 __all__ = ["image_classification_task", "resolve_loader", "in_memory", "index_splits", "shard_streams", "load_train_val_data", "load_test_data",
-           "eval_dataset",
+           "eval_dataset", "eval_view",
            "evaluate_classifier", "metrics_from_predictions", "report_metrics", "gather_uneven",
            "training_class_counts", "class_counts", "logit_adjustment", "class_weights", "flip_tta", "five_crops_tta",
            "tta_logits", "listed_once"]
@@ -246,10 +246,17 @@ def eval_dataset(data: ImageData, size: tuple[int, int], crop_pct: float | None 
     DataLoader's evaluation data, in training and in ``vitlab eval`` alike. Streamed image files reach the
     center crop undecoded, which decodes them at the scale it needs (where ``data.scaled_decode`` is on).
     ``tta='crops'``: the larger view :func:`five_crops_tta` cuts its five crops from (:func:`crops_view_size`)."""
+    stored = tuple(data.images.shape[-2:]) if crop_pct is None else None
+    return TensorImageDataset(data, eval_view(size, stored, crop_pct, tta), lazy=crop_pct is not None)
+
+
+def eval_view(size: tuple[int, int], stored: tuple[int, int] | None, crop_pct: float | None,
+              tta: str = "none") -> v2.Transform:
+    """Evaluation's transform of an image ``stored`` at a size (:func:`_eval_transform`); for ``tta='crops'`` the
+    larger view :func:`five_crops_tta` cuts from (:func:`crops_view_size`)."""
     if tta == "crops":
         size, crop_pct = crops_view_size(size, crop_pct), (1.0 if crop_pct is not None else None)
-    stored = tuple(data.images.shape[-2:]) if crop_pct is None else None
-    return TensorImageDataset(data, _eval_transform(size, stored, crop_pct), lazy=crop_pct is not None)
+    return _eval_transform(size, stored, crop_pct)
 
 
 def streamed_in_shards(d: DataConfig) -> bool:
