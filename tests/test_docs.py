@@ -233,7 +233,7 @@ def _commands(code: str) -> list[str]:
 
 # What a block uses that an optional extra of pyproject.toml brings: (pattern in the block, module, extra).
 EXTRAS = ((r"data\.dataset=hf|^import datasets", "datasets", "hf"), (r"data\.dataset=wds|vitlab shards", "webdataset", "wds"),
-          (r"--format onnx", "onnxscript", "export"), (r"model\.lora_r", "peft", "lora"),
+          (r"--format onnx", "onnxscript", "export"), (r"model\.lora_r|add_lora", "peft", "lora"),
           (r"transformers:|_transformers", "transformers", "transformers"))
 
 
