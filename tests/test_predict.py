@@ -243,10 +243,33 @@ def test_two_processes_continue_a_one_process_job_into_one_file_in_the_inputs_or
     assert [float(r["prob_1"]) for r in mine] == pytest.approx([float(r["prob_1"]) for r in theirs], abs=1e-5)
 
 
-def test_flip_tta_averages_the_probabilities_of_the_image_and_its_mirror(trained, tiny_imagefolder, tmp_path):
+def _flip_reference(model, files):
+    """Each image's and its mirror's softmax, averaged (vitlab's own transform for the image)."""
     from PIL import Image
 
-    from vitlab import create_transform, load_model
+    from vitlab import create_transform
+
+    x = torch.stack([create_transform(model)(Image.open(f)) for f in files])
+    return (model(x).softmax(-1) + model(x.flip(-1)).softmax(-1)) / 2
+
+
+def _crops_reference(model, files):
+    """torchvision's FiveCrop of the model's 32 px input size from the image resized to floor(32 / 0.875) = 36
+    (the model takes its whole image), the crops' softmaxes averaged."""
+    from PIL import Image
+    from torchvision.transforms import v2
+
+    from vitlab.data.transforms import ModelInput, eval_transform
+
+    cfg, view, five = model.pretrained_cfg, eval_transform((36, 36)), v2.FiveCrop((32, 32))
+    crops = [torch.stack(five(view(v2.functional.pil_to_tensor(Image.open(f).convert("RGB"))))) for f in files]
+    return torch.stack([model(ModelInput(cfg["mean"], cfg["std"])(c)).softmax(-1).mean(0) for c in crops])
+
+
+@pytest.mark.parametrize("tta, reference", [("flip", _flip_reference), ("crops", _crops_reference)])
+def test_tta_in_eval_and_predict_gives_the_mean_prediction_of_the_reference_views(trained, tiny_imagefolder, tmp_path,
+                                                                                  tta, reference):
+    from vitlab import load_model
     from vitlab.cli import main
     from vitlab.prediction import predict_images
     from vitlab.tasks.classification import flip_tta
@@ -255,60 +278,26 @@ def test_flip_tta_averages_the_probabilities_of_the_image_and_its_mirror(trained
     net = lambda x: torch.cat([a, b]) if len(x) == 8 else None  # noqa: E731  (the image's logits, then the mirror's)
     torch.testing.assert_close(flip_tta(net, torch.zeros(4, 3, 2, 2)).softmax(-1), (a.softmax(-1) + b.softmax(-1)) / 2)
     torch.testing.assert_close(flip_tta(net, torch.zeros(4, 3, 2, 2), True).sigmoid(), (a.sigmoid() + b.sigmoid()) / 2)
-    main(["eval", "--checkpoint", str(trained), "--tta", "flip", "--predictions", str(tmp_path / "eval.csv"),
+    main(["eval", "--checkpoint", str(trained), "--tta", tta, "--predictions", str(tmp_path / "eval.csv"),
           "--output", str(tmp_path / "m.json")])
     reset_accelerate()
-    assert json.loads((tmp_path / "m.json").read_text())["tta"] == "flip"
+    assert json.loads((tmp_path / "m.json").read_text())["tta"] == tta
     theirs = {r["image"]: r for r in csv.DictReader((tmp_path / "eval.csv").open())}
     model = load_model(trained)
     files = sorted((tiny_imagefolder / "test" / "class_1").glob("*.png"))[:4]
-    x = torch.stack([create_transform(model)(Image.open(f)) for f in files])
     with torch.no_grad():
-        want = (model(x).softmax(-1) + model(x.flip(-1)).softmax(-1)) / 2
+        want = reference(model, files)
     for f, p in zip(files, want):
         row = theirs[f"class_1/{f.name}"]
         assert [float(row[f"prob_class_{k}"]) for k in range(3)] == pytest.approx(p.tolist(), abs=1e-5)
-    predict_images(model, [str(f) for f in files], tmp_path / "p.jsonl", topk=3, num_workers=0, tta="flip")
-    for line, p in zip((tmp_path / "p.jsonl").read_text().splitlines(), want):
-        row = json.loads(line)
-        assert row["probs"] == pytest.approx(sorted(p.tolist(), reverse=True), abs=1e-5)
-
-
-def test_crops_tta_averages_torchvisions_five_crops_of_a_view_larger_by_1_over_0_875(trained, tiny_imagefolder,
-                                                                                     tmp_path):
-    from PIL import Image
-    from torchvision.transforms import v2
-
-    from vitlab import load_model
-    from vitlab.cli import main
-    from vitlab.data.transforms import ModelInput, eval_transform
-    from vitlab.prediction import predict_images
-
-    main(["eval", "--checkpoint", str(trained), "--tta", "crops", "--predictions", str(tmp_path / "eval.csv"),
-          "--output", str(tmp_path / "m.json")])
-    reset_accelerate()
-    assert json.loads((tmp_path / "m.json").read_text())["tta"] == "crops"
-    theirs = {r["image"]: r for r in csv.DictReader((tmp_path / "eval.csv").open())}
-    model = load_model(trained)
-    cfg = model.pretrained_cfg
-    files = sorted((tiny_imagefolder / "test" / "class_2").glob("*.png"))[:4]
-    view = eval_transform((36, 36))  # floor(32 / 0.875): the model takes its whole 32 px image
-    five = v2.FiveCrop((32, 32))  # the reference: torchvision's corners and center
-    with torch.no_grad():
-        want = []
-        for f in files:
-            crops = torch.stack(five(view(v2.functional.pil_to_tensor(Image.open(f).convert("RGB")))))
-            want.append(model(ModelInput(cfg["mean"], cfg["std"])(crops)).softmax(-1).mean(0))
-    for f, p in zip(files, want):
-        row = theirs[f"class_2/{f.name}"]
-        assert [float(row[f"prob_class_{k}"]) for k in range(3)] == pytest.approx(p.tolist(), abs=1e-5)
-    predict_images(model, [str(f) for f in files], tmp_path / "p.jsonl", topk=3, num_workers=0, tta="crops")
+    predict_images(model, [str(f) for f in files], tmp_path / "p.jsonl", topk=3, num_workers=0, tta=tta)
     for line, p in zip((tmp_path / "p.jsonl").read_text().splitlines(), want):
         assert json.loads(line)["probs"] == pytest.approx(sorted(p.tolist(), reverse=True), abs=1e-5)
-    with pytest.raises(ConfigError, match=r"--knn 3 reads the images at the model's own size; leave out --tta crops"):
+    if tta == "crops":
         from vitlab.evaluation import evaluate_checkpoint
 
-        evaluate_checkpoint(trained, tta="crops", knn=3)
+        with pytest.raises(ConfigError, match=r"--knn 3 reads the images at the model's own size; leave out --tta"):
+            evaluate_checkpoint(trained, tta="crops", knn=3)
 
 
 def test_knn_top1_is_scikit_learns_weighted_vote_of_the_nearest_training_images(trained, tiny_imagefolder, tmp_path):
