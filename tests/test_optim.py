@@ -151,6 +151,11 @@ def test_bad_optimizer_and_schedule_settings_are_one_line_before_anything_runs()
     with pytest.raises(ConfigError, match=r"optim.cooldown_epochs=10.0 is invalid; expected a number in \[0, "
                                           r"train.epochs=10\)"):
         load_config(None, ["train.epochs=10", "optim.cooldown_epochs=10"])
+    with pytest.raises(ConfigError, match=r"optim.cooldown_epochs=2.0 is invalid; expected 0 with "
+                                          r"optim.schedule=step \(only cosine and poly end in a cooldown"):
+        load_config(None, ["train.epochs=10", "optim.schedule=step", "optim.cooldown_epochs=2"])
+    with pytest.raises(ConfigError, match=r"optim.cycle_limit=3 is invalid; expected 1 with optim.schedule=plateau"):
+        load_config(None, ["optim.schedule=plateau", "optim.cycle_limit=3", "data.val_size=100"])
     with pytest.raises(ConfigError, match=r"optim.decay_milestones=\[60.0, 30.0\]"):
         load_config(None, ["optim.schedule=multistep", "optim.decay_milestones=[60,30]"])
 

@@ -539,6 +539,11 @@ def _check_values(cfg: Config) -> None:
          f"a number in [0, the peak learning rate {peak:.5g}]")
     need(0 <= o.cooldown_epochs < t.epochs, "optim.cooldown_epochs", o.cooldown_epochs,
          f"a number in [0, train.epochs={t.epochs}): the last epochs at optim.min_lr")
+    decaying = o.schedule in ("cosine", "poly")  # the schedules with a cooldown and cycles (timm's)
+    need(decaying or not o.cooldown_epochs, "optim.cooldown_epochs", o.cooldown_epochs,
+         f"0 with optim.schedule={o.schedule} (only cosine and poly end in a cooldown at optim.min_lr)")
+    need(decaying or (o.cycle_limit == 1 and o.cycle_mul == 1.0), "optim.cycle_limit", o.cycle_limit,
+         f"1 with optim.schedule={o.schedule} (only cosine and poly restart in cycles)")
     need(o.decay_epochs > 0, "optim.decay_epochs", o.decay_epochs, "a number of epochs > 0")
     need(o.decay_milestones == sorted(o.decay_milestones) and all(m > 0 for m in o.decay_milestones),
          "optim.decay_milestones", o.decay_milestones, "epochs > 0 in increasing order, e.g. [30, 60]")

@@ -27,11 +27,11 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
 from .data.folder import IMAGE_EXTENSIONS, FolderFiles
+from .data.shards import ShardIndex
 from .data.split import SplitIndex
 from .data.transforms import ModelInput, decode_size, decode_upright
 from .errors import ConfigError, DataError
 from .progress import Progress
-from .data.shards import ShardIndex
 from .tasks.classification import crops_view_size, eval_dataset, eval_view, listed_once, streamed_in_shards, tta_logits
 from .tasks.knn import pooled_features
 

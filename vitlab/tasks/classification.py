@@ -745,9 +745,6 @@ def evaluate_classifier(model: nn.Module, loader: Any, accelerator: Accelerator,
     return metrics
 
 
-TTA_CHOICES = ("none", "flip", "crops")
-
-
 def crops_view_size(size: tuple[int, int], crop_pct: float | None) -> tuple[int, int]:
     """The view five-crop TTA cuts from: ``floor(size / crop_pct)`` (the model's ``crop_pct``, timm's 0.875 for a
     model evaluated on the whole image): the image evaluation center-crops, whole (its shorter side at that size,

@@ -292,13 +292,13 @@ class _Loop:
             start_trackers(acc, trackers, run_dir, cfg, self.state, resumed=resume_from is not None)
         n_params = sum(p.numel() for p in self.model.parameters())
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        frozen = f": model.freeze={cfg.model.freeze}" if cfg.model.freeze != "none" else ""
         selection = (f"best/ chosen on {'ema_' if self.ema is not None else ''}val_{task.select}"
                      if "val" in self.eval_loaders else "no validation split: no best/, the final epoch's test metric "
                                                         "is the result")
         workers = getattr(task.train_loader, "num_workers", 0)
         acc.print(f"model {cfg.model.name}: {n_params / 1e6:.2f}M params"
-                  + (f" ({trainable:,} trainable" + (f": model.freeze={cfg.model.freeze})" if cfg.model.freeze != "none"
-                                                    else ")") if trainable < n_params else "")
+                  + (f" ({trainable:,} trainable{frozen})" if trainable < n_params else "")
                   + f" | train {task.train_size} examples, "
                   f"{self.steps_per_epoch} steps/epoch x {t.epochs} epochs | {acc.num_processes} process(es) on "
                   f"{acc.device}, {torch.get_num_threads()} torch thread(s) each"
