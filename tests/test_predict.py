@@ -190,6 +190,21 @@ def test_bad_inputs_are_one_line_before_anything_is_written(trained, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
 
 
+def test_a_folder_of_linked_class_folders_lists_the_files_torchvisions_image_folder_lists(tiny_imagefolder,
+                                                                                          tmp_path):
+    # Class folders are often links into another tree (a subset of a data set): torchvision's ImageFolder follows
+    # them (os.walk(followlinks=True)), so a folder that trains must predict.
+    from torchvision.datasets import ImageFolder
+
+    from vitlab.prediction import list_images
+
+    for c in ("class_0", "class_1"):
+        (tmp_path / "linked" / c).parent.mkdir(exist_ok=True)
+        (tmp_path / "linked" / c).symlink_to(tiny_imagefolder / "test" / c)
+    listed = list_images([str(tmp_path / "linked")])
+    assert listed == sorted(path for path, _ in ImageFolder(str(tmp_path / "linked")).samples) and len(listed) == 24
+
+
 def test_photos_larger_than_the_model_are_read_as_vitlab_eval_reads_them(trained, tiny_imagefolder, tmp_path):
     # JPEGs of 100 x 80 px for a 32 px model: decoded only as large as needed (libjpeg-turbo's DCT scaling) and
     # resized as eval resizes a split's files, so the probabilities are eval's.

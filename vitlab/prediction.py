@@ -43,7 +43,7 @@ EMBED_FORMATS = (".parquet", ".jsonl", ".npy")
 
 def list_images(inputs: list[str]) -> list[str]:
     """The image files ``inputs`` name, in order: a file as given, a folder's images (:data:`IMAGE_EXTENSIONS`,
-    below it too) sorted, a glob's files sorted (``**`` reaches into folders).
+    below it too, through linked folders as torchvision's ``ImageFolder`` goes) sorted, a glob's files sorted (``**`` reaches into folders).
 
     Raises:
         DataError: one line, for a path that does not exist, a folder without images, a glob that matches nothing.
@@ -52,7 +52,8 @@ def list_images(inputs: list[str]) -> list[str]:
     for given in inputs:
         path = Path(given).expanduser()
         if path.is_dir():
-            found = sorted(str(p) for p in path.rglob("*") if p.suffix.lower() in IMAGE_EXTENSIONS and p.is_file())
+            found = sorted(str(Path(root) / name) for root, _, names in os.walk(path, followlinks=True)
+                           for name in names if Path(name).suffix.lower() in IMAGE_EXTENSIONS)
             if not found:
                 raise DataError(f"the folder {given!r} holds no images ({', '.join(IMAGE_EXTENSIONS)}), in it or below it")
             files += found
