@@ -294,6 +294,13 @@ class TrainConfig:
     # al. 2017), or of the least validation ECE (ece: Mukhoti et al. 2020; vitlab calibrate --objective).
     calibrate: bool = False
     calibrate_objective: Literal["nll", "ece"] = "nll"
+    # With model.freeze=backbone: the backbone's features of every training image computed once (the evaluation
+    # transform) and the head fitted on them by L-BFGS, scikit-learn's multinomial logistic regression (the linear
+    # probe of CLIP's protocol; vitlab.tasks.linear_probe) instead of the training loop. probe_l2: its L2
+    # strength (C = 1 / (probe_l2 N)); null = chosen on the validation split (data.val_size), or 1 / N (C = 1,
+    # scikit-learn's default) without one.
+    cache_features: bool = False
+    probe_l2: float | None = None
     output_dir: str = "runs/vit_cifar10"
     seed: int = 0
     log_every: int = 50       # optimizer steps between training-metric log lines
@@ -606,6 +613,27 @@ def _check_values(cfg: Config) -> None:
         raise ConfigError(f"{key}={getattr(getattr(cfg, section), name)!r} reads the validation split, and this run "
                           f"holds out none: set data.val_size=N (e.g. 5000 of CIFAR-10's training images)")
     need(bool(t.output_dir), "train.output_dir", t.output_dir, "a directory path")
+    if t.cache_features:
+        _check_probe(cfg)
+    need(t.probe_l2 is None or (t.cache_features and t.probe_l2 > 0), "train.probe_l2", t.probe_l2,
+         "a number > 0 with train.cache_features=true (the linear probe's L2 strength), or null")
+
+
+def _check_probe(cfg: Config) -> None:
+    """``train.cache_features``: a linear probe, one class an image, on a split read whole, without a teacher."""
+    d = cfg.data
+    if cfg.model.freeze != "backbone":
+        raise ConfigError(f"train.cache_features=True fits the head alone on the backbone's features: set "
+                          f"model.freeze=backbone (model.freeze={cfg.model.freeze!r} trains more than the head)")
+    if isinstance(d, DataConfig) and d.multi_label is True:
+        raise ConfigError(f"train.cache_features=True fits one class an image (a multinomial logistic regression); a "
+                          f"multi-label run (data.multi_label) trains its head with model.freeze=backbone alone")
+    if cfg.distill.type != "none":
+        raise ConfigError(f"distill.type={cfg.distill.type!r}: train.cache_features fits the head alone on the "
+                          f"backbone's features, without a teacher; leave out distill.*")
+    if isinstance(d, DataConfig) and (d.dataset == "wds" or (d.dataset == "hf" and d.streaming)):
+        raise ConfigError(f"data.dataset={d.dataset!r}: train.cache_features reads each training image once from a "
+                          f"split, not from streamed shards; train the head with model.freeze=backbone alone")
 
 
 _MODEL_OPTIONS = ["name", "pretrained", "pretrained_file", "grad_checkpointing", "freeze", "lora_r", "lora_alpha",

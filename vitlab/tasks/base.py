@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from accelerate import Accelerator
+import torch
 from torch import Tensor, nn
 
 from ..errors import ConfigError
@@ -16,7 +17,7 @@ from ..models.freeze import freeze_parameters
 if TYPE_CHECKING:
     from ..config import Config
 
-__all__ = ["TaskSetup", "build_model", "bare_model"]
+__all__ = ["TaskSetup", "build_model", "bare_model", "gather_uneven"]
 
 
 def bare_model(model: nn.Module, accelerator: Accelerator) -> nn.Module:
@@ -25,6 +26,16 @@ def bare_model(model: nn.Module, accelerator: Accelerator) -> nn.Module:
     ``unwrap_model`` would mend by writing the bare module into the compiled wrapper, so that the steps
     after it run without DDP's gradient all-reduce. So the compiled wrapper is looked under first."""
     return accelerator.unwrap_model(getattr(model, "_orig_mod", model))
+
+
+def gather_uneven(accelerator: Accelerator, x: Tensor) -> Tensor:
+    """Concatenate every process's ``x`` (first dimensions may differ) in process order."""
+    if accelerator.num_processes == 1:
+        return x
+    sizes = accelerator.gather(torch.tensor([len(x)], device=x.device)).tolist()
+    padded = accelerator.gather(accelerator.pad_across_processes(x, dim=0))
+    longest = max(sizes)
+    return torch.cat([padded[i * longest:i * longest + n] for i, n in enumerate(sizes)])
 
 
 def build_model(cfg: Config, **derived: Any) -> nn.Module:
@@ -76,6 +87,10 @@ class TaskSetup:
             plan's partitions of streamed shards), saved as ``data`` in ``trainer_state.json``.
         metrics: The names ``evaluate`` returns, where the task declares them (``train.best_metric`` is
             checked against them before training); empty: checked at the first evaluation.
+        feature_loader: With ``train.cache_features``: the training images as evaluation shows them, each
+            once (prepared with the evaluation loaders), whose features the head is fitted on.
+        features: ``features(model, prepared_loader, accelerator) -> (features (N, E), labels (N,))``: the
+            model's pooled pre-logits features of the loader's images, on every process.
     """
 
     model: nn.Module
@@ -93,3 +108,5 @@ class TaskSetup:
     select_lower: bool = False
     data_state: dict[str, Any] = field(default_factory=dict)
     metrics: tuple[str, ...] = ()
+    feature_loader: Any = None
+    features: Callable[[nn.Module, Any, Accelerator], tuple[Tensor, Tensor]] | None = None

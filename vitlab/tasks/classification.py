@@ -27,9 +27,10 @@ from ..data.split import SplitIndex, held_out_count, hold_out
 from ..errors import ConfigError, DataError
 from ..models.hub import image_input_size, read_json
 from ..models.pretrained import load_pretrained
-from .base import TaskSetup, build_model
+from .base import TaskSetup, build_model, gather_uneven
 from .calibration import expected_calibration_error
 from .distill import DistillationLoss, load_teacher
+from .knn import collect_features
 from .multilabel import SCORES as MULTI_LABEL_SCORES, MultiHotMixup, MultiLabelLoss, multilabel_metrics, \
     positive_weights
 
@@ -414,6 +415,10 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                              f" ({asked:,} asked)" if asked != record["images"] else "")
                           + f", chosen by train.seed={t.seed} (data.test_size={d.test_size:g}); recorded in "
                           f"the checkpoints: vitlab eval and a resumed run use exactly these")
+    if train_index.labels.ndim == 2 and t.cache_features:
+        raise ConfigError(f"train.cache_features=True fits one class an image (a multinomial logistic regression); "
+                          f"the images under data.root={d.root!r} have sets of labels: train the head of this "
+                          f"multi-label run with model.freeze=backbone alone")
     if train_index.labels.ndim == 2:  # from the labels alone, before any image is decoded
         _check_multi_label(cfg, train_index.classes, training_class_counts(d, t.seed, train_index))
     keep, where = in_memory(d, train_index, test_index, size)
@@ -437,6 +442,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                                               **shard)
         eval_loaders = {name: DeviceImageLoader(data, micro_batch, train=False, **shard)
                         for name, data in eval_sets.items()}
+        feature_loader = DeviceImageLoader(train_data, micro_batch, train=False, **shard) if t.cache_features else None
     else:
         stored = tuple(train_data.images.shape[-2:]) if d.train_crop == "pad" else None
         transform = _train_transform(d, size, stored, mean)
@@ -456,6 +462,9 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         crop_pct = d.crop_pct if d.train_crop != "pad" else None
         eval_loaders = {name: DataLoader(eval_dataset(data, size, crop_pct), batch_size=micro_batch,
                                          shuffle=False, **loader_args) for name, data in eval_sets.items()}
+        feature_loader = DataLoader(eval_dataset(train_data, size, crop_pct), batch_size=micro_batch, shuffle=False,
+                                    num_workers=d.num_workers, pin_memory=loader_args["pin_memory"]) \
+            if t.cache_features else None
     if len(train_loader) == 0:
         raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(train_data.labels)} training images")
     if d.sampler != "uniform":
@@ -474,6 +483,7 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                  class_counts(train_data.labels, len(train_data.classes)), multi_label=train_data.labels.ndim == 2)
     if record is not None:
         task.data_state = {"held_out": record}
+    task.feature_loader = feature_loader
     return task
 
 
@@ -688,10 +698,13 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
             **({"exif_transpose": False} if not d.exif_transpose else {}),
             **({"distill": cfg.distill.type, "distilled_from": cfg.distill.teacher} if teacher is not None else {}),
             **({"multi_label": True} if multi_label else {})}
+    def features(net: nn.Module, loader: Any, acc: Accelerator) -> tuple[Tensor, Tensor]:
+        return collect_features(net, loader, acc, model_input)
+
     return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=prepare,
                      eval_loaders=eval_loaders, prepare_eval_loaders=prepare, loss=loss, count=count,
                      evaluate=score, select="map" if multi_label else "top1", meta=meta, train_size=train_size,
-                     metrics=scores)
+                     metrics=scores, features=features)
 
 
 @torch.no_grad()
@@ -797,16 +810,6 @@ def logit_adjustment(class_counts: Tensor, tau: float) -> Tensor:
     ``tau = 1`` is the balanced error's Bayes rule for a model of the training distribution."""
     counts = class_counts.double().clamp(min=1)
     return (tau * (counts / counts.sum()).log()).float()
-
-
-def gather_uneven(accelerator: Accelerator, x: Tensor) -> Tensor:
-    """Concatenate every process's ``x`` (first dimensions may differ) in process order."""
-    if accelerator.num_processes == 1:
-        return x
-    sizes = accelerator.gather(torch.tensor([len(x)], device=x.device)).tolist()
-    padded = accelerator.gather(accelerator.pad_across_processes(x, dim=0))
-    longest = max(sizes)
-    return torch.cat([padded[i * longest:i * longest + n] for i, n in enumerate(sizes)])
 
 
 def metrics_from_predictions(logits: Tensor, labels: Tensor, num_classes: int) -> dict[str, Any]:

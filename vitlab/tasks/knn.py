@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import Tensor, nn
 
+from .base import gather_uneven
+
 __all__ = ["pooled_features", "collect_features", "knn_predict"]
 
 
@@ -27,18 +29,23 @@ def pooled_features(model: nn.Module, images: Tensor) -> Tensor:
 def collect_features(model: nn.Module, loader: Any, accelerator: Accelerator,
                      model_input: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor]:
     """Every image's pooled features ``(N, E)`` (float32, on the CPU) and its label ``(N,)``, in the loader's order,
-    gathered over the processes (``loader`` prepared by ``accelerator``)."""
+    gathered over the processes (``loader`` prepared by ``accelerator``, or one that shards itself exactly)."""
     was_training = model.training
     model.eval()
+    exact = getattr(loader, "exact_shards", False)
     features, labels = [], []
     for images, y in loader:
         with accelerator.autocast():
             f = pooled_features(model, model_input(images)).float()
-        f, y = accelerator.gather_for_metrics((f, y))
-        features.append(f.cpu())
-        labels.append(y.cpu())
+        if not exact:
+            f, y = accelerator.gather_for_metrics((f, y))
+        features.append(f)
+        labels.append(y)
     model.train(was_training)
-    return torch.cat(features), torch.cat(labels)
+    features, labels = torch.cat(features), torch.cat(labels)
+    if exact:
+        features, labels = gather_uneven(accelerator, features), gather_uneven(accelerator, labels)
+    return features.cpu(), labels.cpu()
 
 
 def knn_predict(train_features: Tensor, train_labels: Tensor, features: Tensor, num_classes: int, k: int = 20,

@@ -9,7 +9,8 @@ epoch, epoch's end and checkpoint. Its other jobs have files of their own:
 - :mod:`.optim`: the optimizer's parameter groups and the learning-rate schedule;
 - :mod:`.resume`: finding and vetting the checkpoint a run continues from (or refusing it in one line);
 - :mod:`.trackers`: TensorBoard, W&B, MLflow and Aim through Accelerate;
-- :mod:`.report`: what a run says and leaves: its last line, ``summary.json``, ``curves.png``.
+- :mod:`.report`: what a run says and leaves: its last line, ``summary.json``, ``curves.png``;
+- :mod:`.probe`: ``train.cache_features``, the linear probe fitted in place of the epochs' steps.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from ..progress import Progress
 from ..seeding import rng_state, seed_process, set_rng_state
 from ..tasks import TaskSetup, bare_model
 from .optim import create_optimizer, create_scheduler, param_groups
+from .probe import fit_head, probe_config, probe_header
 from .report import busy_machine_advice, last_eval, plot_curves, result_line, summary_of, truncate_lines
 from .resume import find_resume_point, interrupted_message, resolve_resume, resume_state
 from .trackers import resolve_trackers, start_trackers
@@ -66,10 +68,13 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     evaluation, the best validation metric (if any), epochs, the wall time of the whole run (every
     command that continued it)."""
     start_time = time.time()
+    if cfg.train.cache_features:
+        cfg = probe_config(cfg)
     run_dir, resume_from, note = find_resume_point(cfg, resume)  # bad input fails here, before data is read
     loop = _Loop(cfg, run_dir, resume_from)
     t, acc, state = cfg.train, loop.accelerator, loop.state
-    for line in (note, elastic_restart_advice(), busy_machine_advice()):
+    for line in (note, elastic_restart_advice(), busy_machine_advice(),
+                 probe_header(loop.task.train_size) if t.cache_features else ""):
         if line:
             acc.print(line)
     summary: dict[str, Any] = {}
@@ -77,7 +82,7 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     last_epoch = state.get("stopped_early") or t.epochs  # a run stopped early is finished
     with StopSignals(t.stop_signals, acc.num_processes) as stop, contextlib.closing(loop):  # closing: its workers
         for epoch in range(state["epoch"] + 1, last_epoch + 1):
-            stopped = not loop.train_epoch(epoch, stop)
+            stopped = not (fit_head(loop) if t.cache_features else loop.train_epoch(epoch, stop))
             if not stopped:
                 summary = loop.end_epoch(epoch, stop_after_epoch)
                 stopped = epoch < t.epochs and epoch != stop_after_epoch and stop.agreed()  # a signal in evaluation
@@ -280,6 +285,7 @@ class _Loop:
         self.meter = _Meter.start(acc.device)
         self.started = time.time()
         self.last_evaluation: dict[str, Any] = {}  # the record of the last evaluated epoch
+        self.probe_record: dict[str, Any] = {}  # train.cache_features: the fitted head's L2 strength
         keep_lines = self._load(resume_from) if resume_from is not None else 0
         self.wall_time_before = self.state.get("wall_time", 0.0)  # of the run's earlier commands
         self.saved_step = self.state["global_step"] if resume_from is not None else None  # last/'s step
@@ -465,7 +471,8 @@ class _Loop:
                                   "train_samples": int(meter.samples.item()),
                                   "epoch_time": meter.seconds, "data_time": meter.data_seconds,
                                   "examples_per_s": self.task.train_size / meter.seconds,
-                                  "lr": max(self.scheduler.get_last_lr())}
+                                  **({"lr": max(self.scheduler.get_last_lr())} if not self.probe_record else {}),
+                                  **self.probe_record}
         if self.has_moe:  # share of routing assignments per expert, per MoE layer, over all processes this epoch
             counts = [acc.reduce(c, reduction="sum") for c in _epoch_expert_counts(self.model, meter, reset=True)]
             record["expert_utilization"] = [[round(x, 4) for x in (c / c.sum().clamp(min=1)).tolist()]
