@@ -626,8 +626,8 @@ def _check_probe(cfg: Config) -> None:
         raise ConfigError(f"train.cache_features=True fits the head alone on the backbone's features: set "
                           f"model.freeze=backbone (model.freeze={cfg.model.freeze!r} trains more than the head)")
     if isinstance(d, DataConfig) and d.multi_label is True:
-        raise ConfigError(f"train.cache_features=True fits one class an image (a multinomial logistic regression); a "
-                          f"multi-label run (data.multi_label) trains its head with model.freeze=backbone alone")
+        raise ConfigError("train.cache_features=True fits one class an image (a multinomial logistic regression); a "
+                          "multi-label run (data.multi_label) trains its head with model.freeze=backbone alone")
     if cfg.distill.type != "none":
         raise ConfigError(f"distill.type={cfg.distill.type!r}: train.cache_features fits the head alone on the "
                           f"backbone's features, without a teacher; leave out distill.*")
