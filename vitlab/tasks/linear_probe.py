@@ -22,7 +22,7 @@ def probe_loss(features: Tensor, labels: Tensor, weight: Tensor, bias: Tensor, l
 
 
 def fit_linear_probe(features: Tensor, labels: Tensor, num_classes: int, l2: float,
-                     init: tuple[Tensor, Tensor] | None = None, max_iter: int = 2000) -> tuple[Tensor, Tensor]:
+                     init: tuple[Tensor, Tensor] | None = None, max_iter: int = 1000) -> tuple[Tensor, Tensor]:
     """The head ``weight (K, E)``, ``bias (K,)`` (float32) of the multinomial logistic regression of ``features``
     ``(N, E)`` on ``labels`` ``(N,)`` with L2 strength ``l2`` (see the module), by full-batch L-BFGS with a
     strong-Wolfe line search in float64; ``init`` (a previous solution) starts it nearer."""
@@ -34,7 +34,7 @@ def fit_linear_probe(features: Tensor, labels: Tensor, num_classes: int, l2: flo
     weight.requires_grad_(True)
     bias.requires_grad_(True)
     solver = torch.optim.LBFGS([weight, bias], lr=1, max_iter=max_iter, max_eval=2 * max_iter, history_size=20,
-                               tolerance_grad=1e-11, tolerance_change=1e-15, line_search_fn="strong_wolfe")
+                               tolerance_grad=1e-9, tolerance_change=1e-15, line_search_fn="strong_wolfe")
 
     def closure() -> Tensor:
         solver.zero_grad()
