@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..errors import DataError
 from ..progress import Progress
-from .decode import EncodedImage, dct_scale, decode_all, decode_region, jpeg_size, pil_to_tensor
+from .decode import EncodedImage, dct_scale, decode_all, decode_image, decode_region, jpeg_size, pil_to_tensor
 from .images import ImageData, Picked, balanced_indices, stratified_indices
 
 __all__ = ["SplitIndex", "StreamedImages", "label_indices", "label_sets", "hold_out", "held_out_count",
@@ -89,6 +89,7 @@ class SplitIndex:
             found = jpeg_size(data, self.upright)
             if found is not None and dct_scale(found[0], found[1], size) > 1:  # else as without scaling
                 return decode_region(data, self._where(i), lambda h, w: (0, 0, h, w), size, self.upright, found)
+            return decode_image(data, self._where(i), size, self.upright)  # the bytes in hand, not read again
         return pil_to_tensor(self.open(i), size)
 
     def encoded_image(self, i: int) -> EncodedImage | None:
