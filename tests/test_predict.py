@@ -235,6 +235,13 @@ def test_the_cpu_forward_runs_in_cache_sized_chunks_of_the_batch_with_the_rows_o
     expected = [json.loads(line) for line in whole.read_text().splitlines()]
     assert [r["classes"] for r in rows] == [r["classes"] for r in expected] and len(rows) == 36
     assert all(r["probs"] == pytest.approx(e["probs"], abs=1e-6) for r, e in zip(rows, expected))
+    # Its threads are the cores the workers leave (torch's threads spin: a worker on their core halves them),
+    # given back at the end.
+    threads, seen = torch.get_num_threads(), []
+    hook = model.register_forward_hook(lambda module, args, output: seen.append(torch.get_num_threads()))
+    predict_images(model, [str(tiny_imagefolder / "test")], tmp_path / "w.csv", batch_size=18, num_workers=1)
+    hook.remove()
+    assert set(seen[1:]) == {max(1, min(threads, prediction._cpus() - 1))} and torch.get_num_threads() == threads
 
 
 def test_photos_larger_than_the_model_are_read_as_vitlab_eval_reads_them(trained, tiny_imagefolder, tmp_path):
