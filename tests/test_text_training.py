@@ -278,22 +278,27 @@ def test_gradient_accumulation_is_exact_for_token_and_sentence_batches(tmp_path,
     assert max_weight_diff(weights[1], weights[2]) < 1e-5
 
 
-def test_text_eval_under_two_processes_equals_one(reverse_run, tmp_path):
+def test_text_eval_under_two_processes_equals_one(reverse_run, tmp_path, on_cpu):
     # 500 test pairs in 11 batches of 48 over 2 processes: the last batches are uneven and
     # Accelerate pads them with repeats, which must not be counted. (A trained model: decoding an
     # untrained one flips near-ties when padding changes, whatever the number of processes.)
+    from vitlab.cli import main
+
     run_dir, _ = reverse_run
     outputs = {}
-    for n in (1, 2):
-        out = tmp_path / f"m{n}.json"
-        launch = [sys.executable] if n == 1 else [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node",
-                                                   "2", "--master_port", "29551"]
-        result = subprocess.run([*launch, "-m", "vitlab.cli", "eval", "--checkpoint", str(run_dir),
-                                 "--batch-size", "48", "--output", str(out)],
-                                capture_output=True, text=True,
-                                env={**launch_env(2, exact=True), "OMP_NUM_THREADS": "1"})  # both where they agree
-        assert result.returncode == 0, result.stderr[-3000:]
-        outputs[n] = json.loads(out.read_text())
+    eval_args = ["eval", "--checkpoint", str(run_dir), "--batch-size", "48", "--output"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each of the two processes: one thread, where they agree
+    try:
+        main([*eval_args, str(tmp_path / "m1.json")])  # one process: this one
+    finally:
+        torch.set_num_threads(threads)
+        reset_accelerate()
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                             "29551", "-m", "vitlab.cli", *eval_args, str(tmp_path / "m2.json")],
+                            capture_output=True, text=True, env={**launch_env(2, exact=True), "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    outputs = {n: json.loads((tmp_path / f"m{n}.json").read_text()) for n in (1, 2)}
     assert outputs[1]["num_pairs"] == outputs[2]["num_pairs"] == 500
     assert outputs[2]["exact_match"] == outputs[1]["exact_match"]
     assert outputs[2]["token_acc"] == outputs[1]["token_acc"]
