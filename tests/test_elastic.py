@@ -87,30 +87,38 @@ def test_two_workers_stopped_in_epoch_two_continue_on_one_with_the_same_batches_
         assert all(torch.equal(tensors[k], reference[k]) for k in tensors), name
 
 
-def _launch(argv: list[str], processes: int, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
-                             "--standalone", str(HELPER), *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+@pytest.fixture(scope="module")
+def stopped_on_two(tiny_imagefolder, tiny_shards, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """Each source's run on 2 processes x 2 workers, SIGTERM to rank 1 alone as step 8 begins (6 steps an epoch:
+    a step the test chooses, however busy the machine; a signal sent from here after the 7th step's record came
+    after the 12th under load): the three runs one after the other in one launch of 2 processes (each start of
+    a process costs 3.5 s of imports). Each source's run directory and the prefix of its batch records."""
+    root = tmp_path_factory.mktemp("stopped_on_two")
+    env = {**launch_env(2, exact=True), "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    argv, where = [], {}
+    for source in SOURCES:
+        run_dir, prefix = root / source / "run", root / source / "batches"
+        where[source] = run_dir, prefix
+        argv += [*(["--then"] if argv else []), "--sigterm-at-step", "1", "8", "--record-batches", str(prefix),
+                 *_overrides(source, (tiny_shards, tiny_imagefolder), run_dir), "data.num_workers=2"]
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
+                           str(HELPER), *argv], capture_output=True, text=True, env=env, timeout=600)
+    assert "(exitcode: 75)" in done.stderr, done.stderr[-3000:]  # stopped by the signal, as every run (torchrun: 1)
+    return where
 
 
 @pytest.mark.parametrize("source", list(SOURCES))
 def test_two_processes_by_two_workers_stopped_in_epoch_two_continue_on_one_by_one_with_the_same_batches(
-        source, uninterrupted, tiny_imagefolder, tiny_shards, tmp_path, monkeypatch, capsys, on_cpu):
+        source, uninterrupted, stopped_on_two, tiny_imagefolder, tiny_shards, monkeypatch, capsys, on_cpu):
     # The shards' partitions are left to the first launch (2 x 2 = 4) and kept in the checkpoint: the
     # continued run on 1 x 1 reads the same 4.
     whole, expected = uninterrupted[source]
-    run_dir, prefix = tmp_path / "run", tmp_path / "batches"
-    env = {**launch_env(2, exact=True), "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
-    argv = ["--record-batches", str(prefix), *_overrides(source, (tiny_shards, tiny_imagefolder), run_dir)]
-    # SIGTERM to rank 1 alone as step 8 begins (6 steps an epoch): a step the test chooses, however busy the
-    # machine (a signal sent from here after the 7th step's record came after the 12th under load).
-    running = _launch(["--sigterm-at-step", "1", "8", *argv, "data.num_workers=2"], 2, env)
-    running.communicate(timeout=300)
+    run_dir, prefix = stopped_on_two[source]
     state = json.loads((run_dir / "checkpoints/last/trainer_state.json").read_text())
     assert state["global_step"] == 8 and state["epoch_step"] == 2, state  # stopped inside epoch 2
     assert state.get("data", {}).get("partitions") == (4 if source == "shards" else None)
     stopped = global_batches(prefix)
-    for f in tmp_path.glob("batches.*.jsonl"):
+    for f in prefix.parent.glob("batches.*.jsonl"):
         f.unlink()
     # The same command, on 1 process x 1 worker (here, in this process: a process fewer to start).
     monkeypatch.setattr(ModelInput, "__call__", recording(prefix))

@@ -1,7 +1,8 @@
 """Launched by the tests under ``torchrun``: train a config (``key=value`` overrides), optionally
 stopping after an epoch as an interruption would, or recording each process's first random draws;
 several runs, one after the other in the same processes, separated by ``--then`` (a test's variants
-then start their processes once).
+then start their processes once; a run stopped by a signal, ``Preempted``, is followed by the next, and the
+processes exit with its status 75 at the end).
 
     torchrun --nproc_per_node 2 dist_train.py [--config FILE] [--stop-after-epoch N] [--record PREFIX]
         [--record-batches PREFIX] [--sigterm-at-step RANK STEP] key=value ... [--then ...]
@@ -30,6 +31,7 @@ from accelerate.state import AcceleratorState, GradientState, PartialState
 
 from vitlab import training
 from vitlab.config import load_config
+from vitlab.errors import Preempted
 from vitlab.data.transforms import ModelInput
 from vitlab.models import VisionTransformer
 
@@ -97,6 +99,7 @@ def runs(argv: list[str]) -> Iterator[list[str]]:
 
 
 every = list(runs(sys.argv[1:]))
+preempted = None
 for i, argv in enumerate(every):
     if i:  # Accelerate's process-wide state, for the next run
         AcceleratorState._reset_state(reset_partial_state=True)
@@ -104,4 +107,9 @@ for i, argv in enumerate(every):
     with contextlib.ExitStack() as keep:
         if i < len(every) - 1:  # the process group stays for the next run (end_training would destroy it)
             keep.enter_context(patched(PartialState, "destroy_process_group", lambda self, group=None: None))
-        run(parser.parse_args(argv))
+        try:
+            run(parser.parse_args(argv))
+        except Preempted as e:
+            preempted = e
+if preempted is not None:
+    raise preempted
