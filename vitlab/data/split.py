@@ -89,7 +89,10 @@ class SplitIndex:
             found = jpeg_size(data, self.upright)
             if found is not None and dct_scale(found[0], found[1], size) > 1:  # else as without scaling
                 return decode_region(data, self._where(i), lambda h, w: (0, 0, h, w), size, self.upright, found)
-            return decode_image(data, self._where(i), size, self.upright)  # the bytes in hand, not read again
+            try:
+                return decode_image(data, self._where(i), size, self.upright)  # the bytes in hand, not read again
+            except DataError:
+                pass  # said by the source itself, naming the file as it knows it
         return pil_to_tensor(self.open(i), size)
 
     def encoded_image(self, i: int) -> EncodedImage | None:
