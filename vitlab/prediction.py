@@ -19,8 +19,9 @@ import io
 import json
 import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -249,7 +250,7 @@ def _to_npy(partial: Path, out: Path) -> None:
 
 # On a CPU the forward pass runs over chunks of a batch whose widest layer output fits this many bytes (or the
 # weights' size, where larger: each chunk reads them again): 256 images of 32 px at once spill the caches, and
-# chunks of 31 ran the quick model 1.7x as fast (issue 51). The rows do not depend on it.
+# chunks of about 30 ran the quick model 1.7x as fast (issue 51). The rows do not depend on it.
 CPU_ACTIVATION_BUDGET = 2 * 2**20
 
 
@@ -280,6 +281,36 @@ def cpu_chunk(model: nn.Module, input_size: tuple[int, int, int]) -> int:
             handle.remove()
     budget = max(CPU_ACTIVATION_BUDGET, sum(p.numel() * p.element_size() for p in model.parameters()))
     return max(1, budget // (4 * max(widest, 1)))
+
+
+class _ChunkedForward:
+    """The forward pass of a batch on a CPU: over chunks of ``chunk`` images (:func:`cpu_chunk`), side by side in as
+    many Python threads as torch had threads (at most the CPUs), each chunk on one of torch's threads. Torch's own
+    threads split every operation and wait for each other at its end, spinning: whenever a DataLoader worker took
+    a core, every operation waited for it. ``chunk`` 0: the batch whole (a GPU). Call :meth:`close` at the end:
+    it gives torch its threads back."""
+
+    def __init__(self, chunk: int) -> None:
+        self.chunk, self.threads, self.pool = chunk, torch.get_num_threads(), None
+        if chunk and self.threads > 1:
+            self.pool = ThreadPoolExecutor(min(self.threads, _cpus()))
+            torch.set_num_threads(1)
+
+    def __call__(self, forward: Callable[[Tensor], Tensor], images: Tensor) -> Tensor:
+        if not self.chunk:
+            return forward(images)
+
+        def one(chunk: Tensor) -> Tensor:
+            with torch.inference_mode():  # a thread's own mode
+                return forward(chunk)
+
+        chunks = images.split(self.chunk)
+        return torch.cat(list(self.pool.map(one, chunks) if self.pool is not None else map(forward, chunks)))
+
+    def close(self) -> None:
+        torch.set_num_threads(self.threads)
+        if self.pool is not None:
+            self.pool.shutdown()
 
 
 def embed_images(model: nn.Module, inputs: list[str], output: str | Path, batch_size: int = 64,
@@ -413,7 +444,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     size = tuple(cfg["input_size"][1:])
     # tta: each image is 2 (flip) or 5 (crops) inputs
     chunk = max(1, cpu_chunk(model, (3, *size)) // {"flip": 2, "crops": 5}.get(tta, 1)) if device.type == "cpu" \
-        else batch_size
+        else 0
     todo = files[done:]
     mine = [i for i in range(len(todo)) if i // batch_size % world == rank]  # my part of every global batch
     ids = [done + i for i in mine]
@@ -428,9 +459,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
         dataset = _Guarded(_model_view(model, part_index, tta), (3, *view)) if ids else []
     loader = iter(DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
                              pin_memory=device.type == "cuda"))
-    threads = torch.get_num_threads()
-    if device.type == "cpu" and num_workers:  # the workers' cores are not the forward pass's: its threads would
-        torch.set_num_threads(max(1, min(threads, _cpus() - num_workers)))  # wait for each other (they spin)
+    chunked = _ChunkedForward(chunk)
     model_input = ModelInput(cfg["mean"], cfg["std"])
     temperature = cfg.get("temperature", 1.0)
     sink = None
@@ -452,9 +481,9 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                     x = model_input(images.to(device, non_blocking=True))
                     with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
                         if embed:
-                            features = torch.cat([pooled_features(model, c).float().cpu() for c in x.split(chunk)])
+                            features = chunked(lambda c: pooled_features(model, c).float().cpu(), x)
                         else:
-                            logits = torch.cat([tta_logits(model, c, tta, multi, size).cpu() for c in x.split(chunk)])
+                            logits = chunked(lambda c: tta_logits(model, c, tta, multi, size).cpu(), x)
                     if embed:
                         rows = [{"image": todo[i], "error": e} if e else {"image": todo[i], "embedding": f.tolist()}
                                 for i, e, f in zip(part, errors, features)]
@@ -475,7 +504,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                         sink.flush()
                 progress.update(len(rows))
     finally:
-        torch.set_num_threads(threads)
+        chunked.close()
         if sink is not None:
             sink.close()
     if partial is not None and rank == 0:
