@@ -112,14 +112,27 @@ AGREE_KEYS = ("data.crop_padding=0", "data.hflip=false", "train.epochs=1", "trai
 
 
 @pytest.fixture(scope="module")
-def two_process_runs(tiny_imagefolder, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """Every variant of :data:`AGREE` trained on 2 processes, one after the other in one torchrun launch of
-    the quick config (its processes started once, not once a variant)."""
+def two_process_launch(tiny_imagefolder, identical_imagefolder, tmp_path_factory) -> tuple[Path,
+                                                                                          subprocess.CompletedProcess]:
+    """The file's two-process runs, one after the other in one torchrun launch (its processes started once, not
+    once a run): every variant of :data:`AGREE` on the quick config (``<root>/<variant>``), then each loader's
+    first training batch and random draws (``<root>/draws``)."""
     root, argv = tmp_path_factory.mktemp("two"), []
     for name, extra in AGREE.items():
         argv += [*(["--then"] if argv else []), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
                  *tiny_overrides(tiny_imagefolder, root / name, *AGREE_KEYS, *extra)]
+    for loader in ("torch", "gpu"):
+        argv += ["--then", "--record", str(root / "draws" / f"{loader}.draws"), "--stop-after-epoch", "1",
+                 *tiny_overrides(identical_imagefolder, root / "draws" / loader, f"data.loader={loader}",
+                                 "data.crop_padding=4", "data.hflip=true")]
+    (root / "draws").mkdir()
     return root, _torchrun(29533, str(HELPER), *argv, exact=True)
+
+
+@pytest.fixture(scope="module")
+def two_process_runs(two_process_launch) -> tuple[Path, subprocess.CompletedProcess]:
+    """Every variant of :data:`AGREE` trained on 2 processes (:func:`two_process_launch`)."""
+    return two_process_launch
 
 
 @pytest.mark.parametrize("loader", list(AGREE))
@@ -130,7 +143,7 @@ def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder,
     root, launch = two_process_runs
     assert launch.returncode == 0, launch.stderr[-3000:]
     two = root / loader
-    assert launch.stdout.count("| 2 process(es) on") == len(AGREE) and f"run dir {two}" in launch.stdout
+    assert launch.stdout.count("| 2 process(es) on") == len(AGREE) + 2 and f"run dir {two}" in launch.stdout  # + draws
     assert max_weight_diff(_weights(tmp_path / "one"), _weights(two)) < 1e-5
     # Evaluation shards the test set and gathers it back: same accuracy over all 35 images.
     last = lambda run: [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()][-1]
@@ -480,14 +493,10 @@ def identical_imagefolder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def two_process_draws(identical_imagefolder, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """Each loader's first training batch and random draws on 2 processes (one launch for both loaders)."""
-    root, argv = tmp_path_factory.mktemp("draws"), []
-    for loader in ("torch", "gpu"):
-        argv += [*(["--then"] if argv else []), "--record", str(root / f"{loader}.draws"), "--stop-after-epoch", "1",
-                 *tiny_overrides(identical_imagefolder, root / loader, f"data.loader={loader}", "data.crop_padding=4",
-                                 "data.hflip=true")]
-    return root, _torchrun(29541, str(HELPER), *argv)
+def two_process_draws(two_process_launch) -> tuple[Path, subprocess.CompletedProcess]:
+    """Each loader's first training batch and random draws on 2 processes (:func:`two_process_launch`)."""
+    root, launch = two_process_launch
+    return root / "draws", launch
 
 
 @pytest.mark.parametrize("loader", ["torch", "gpu"])
