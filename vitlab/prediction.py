@@ -301,7 +301,7 @@ class _ChunkedForward:
             return forward(images)
 
         def one(chunk: Tensor) -> Tensor:
-            with torch.inference_mode():  # a thread's own mode
+            with torch.no_grad():  # each thread's own
                 return forward(chunk)
 
         chunks = images.split(self.chunk)
@@ -367,7 +367,7 @@ def _processes() -> tuple[int, int, Any]:
     return 0, 1, None
 
 
-@torch.inference_mode()
+@torch.no_grad()  # not inference_mode: torch 2.4's all_gather_object then failed
 def predict_images(model: nn.Module, inputs: list[str], output: str | Path | None = None, batch_size: int = 64,
                    num_workers: int = 2, topk: int = 5, device: str | torch.device | None = None,
                    stop_after_batches: int | None = None, tta: str = "none", embed: bool = False,
