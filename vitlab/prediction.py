@@ -459,7 +459,6 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
         dataset = _Guarded(_model_view(model, part_index, tta), (3, *view)) if ids else []
     loader = iter(DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
                              pin_memory=device.type == "cuda"))
-    chunked = _ChunkedForward(chunk)
     model_input = ModelInput(cfg["mean"], cfg["std"])
     temperature = cfg.get("temperature", 1.0)
     sink = None
@@ -468,6 +467,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
         sink = partial.open("a", newline="")
         if done == 0 and lines == ".csv":
             sink.write(header)
+    chunked = _ChunkedForward(chunk)  # closed below, whatever happens
     try:
         with Progress(total=len(files), initial=done, desc=f"predicting {len(files):,} images", unit="images",
                       interval=10.0, enabled=rank == 0) as progress:
