@@ -88,6 +88,13 @@ def test_a_probe_run_keeps_the_backbone_fits_the_head_on_the_features_and_evalua
     evaluated = evaluate_checkpoint(run)  # vitlab eval: the full model on the test images
     reset_accelerate()
     assert evaluated["top1"] == record["test_top1"] and evaluated["loss"] == pytest.approx(record["test_loss"], abs=1e-6)
+    # The device-resident loader (it shards evaluation itself) gives the features, and so the head, alike.
+    on_device = tmp_path / "on_device"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, on_device, f"model.pretrained={source}",
+                                           "model.freeze=backbone", "train.cache_features=true", "data.loader=gpu")))
+    reset_accelerate()
+    head = load_file(str(on_device / "checkpoints/last/model.safetensors"))
+    assert (head["head.weight"] - end["head.weight"]).abs().max() < 1e-5
     # A validation split chooses the strength; the run says which and what each scored.
     chosen = tmp_path / "chosen"
     train(load_config(None, tiny_overrides(tiny_imagefolder, chosen, f"model.pretrained={source}",
@@ -115,3 +122,15 @@ def test_bad_probes_are_one_line_before_any_image_is_decoded(tiny_imagefolder, t
                                                "train.cache_features=true", *extra)))
     reset_accelerate()
     assert not (tmp_path / "r").exists()
+
+
+def test_a_model_without_one_linear_head_is_one_line_before_any_image_is_decoded(tiny_imagefolder, tmp_path, capsys):
+    from vitlab.training import train
+
+    with pytest.raises(ConfigError, match=r"^train.cache_features fits one linear head on the pooled features; "
+                                          r"VisionTransformer has two heads \(a distillation token\): train its head "
+                                          r"with model.freeze=backbone alone$"):
+        train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "r", "model.distilled=true",
+                                               "model.freeze=backbone", "train.cache_features=true")))
+    reset_accelerate()
+    assert "decoding" not in capsys.readouterr().out

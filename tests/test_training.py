@@ -126,7 +126,34 @@ def two_process_launch(tiny_imagefolder, identical_imagefolder, tmp_path_factory
                  *tiny_overrides(identical_imagefolder, root / "draws" / loader, f"data.loader={loader}",
                                  "data.crop_padding=4", "data.hflip=true")]
     (root / "draws").mkdir()
+    with pytest.MonkeyPatch.context() as m:  # the linear probe's backbone, trained here on the CPU
+        m.setenv("ACCELERATE_USE_CPU", "true")
+        train(load_config(None, tiny_overrides(tiny_imagefolder, root / "probe" / "source", "train.epochs=1")))
+    reset_accelerate()
+    argv += ["--then", *tiny_overrides(tiny_imagefolder, root / "probe" / "run", *PROBE_KEYS,
+                                       f"model.pretrained={root / 'probe' / 'source'}")]
     return root, _torchrun(29533, str(HELPER), *argv, exact=True)
+
+
+# The linear probe on cached features, its L2 strength chosen on 12 validation images (gathered from 2 processes).
+PROBE_KEYS = ("model.freeze=backbone", "train.cache_features=true", "data.val_size=12", "data.loader=torch")
+
+
+def test_a_linear_probe_on_two_processes_fits_the_head_one_process_fits(two_process_launch, tiny_imagefolder,
+                                                                         tmp_path, on_cpu):
+    # Each process reads half of every batch of features; gathered, the fit is the one of all the images.
+    root, launch = two_process_launch
+    assert launch.returncode == 0, launch.stderr[-3000:]
+    one = tmp_path / "one"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, one, *PROBE_KEYS,
+                                           f"model.pretrained={root / 'probe' / 'source'}")))
+    last = lambda run: [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()][-1]
+    two = root / "probe" / "run"
+    assert last(two)["probe_l2"] == last(one)["probe_l2"]
+    assert last(two)["probe_val_top1_by_l2"] == last(one)["probe_val_top1_by_l2"]
+    assert last(two)["test_top1"] == last(one)["test_top1"]
+    heads = [load_file(str(run / "checkpoints/last/model.safetensors")) for run in (one, two)]
+    assert (heads[0]["head.weight"] - heads[1]["head.weight"]).abs().max() < 1e-4
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +170,7 @@ def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder,
     root, launch = two_process_runs
     assert launch.returncode == 0, launch.stderr[-3000:]
     two = root / loader
-    assert launch.stdout.count("| 2 process(es) on") == len(AGREE) + 2 and f"run dir {two}" in launch.stdout  # + draws
+    assert launch.stdout.count("| 2 process(es) on") == len(AGREE) + 3 and f"run dir {two}" in launch.stdout  # + draws, probe
     assert max_weight_diff(_weights(tmp_path / "one"), _weights(two)) < 1e-5
     # Evaluation shards the test set and gathers it back: same accuracy over all 35 images.
     last = lambda run: [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()][-1]

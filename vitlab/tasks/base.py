@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from accelerate import Accelerator
 import torch
+from accelerate import Accelerator
 from torch import Tensor, nn
 
 from ..errors import ConfigError

@@ -31,6 +31,7 @@ from .base import TaskSetup, build_model, gather_uneven
 from .calibration import expected_calibration_error
 from .distill import DistillationLoss, load_teacher
 from .knn import collect_features
+from .linear_probe import probe_head
 from .multilabel import SCORES as MULTI_LABEL_SCORES, MultiHotMixup, MultiLabelLoss, multilabel_metrics, \
     positive_weights
 
@@ -391,6 +392,8 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
         raise ConfigError(f"mixup/cutmix need an even per-process batch; train.batch_size={t.batch_size} gives "
                           f"{micro_batch // accelerator.num_processes}")
     model = build_model(cfg)
+    if t.cache_features:
+        probe_head(model)  # one linear head, or one line before any image is decoded
     mean, std = _normalization(cfg, model, resume_from)
     size = image_input_size(model)[1:]
     if streamed_in_shards(d):
@@ -698,6 +701,7 @@ def _task(cfg: Config, model: nn.Module, classes: list[str], mean: tuple[float, 
             **({"exif_transpose": False} if not d.exif_transpose else {}),
             **({"distill": cfg.distill.type, "distilled_from": cfg.distill.teacher} if teacher is not None else {}),
             **({"multi_label": True} if multi_label else {})}
+
     def features(net: nn.Module, loader: Any, acc: Accelerator) -> tuple[Tensor, Tensor]:
         return collect_features(net, loader, acc, model_input)
 

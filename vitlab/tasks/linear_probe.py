@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-__all__ = ["L2_GRID", "fit_linear_probe", "choose_l2", "probe_loss"]
+from ..errors import ConfigError
+
+__all__ = ["L2_GRID", "fit_linear_probe", "choose_l2", "probe_loss", "probe_head"]
 
 # 1e-6 to 10 in half decades: from next to no penalty to a head that barely moves from zero.
 L2_GRID = tuple(float(f"{10 ** (e / 2):.3g}") for e in range(-12, 3))
@@ -60,3 +62,13 @@ def choose_l2(features: Tensor, labels: Tensor, val_features: Tensor, val_labels
         scores[l2] = (predicted == val_labels).double().mean().item()
     best = max(scores.values())
     return max(l2 for l2, score in scores.items() if score == best), dict(sorted(scores.items()))
+
+
+def probe_head(model: nn.Module) -> nn.Linear:
+    """The one linear head a probe fits (``get_classifier()``, timm's API), or one line saying why not."""
+    head = model.get_classifier() if hasattr(model, "get_classifier") else None
+    if isinstance(head, nn.Linear):
+        return head
+    what = "two heads (a distillation token)" if isinstance(head, tuple) else f"a {type(head).__name__} head"
+    raise ConfigError(f"train.cache_features fits one linear head on the pooled features; {type(model).__name__} has "
+                      f"{what}: train its head with model.freeze=backbone alone")

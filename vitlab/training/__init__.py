@@ -471,7 +471,8 @@ class _Loop:
                                   "train_samples": int(meter.samples.item()),
                                   "epoch_time": meter.seconds, "data_time": meter.data_seconds,
                                   "examples_per_s": self.task.train_size / meter.seconds,
-                                  **({"lr": max(self.scheduler.get_last_lr())} if not self.probe_record else {}),
+                                  **({"lr": max(self.scheduler.get_last_lr())} if not self.cfg.train.cache_features
+                                     else {}),
                                   **self.probe_record}
         if self.has_moe:  # share of routing assignments per expert, per MoE layer, over all processes this epoch
             counts = [acc.reduce(c, reduction="sum") for c in _epoch_expert_counts(self.model, meter, reset=True)]

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..config import Config
-from ..tasks.linear_probe import choose_l2, fit_linear_probe
+from ..tasks.linear_probe import choose_l2, fit_linear_probe, probe_head
 
 if TYPE_CHECKING:
     from . import _Loop
@@ -33,7 +33,8 @@ def probe_header(train_images: int) -> str:
     return (f"train.cache_features: the features of the {train_images:,} training images are computed once (the "
             f"evaluation transform) and the head fitted on them by L-BFGS (multinomial logistic regression, "
             f"scikit-learn's objective); the optimizer, its schedule, augmentation, mixup, EMA and train.epochs do not "
-            f"apply")
+            f"apply, nor the loss's settings (label smoothing, class weights, logit adjustment) or data.sampler: every "
+            f"training image counts once")
 
 
 def fit_head(loop: "_Loop") -> bool:
@@ -45,7 +46,7 @@ def fit_head(loop: "_Loop") -> bool:
     model = loop.plain_model
     loader = acc.prepare(task.feature_loader) if task.prepare_eval_loaders else task.feature_loader
     features, labels = task.features(model, loader, acc)
-    head = model.get_classifier()
+    head = probe_head(model)
     l2, scores = cfg.train.probe_l2, None
     if l2 is None and "val" in loop.eval_loaders:
         val_features, val_labels = task.features(model, loop.eval_loaders["val"], acc)
