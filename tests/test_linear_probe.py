@@ -55,7 +55,7 @@ def test_the_l2_strength_is_the_grids_best_on_the_validation_split_the_strongest
 
 
 def test_a_probe_run_keeps_the_backbone_fits_the_head_on_the_features_and_evaluates_as_vitlab_eval(
-        tiny_imagefolder, tmp_path, capsys):
+        tiny_imagefolder, tmp_path, capsys, on_cpu):
     from vitlab import load_model
     from vitlab.evaluation import evaluate_checkpoint
     from vitlab.prediction import embed_images

@@ -26,7 +26,7 @@ def trained(tiny_imagefolder, tmp_path_factory):
 
 
 def test_a_folder_into_a_csv_file_gives_the_probabilities_vitlab_eval_gives(trained, tiny_imagefolder, tmp_path,
-                                                                            capsys):
+                                                                            capsys, on_cpu):
     from vitlab.cli import main
 
     main(["eval", "--checkpoint", str(trained), "--predictions", str(tmp_path / "eval.csv")])
@@ -44,6 +44,57 @@ def test_a_folder_into_a_csv_file_gives_the_probabilities_vitlab_eval_gives(trai
         for rank in (1, 2, 3):
             assert float(r[f"prob_{rank}"]) == pytest.approx(float(expected[f"prob_{r[f'class_{rank}']}"]), abs=1e-5)
             assert int(r[f"index_{rank}"]) == int(r[f"class_{rank}"].split("_")[1])
+
+
+def _top3(path: Path) -> dict[str, list[float]]:
+    return {r["image"]: [float(r[f"prob_{k}"]) for k in (1, 2, 3)] for r in csv.DictReader(path.open())}
+
+
+def test_a_run_trained_in_bf16_is_predicted_at_its_precision_as_eval_evaluates_it(tiny_imagefolder, tmp_path, on_cpu):
+    # eval runs a checkpoint at its run's train.mixed_precision (Accelerate's autocast, on the CPU too); predict
+    # reads the precision the checkpoint records, so its probabilities are eval's on every device (a float32
+    # run's on a GPU too, where predict's default had been bf16), the chunks of the CPU forward pass included.
+    from vitlab import load_model
+    from vitlab.cli import main
+    from vitlab.training import train
+
+    run, test = tmp_path / "run", tiny_imagefolder / "test"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run, "train.epochs=1", "data.loader=torch",
+                                           "train.mixed_precision=bf16")))
+    reset_accelerate()
+    assert load_model(run).pretrained_cfg["training"]["mixed_precision"] == "bf16"
+    main(["eval", "--checkpoint", str(run), "--predictions", str(tmp_path / "eval.csv")])
+    reset_accelerate()
+    theirs = {r["image"]: r for r in csv.DictReader((tmp_path / "eval.csv").open())}
+    for precision in ("run", "no"):
+        main(["predict", "--checkpoint", str(run), "--output", str(tmp_path / f"{precision}.csv"), "--batch-size", "5",
+              "--num-workers", "0", "--topk", "3", "--precision", precision, str(test)])
+    rows = list(csv.DictReader((tmp_path / "run.csv").open()))
+    assert len(rows) == 36
+    worst = {"run": 0.0, "no": 0.0}
+    for precision in worst:
+        for image, probs in _top3(tmp_path / f"{precision}.csv").items():
+            row = next(r for r in rows if r["image"] == image)
+            expected = theirs[str(Path(image).relative_to(test))]
+            want = [float(expected[f"prob_{row[f'class_{k}']}"]) for k in (1, 2, 3)]
+            worst[precision] = max(worst[precision], *(abs(a - b) for a, b in zip(probs, want)))
+    assert worst["run"] < 1e-5 < 1e-4 < worst["no"]  # float32 differs from eval's bf16 by bf16's rounding
+
+
+def test_the_default_device_is_this_processs_gpu_unless_the_launch_keeps_it_on_the_cpu(monkeypatch):
+    # accelerate launch --cpu (ACCELERATE_USE_CPU) keeps every process on the CPU where a GPU is, as training and
+    # eval do (on an H100 predict took the GPU there, and a second process asked for cuda:1).
+    from vitlab.prediction import default_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.delenv("ACCELERATE_USE_CPU", raising=False)
+    assert default_device() == torch.device("cuda:1")
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    assert default_device() == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("ACCELERATE_USE_CPU")
+    assert default_device() == torch.device("cpu")
 
 
 def test_an_unreadable_image_is_a_row_with_its_error_and_a_glob_reads_into_folders(trained, tiny_imagefolder,
@@ -206,7 +257,7 @@ def test_a_folder_of_linked_class_folders_lists_the_files_torchvisions_image_fol
 
 
 def test_the_cpu_forward_runs_cache_sized_chunks_side_by_side_with_the_rows_of_the_whole_batch(
-        trained, tiny_imagefolder, tmp_path, monkeypatch):
+        trained, tiny_imagefolder, tmp_path, monkeypatch, on_cpu):
     # On a CPU a batch of 256 small images at once spills the caches (issue 51: chunks ran the quick model 1.7x
     # faster): the chunk holds the widest layer's activations within the budget, or within the weights' size.
     import threading
@@ -252,7 +303,7 @@ def test_the_cpu_forward_runs_cache_sized_chunks_side_by_side_with_the_rows_of_t
     assert all(r["probs"] == pytest.approx(e["probs"], abs=1e-6) for r, e in zip(rows, expected))
 
 
-def test_photos_larger_than_the_model_are_read_as_vitlab_eval_reads_them(trained, tiny_imagefolder, tmp_path):
+def test_photos_larger_than_the_model_are_read_as_vitlab_eval_reads_them(trained, tiny_imagefolder, tmp_path, on_cpu):
     # JPEGs of 100 x 80 px for a 32 px model: decoded only as large as needed (libjpeg-turbo's DCT scaling) and
     # resized as eval resizes a split's files, so the probabilities are eval's.
     from PIL import Image
@@ -280,7 +331,7 @@ def test_photos_larger_than_the_model_are_read_as_vitlab_eval_reads_them(trained
 
 
 def test_two_processes_continue_a_one_process_job_into_one_file_in_the_inputs_order(trained, tiny_imagefolder,
-                                                                                         tmp_path):
+                                                                                         tmp_path, on_cpu):
     import subprocess
     import sys
 
@@ -330,7 +381,7 @@ def _crops_reference(model, files):
 
 @pytest.mark.parametrize("tta, reference", [("flip", _flip_reference), ("crops", _crops_reference)])
 def test_tta_in_eval_and_predict_gives_the_mean_prediction_of_the_reference_views(trained, tiny_imagefolder, tmp_path,
-                                                                                  tta, reference):
+                                                                                  tta, reference, on_cpu):
     from vitlab import load_model
     from vitlab.cli import main
     from vitlab.prediction import predict_images
@@ -410,7 +461,7 @@ def test_the_weighted_vote_is_scikit_learns_on_features_where_the_weights_decide
         assert (plain != theirs).any()
 
 
-def test_vitlab_embed_writes_the_pooled_features_with_their_paths(trained, tiny_imagefolder, tmp_path):
+def test_vitlab_embed_writes_the_pooled_features_with_their_paths(trained, tiny_imagefolder, tmp_path, on_cpu):
     import numpy as np
     from PIL import Image
 

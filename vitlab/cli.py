@@ -159,7 +159,7 @@ def _predict(args: argparse.Namespace) -> None:
 
     images, data = _inputs(args.images)
     predict_images(load_model(args.checkpoint), images, args.output, args.batch_size, args.num_workers, args.topk,
-                   tta=args.tta, data=data, split=args.split)
+                   tta=args.tta, data=data, split=args.split, precision=args.precision)
     _end_processes()
 
 
@@ -169,7 +169,7 @@ def _embed(args: argparse.Namespace) -> None:
 
     images, data = _inputs(args.images)
     embed_images(load_model(args.checkpoint), images, args.output, args.batch_size, args.num_workers, data=data,
-                 split=args.split)
+                 split=args.split, precision=args.precision)
     _end_processes()
 
 
@@ -367,6 +367,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="test-time augmentation: flip, the mean of each image's probabilities and its mirror's; "
                          "crops, of its five crops (corners and center of a view 1/0.875 larger)")
     pr.add_argument("--split", default="", help="with data.* keys: the split to read (default data.test_split)")
+    pr.add_argument("--precision", choices=("run", "no", "bf16", "fp16"), default="run",
+                    help="autocast: run (default), the checkpoint's training precision, as eval runs it (bf16 on a "
+                         "GPU, float32 on the CPU for a checkpoint that records none); no: float32")
     pr.add_argument("images", nargs="+", metavar="INPUT", help="image files, folders (their images, below them too) "
                     "and globs; or data.* keys naming a data set as training does (data.dataset=hf data.root=...)")
     em = sub.add_parser("embed", help="the pooled pre-logits features of image files, folders and globs into a "
@@ -377,6 +380,9 @@ def main(argv: list[str] | None = None) -> None:
     em.add_argument("--batch-size", type=int, default=64)
     em.add_argument("--num-workers", type=int, default=2, help="DataLoader workers reading the images")
     em.add_argument("--split", default="", help="with data.* keys: the split to read (default data.test_split)")
+    em.add_argument("--precision", choices=("run", "no", "bf16", "fp16"), default="run",
+                    help="autocast: run (default), the checkpoint's training precision, as eval runs it (bf16 on a "
+                         "GPU, float32 on the CPU for a checkpoint that records none); no: float32")
     em.add_argument("images", nargs="+", metavar="INPUT", help="image files, folders (their images, below them too) "
                     "and globs; or data.* keys naming a data set as training does (data.dataset=hf data.root=...)")
     at = sub.add_parser("attention", help="draw where a ViT looks: attention rollout or one block/head over images")

@@ -287,25 +287,27 @@ class _ChunkedForward:
     """The forward pass of a batch on a CPU: over chunks of ``chunk`` images (:func:`cpu_chunk`), side by side in as
     many Python threads as torch had threads (at most the CPUs), each chunk on one of torch's threads. Torch's own
     threads split every operation and wait for each other at its end, spinning: whenever a DataLoader worker took
-    a core, every operation waited for it. ``chunk`` 0: the batch whole (a GPU). Call :meth:`close` at the end:
-    it gives torch its threads back."""
+    a core, every operation waited for it. ``chunk`` 0: the batch whole (a GPU). Each runs under autocast to
+    ``dtype`` on ``device`` (None: float32), entered in the thread that runs it (autocast and no_grad are a
+    thread's own). Call :meth:`close` at the end: it gives torch its threads back."""
 
-    def __init__(self, chunk: int) -> None:
+    def __init__(self, chunk: int, device: torch.device, dtype: torch.dtype | None = None) -> None:
         self.chunk, self.threads, self.pool = chunk, torch.get_num_threads(), None
+        self.device, self.dtype = device, dtype
         if chunk and self.threads > 1:
             self.pool = ThreadPoolExecutor(min(self.threads, _cpus()))
             torch.set_num_threads(1)
 
     def __call__(self, forward: Callable[[Tensor], Tensor], images: Tensor) -> Tensor:
-        if not self.chunk:
-            return forward(images)
-
         def one(chunk: Tensor) -> Tensor:
-            with torch.no_grad():  # each thread's own
+            with torch.no_grad(), torch.autocast(self.device.type, self.dtype or torch.float32,
+                                                 enabled=self.dtype is not None):
                 return forward(chunk)
 
+        if not self.chunk:
+            return one(images)
         chunks = images.split(self.chunk)
-        return torch.cat(list(self.pool.map(one, chunks) if self.pool is not None else map(forward, chunks)))
+        return torch.cat(list(self.pool.map(one, chunks) if self.pool is not None else map(one, chunks)))
 
     def close(self) -> None:
         torch.set_num_threads(self.threads)
@@ -315,7 +317,8 @@ class _ChunkedForward:
 
 def embed_images(model: nn.Module, inputs: list[str], output: str | Path, batch_size: int = 64,
                  num_workers: int = 2, device: str | torch.device | None = None,
-                 stop_after_batches: int | None = None, data: Sequence[str] = (), split: str = "") -> dict[str, int]:
+                 stop_after_batches: int | None = None, data: Sequence[str] = (), split: str = "",
+                 precision: str = "run") -> dict[str, int]:
     """The pooled pre-logits features (:func:`~vitlab.tasks.knn.pooled_features`: what a backbone is used for
     besides its head, search, clustering, deduplication) of every image ``inputs`` name, as
     :func:`predict_images` reads and batches them (eval's preprocessing, any number of processes, a stopped job
@@ -323,7 +326,8 @@ def embed_images(model: nn.Module, inputs: list[str], output: str | Path, batch_
     ``.npy`` float32 array ``(N, E)`` (NaN rows for unreadable images) with the paths in ``<name>.paths.txt``.
     ``data``, ``split``: a data set's split instead, as :func:`predict_images` reads one."""
     return predict_images(model, inputs, output, batch_size, num_workers, device=device,
-                          stop_after_batches=stop_after_batches, embed=True, data=data, split=split)
+                          stop_after_batches=stop_after_batches, embed=True, data=data, split=split,
+                          precision=precision)
 
 
 def _resume(partial: Path, header: str, files: list[str], suffix: str) -> tuple[int, int]:
@@ -353,11 +357,44 @@ def _resume(partial: Path, header: str, files: list[str], suffix: str) -> tuple[
     return len(images), sum(1 for row in rows if row.get("error"))
 
 
+def default_device() -> torch.device:
+    """The device training and eval would take: this process's GPU (``LOCAL_RANK``) where CUDA is, unless
+    ``ACCELERATE_USE_CPU`` (``accelerate launch --cpu``) keeps the processes on the CPU; else the CPU."""
+    from .training import cpu_requested
+
+    if torch.cuda.is_available() and not cpu_requested():
+        return torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
+    return torch.device("cpu")
+
+
+PRECISIONS = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast_dtype(model: nn.Module, precision: str, device: torch.device) -> torch.dtype | None:
+    """The autocast dtype of ``precision`` (``train.mixed_precision``'s names), or for ``'run'`` the one the
+    checkpoint's training recorded, as eval runs it (a checkpoint without a record: bf16 on a GPU, float32 on
+    the CPU); None: float32.
+
+    Raises:
+        ConfigError: one line, for another name.
+    """
+    if precision == "run":
+        recorded = ((getattr(model, "pretrained_cfg", None) or {}).get("training") or {}).get("mixed_precision")
+        precision = recorded or ("bf16" if device.type == "cuda" else "no")
+    if precision not in PRECISIONS:
+        raise ConfigError(f"--precision {precision}: give run (the checkpoint's training precision, as eval uses), "
+                          f"{', '.join(PRECISIONS)}")
+    return PRECISIONS[precision]
+
+
 def _processes() -> tuple[int, int, Any]:
     """This process's rank, the number of processes and ``torch.distributed`` when launched by torchrun or
     ``accelerate launch`` (the group started through Accelerate: gloo on CPUs, NCCL on GPUs)."""
     import torch.distributed as dist
 
+    from .training import cpu_requested
+
+    cpu_requested()  # accelerate launch --cpu: the GPUs hidden before the group starts, as in training
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from accelerate import PartialState
 
@@ -371,15 +408,17 @@ def _processes() -> tuple[int, int, Any]:
 def predict_images(model: nn.Module, inputs: list[str], output: str | Path | None = None, batch_size: int = 64,
                    num_workers: int = 2, topk: int = 5, device: str | torch.device | None = None,
                    stop_after_batches: int | None = None, tta: str = "none", embed: bool = False,
-                   data: Sequence[str] = (), split: str = "") -> dict[str, int]:
+                   data: Sequence[str] = (), split: str = "", precision: str = "run") -> dict[str, int]:
     """Predict every image ``inputs`` name (:func:`list_images`), or, with ``data`` (``data.*`` keys as in
     training), every image of that data set's ``split`` (:func:`data_split`), with ``model`` (from
     :func:`vitlab.load_model`),
-    ``batch_size`` at a time, read by ``num_workers`` DataLoader workers, on ``device`` (default: CUDA if there,
-    in bf16 autocast; else the CPU in float32). Rows go to ``output`` (``.csv`` or ``.jsonl``, see the module
-    docstring), or without one to stdout as ``path: class p, ...`` lines. A single-label model's row holds its
-    ``topk`` classes, their indices and probabilities (softmax, at its calibrated temperature); a multi-label
-    model's, the classes at or above its thresholds (``vitlab calibrate``; else 0.5) and every class's sigmoid.
+    ``batch_size`` at a time, read by ``num_workers`` DataLoader workers, on ``device`` (default:
+    :func:`default_device`) at ``precision`` (:func:`autocast_dtype`: by default the checkpoint's training
+    precision, as ``vitlab eval`` runs it, so the probabilities are eval's). Rows go to ``output`` (``.csv`` or
+    ``.jsonl``, see the module docstring), or without one to stdout as ``path: class p, ...`` lines. A
+    single-label model's row holds its ``topk`` classes, their indices and probabilities (softmax, at its
+    calibrated temperature); a multi-label model's, the classes at or above its thresholds (``vitlab calibrate``;
+    else 0.5) and every class's sigmoid.
 
     Under ``torchrun`` or ``accelerate launch`` every process reads and predicts its part of each global batch
     (``batch_size`` a process, contiguous parts), and process 0 writes all the rows, in the inputs' order: the
@@ -396,7 +435,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
 
     Raises:
         ConfigError, DataError: one line, before any image is read: an output of another format, a checkpoint
-            without class names, inputs that name no image, a partial output of another job.
+            without class names, inputs that name no image, a partial output of another job, another precision.
     """
     cfg = getattr(model, "pretrained_cfg", None) or {}
     names = cfg.get("label_names") or ([] if embed else None)
@@ -437,9 +476,8 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     partial = out.with_name(out.name + ".partial") if out is not None else None
     done, unreadable = listed_once(lambda: _resume(partial, header, files, lines)
                                    if partial is not None and partial.is_file() else (0, 0), world)
-    if device is None:
-        device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    device = default_device() if device is None else torch.device(device)
+    dtype = autocast_dtype(model, precision, device)
     model = model.to(device).eval()
     size = tuple(cfg["input_size"][1:])
     # tta: each image is 2 (flip) or 5 (crops) inputs
@@ -467,7 +505,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
         sink = partial.open("a", newline="")
         if done == 0 and lines == ".csv":
             sink.write(header)
-    chunked = _ChunkedForward(chunk)  # closed below, whatever happens
+    chunked = _ChunkedForward(chunk, device, dtype)  # closed below, whatever happens
     try:
         with Progress(total=len(files), initial=done, desc=f"predicting {len(files):,} images", unit="images",
                       interval=10.0, enabled=rank == 0) as progress:
@@ -479,11 +517,10 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                 if part:
                     images, errors = next(loader)
                     x = model_input(images.to(device, non_blocking=True))
-                    with torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda"):
-                        if embed:
-                            features = chunked(lambda c: pooled_features(model, c).float().cpu(), x)
-                        else:
-                            logits = chunked(lambda c: tta_logits(model, c, tta, multi, size).cpu(), x)
+                    if embed:
+                        features = chunked(lambda c: pooled_features(model, c).float().cpu(), x)
+                    else:
+                        logits = chunked(lambda c: tta_logits(model, c, tta, multi, size).float().cpu(), x)
                     if embed:
                         rows = [{"image": todo[i], "error": e} if e else {"image": todo[i], "embedding": f.tolist()}
                                 for i, e, f in zip(part, errors, features)]

@@ -52,7 +52,7 @@ from .trackers import resolve_trackers, start_trackers
 _busy_machine_advice, _result_line = busy_machine_advice, result_line
 
 __all__ = ["train", "summary_of", "interrupted_message", "resolve_resume", "set_epoch", "create_accelerator",
-           "param_groups", "create_optimizer", "create_scheduler", "plot_curves"]
+           "cpu_requested", "param_groups", "create_optimizer", "create_scheduler", "plot_curves"]
 
 
 def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int | None = None) -> dict[str, Any]:
@@ -179,9 +179,7 @@ def create_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Accelerato
             than it has GPUs (NCCL needs a GPU of its own for each process).
     """
     launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
-    if launched and on_cpu:
-        _hide_gpus()
+    on_cpu = cpu_requested()
     gpus = torch.cuda.device_count()
     local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     if launched and not on_cpu and 0 < gpus < local_processes:
@@ -190,6 +188,15 @@ def create_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Accelerato
                           f"launch --num_processes {gpus}), or run them on the CPU with ACCELERATE_USE_CPU=1 "
                           f"(accelerate launch --cpu)")
     return Accelerator(cpu=launched and not gpus, mixed_precision=mixed_precision, **kwargs)
+
+
+def cpu_requested() -> bool:
+    """Whether ``ACCELERATE_USE_CPU`` (what ``accelerate launch --cpu`` sets) keeps this process on the CPU, on a
+    machine with GPUs too; a process so launched beside others then hides the GPUs (:func:`_hide_gpus`)."""
+    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
+    if on_cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _hide_gpus()
+    return on_cpu
 
 
 def _hide_gpus() -> None:
@@ -525,6 +532,7 @@ class _Loop:
         return {"dataset": f"{d.dataset}" + (f" ({d.root})" if getattr(d, "root", "") else ""),
                 "epochs": self.state["epoch"], "steps": self.state["global_step"], "wall_time": self.state["wall_time"],
                 "command": shlex.join(["python", *sys.argv]),
+                "mixed_precision": self.cfg.train.mixed_precision,  # eval's and predict's precision for the model
                 "evaluation": {k: v for k, v in self.last_evaluation.items() if k == "epoch" or (
                     k.startswith(("train_loss", "val_", "test_", "ema_")) and isinstance(v, (int, float)))}}
 
