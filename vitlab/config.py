@@ -201,7 +201,8 @@ class GenerateConfig:
     beam_size: int = 1
     length_penalty: float = 1.0
     max_new_tokens: int = 0      # 0 = source length + 50
-    eval_subset: int = 0         # decode only N evaluation sentences during training (0 = all)
+    eval_subset: int = 0         # decode only the first N sentences of each split at each epoch's evaluation
+                                 # (0 = all); the run's last evaluation decodes the whole test split
 
 
 @dataclass

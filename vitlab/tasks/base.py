@@ -68,6 +68,9 @@ class TaskSetup:
         eval_loaders: Named evaluation loaders: ``'val'`` (held-out training data; picks ``best/``)
             if the run has a validation split, and ``'test'`` (reported, never used to choose).
         prepare_eval_loaders: Let Accelerate shard them (False for loaders that shard themselves).
+        final_eval_loaders: Loaders that stand in for ``eval_loaders``' of the same name at the run's last
+            evaluation (its final epoch, or the one it stops early at), prepared alike: the whole test split,
+            whose metric the run reports, where each epoch's evaluation decodes a part (``generate.eval_subset``).
         loss: ``loss(prepared_model, batch) -> scalar``: the **mean** of the per-example (per-token)
             losses of this process's batch.
         count: ``count(batch) -> int``: how many examples (tokens) ``loss`` is the mean of. The loop
@@ -110,3 +113,4 @@ class TaskSetup:
     metrics: tuple[str, ...] = ()
     feature_loader: Any = None
     features: Callable[[nn.Module, Any, Accelerator], tuple[Tensor, Tensor]] | None = None
+    final_eval_loaders: dict[str, Any] = field(default_factory=dict)

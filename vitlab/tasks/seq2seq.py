@@ -196,7 +196,10 @@ def seq2seq_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_di
     model = _build(cfg, vocab)
     train_set = load_text_split(d, "train", t.seed, tokenizer)
     eval_sets = {split: load_text_split(d, split, t.seed, tokenizer) for split in ("val", "test")}
+    final_sets = {}
     if g.eval_subset:  # decoding is the slow part of evaluation: optionally only the first N sentences
+        # each epoch; the last evaluation decodes the whole test split, whose metric the run reports
+        final_sets = {"test": eval_sets["test"]} if len(eval_sets["test"]) > g.eval_subset else {}
         eval_sets = {k: v.head(g.eval_subset) for k, v in eval_sets.items()}
 
     if d.batch_tokens > 0:
@@ -212,8 +215,9 @@ def seq2seq_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_di
                                   collate_fn=collate_indexed, num_workers=d.num_workers)
         if len(train_loader) == 0:
             raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(train_set)} training pairs")
-    eval_loaders = {k: DataLoader(v, batch_size=micro_batch, shuffle=False, collate_fn=collate_indexed)
-                    for k, v in eval_sets.items()}
+    eval_loaders, final_eval_loaders = (
+        {k: DataLoader(v, batch_size=micro_batch, shuffle=False, collate_fn=collate_indexed) for k, v in sets.items()}
+        for sets in (eval_sets, final_sets))
 
     def loss(net: nn.Module, batch: dict[str, Tensor]) -> Tensor:
         batch = {k: v.to(accelerator.device, non_blocking=True) for k, v in batch.items()}
@@ -233,7 +237,8 @@ def seq2seq_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_di
             tokenizer.save(str(directory / "tokenizer.json"))
 
     return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=d.batch_tokens == 0,
-                     eval_loaders=eval_loaders, prepare_eval_loaders=True, loss=loss, count=count, evaluate=score,
+                     eval_loaders=eval_loaders, prepare_eval_loaders=True, final_eval_loaders=final_eval_loaders,
+                     loss=loss, count=count, evaluate=score,
                      select="bleu" if tokenizer is not None else "exact_match",
                      meta={"task": "seq2seq", "dataset": d.dataset, "src_lang": d.src_lang, "tgt_lang": d.tgt_lang},
                      save_files=save_files,

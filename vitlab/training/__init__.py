@@ -263,14 +263,15 @@ class _Loop:
         if cfg.model.lora_r:
             _add_lora(cfg, task, acc)
         _choose_best_metric(t, task)
-        for loader in (task.train_loader, *task.eval_loaders.values()):
+        for loader in (task.train_loader, *task.eval_loaders.values(), *task.final_eval_loaders.values()):
             ignore_in_workers(loader, t.stop_signals)  # before Accelerate copies them
         optimizer = create_optimizer(task.model, cfg.optim, t.batch_size, acc.device)
         self.model, self.optimizer = acc.prepare(task.model, optimizer)
         if t.compile:  # after prepare: DDP's buckets are compiled with the model (checkpoints strip the wrapper)
             self.model = torch.compile(self.model)
-        self.eval_loaders = ({k: acc.prepare(v) for k, v in task.eval_loaders.items()} if task.prepare_eval_loaders
-                             else task.eval_loaders)
+        self.eval_loaders, self.final_eval_loaders = (
+            {k: acc.prepare(v) for k, v in loaders.items()} if task.prepare_eval_loaders else loaders
+            for loaders in (task.eval_loaders, task.final_eval_loaders))
         self.train_loader = acc.prepare(task.train_loader) if task.prepare_train_loader else task.train_loader
         # Gradient accumulation is done here, not by Accelerate: each optimizer step takes exactly
         # grad_accum_steps micro-batches, a partial group at the end of an epoch is dropped (as
@@ -488,21 +489,16 @@ class _Loop:
         is_best = False
         if epoch == t.epochs or (t.eval_every and epoch % t.eval_every == 0):
             eval_start = time.time()
-            for name, loader in self.eval_loaders.items():
+            # val first: whether this evaluation is the run's last (it may stop early) depends on it
+            for name in sorted(self.eval_loaders, key=lambda n: n != "val"):
+                last = epoch == t.epochs or self._stops_early(epoch)
+                loader = self.final_eval_loaders.get(name) if last else None
                 nets = [("", self.model)] + ([("ema_", self.ema.module)] if self.ema is not None else [])
                 for prefix, net in nets:
-                    record.update({f"{prefix}{name}_{k}": v for k, v in self.task.evaluate(net, loader, acc).items()})
-            if "val" in self.eval_loaders:
-                key = ("ema_" if self.ema is not None else "") + "val_" + self.task.select
-                if key not in record:
-                    raise ConfigError(f"train.best_metric={t.best_metric}: the run's validation metrics are "
-                                      f"{', '.join(k for k in record if k.startswith('val_'))}")
-                metric = record[key]
-                best = state["best_metric"]
-                if best is None or (metric < best if self.task.select_lower else metric > best):
-                    state.update(best_metric=metric, best_epoch=epoch)
-                    is_best = True
-                self.scheduler.evaluated(metric)  # optim.schedule=plateau
+                    record.update({f"{prefix}{name}_{k}": v for k, v in
+                                   self.task.evaluate(net, loader or self.eval_loaders[name], acc).items()})
+                if name == "val":
+                    is_best = self._note_validation(record, epoch)
             record["eval_time"] = time.time() - eval_start
         # One line per epoch, evaluated or not, so a run without evaluations still shows its progress.
         acc.print(f"epoch {epoch}: " + ", ".join(
@@ -513,9 +509,7 @@ class _Loop:
         if "eval_time" in record:
             self.last_evaluation = record
         state.update(epoch=epoch, epoch_step=0)
-        patience = t.early_stop_patience
-        if patience and "eval_time" in record and state["best_epoch"] is not None and epoch < t.epochs \
-                and epoch - state["best_epoch"] >= patience:
+        if "eval_time" in record and self._stops_early(epoch):
             state["stopped_early"] = epoch  # kept in the checkpoint: the run is finished
         if is_best:
             self.save("best")
@@ -524,6 +518,28 @@ class _Loop:
                 or state.get("stopped_early"):
             self.save("last")
         return record
+
+    def _note_validation(self, record: dict[str, Any], epoch: int) -> bool:
+        """Keep the epoch's validation metric (``train.best_metric``) if it is the best yet, and hand it to a
+        plateau schedule; whether it is the best."""
+        t, state = self.cfg.train, self.state
+        key = ("ema_" if self.ema is not None else "") + "val_" + self.task.select
+        if key not in record:
+            raise ConfigError(f"train.best_metric={t.best_metric}: the run's validation metrics are "
+                              f"{', '.join(k for k in record if k.startswith('val_'))}")
+        metric, best = record[key], state["best_metric"]
+        self.scheduler.evaluated(metric)  # optim.schedule=plateau
+        if best is None or (metric < best if self.task.select_lower else metric > best):
+            state.update(best_metric=metric, best_epoch=epoch)
+            return True
+        return False
+
+    def _stops_early(self, epoch: int) -> bool:
+        """Whether the run stops after ``epoch`` (evaluated): ``train.early_stop_patience`` epochs without a better
+        validation metric, before the last epoch."""
+        patience, best_epoch = self.cfg.train.early_stop_patience, self.state["best_epoch"]
+        return bool(patience) and best_epoch is not None and epoch < self.cfg.train.epochs \
+            and epoch - best_epoch >= patience
 
     def _record(self) -> dict[str, Any]:
         """What the run has measured, for the model card: data, epochs, steps, wall time, the command,
