@@ -9,6 +9,8 @@
 #             both are done, the proxy with the best final validation top-1 is trained on the whole
 #             training set, alone on the GPU: its final-epoch test top-1 is the result; then the char LM
 #   collect   wait for the pipeline (at most $1 s), then copy its logs to $OUT
+#   multi30k  (session 4) configs/multi30k_de_en.yaml as written, alone on the GPU (SIGTERM at 330 s: the same
+#             command continues it), vitlab eval of best/ on the whole test2016, then the suite (-n 14)
 # Logs: /tmp/w/logs, copied to $OUT. Python packages the image lacks come as wheels in .whl/.
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -112,6 +114,21 @@ EOF
   touch "$LOGS/done"
 }
 
+step_multi30k() {
+  install_wheels
+  local start=$(date +%s.%N)
+  timeout -s TERM 330 python3 train.py --config configs/multi30k_de_en.yaml data.root=$TEXT/multi30k \
+    train.output_dir=$W/runs/mt train.log_every=200 > "$LOGS/mt.log" 2>&1
+  echo "mt exit $? wall $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s start to finish" >> "$LOGS/mt.log"
+  python3 -c 'import sys; from vitlab.cli import main; main(sys.argv[1:])' eval --checkpoint $W/runs/mt \
+    --output "$LOGS/mt_eval.json" > "$LOGS/mt_eval.log" 2>&1
+  cp $W/runs/mt/metrics.jsonl "$LOGS/mt.metrics.jsonl"
+  VITLAB_MULTI30K_DIR=$TEXT/multi30k VITLAB_TINYSHAKESPEARE=$TEXT/tinyshakespeare/input.txt OMP_NUM_THREADS=1 \
+    timeout 200 python3 -m pytest -v -rfE -n 14 --dist loadfile --timeout 180 -p no:cacheprovider > "$LOGS/suite.log" 2>&1
+  tar czf "$OUT/logs.tgz" -C $W logs
+  tail -n 3 "$LOGS/mt.log" "$LOGS/mt_eval.log" "$LOGS/suite.log" | cut -c1-300
+}
+
 step_collect() {
   local limit=${1:-540} waited=0
   while [ ! -e "$LOGS/done" ] && [ $waited -lt $limit ]; do sleep 10; waited=$((waited + 10)); done
@@ -131,5 +148,6 @@ case "${1:-}" in
             echo "pipeline started" ;;
   pipeline-fg) step_pipeline ;;
   collect) shift; step_collect "$@" ;;
-  *) echo "usage: $0 bench|pipeline|collect [seconds]"; exit 2 ;;
+  multi30k) mkdir -p $W/text && cp -r .gpu/text/. $W/text/ && step_multi30k ;;
+  *) echo "usage: $0 bench|pipeline|collect [seconds]|multi30k"; exit 2 ;;
 esac
