@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -173,7 +177,7 @@ def same_run_records(a: Path, b: Path) -> bool:
     return read(a) == read(b)
 
 
-def torchrun_worker(launcher: "subprocess.Popen", rank: int) -> int:
+def torchrun_worker(launcher: subprocess.Popen[str], rank: int) -> int:
     """The pid of the worker of ``rank`` that ``launcher`` (torchrun) started."""
     for proc in Path("/proc").iterdir():
         try:

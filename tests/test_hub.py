@@ -3,7 +3,6 @@ vitlab.load_model reading run, checkpoint and save_pretrained directories alike.
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
