@@ -36,7 +36,8 @@ from .progress import Progress
 from .tasks.classification import crops_view_size, eval_dataset, eval_view, listed_once, streamed_in_shards, tta_logits
 from .tasks.knn import pooled_features
 
-__all__ = ["list_images", "data_split", "predict_images", "embed_images", "FORMATS", "EMBED_FORMATS"]
+__all__ = ["list_images", "data_split", "predict_images", "embed_images", "default_device", "autocast_dtype",
+           "FORMATS", "EMBED_FORMATS"]
 
 FORMATS = (".csv", ".jsonl", ".parquet")
 EMBED_FORMATS = (".parquet", ".jsonl", ".npy")
@@ -362,7 +363,7 @@ def default_device() -> torch.device:
     ``ACCELERATE_USE_CPU`` (``accelerate launch --cpu``) keeps the processes on the CPU; else the CPU."""
     from .training import cpu_requested
 
-    if torch.cuda.is_available() and not cpu_requested():
+    if not cpu_requested() and torch.cuda.is_available():  # the GPUs hidden first where the launch keeps the CPU
         return torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
     return torch.device("cpu")
 
