@@ -102,7 +102,10 @@ def plot_curves(metrics_file: Path, path: Path) -> None:
     evals = [r for r in records if r["split"] == "eval"]
     trains = [r for r in records if r["split"] == "train"]
     steps_per_epoch = max(1, evals[0]["step"]) if evals else 1
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    # Fixed margins, not tight_layout: measuring the labels drew the figure once more, and every finished run draws
+    # its curves (0.22 s a figure with it, 0.12 s without, on 2 cores), for the same picture.
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw=dict(left=0.06, right=0.985, bottom=0.13, top=0.92,
+                                                                     wspace=0.22))
     axes[0].plot([r["step"] / steps_per_epoch for r in trains], [r["loss"] for r in trains], label="train")
     for key in sorted({k for r in evals for k in r if k.endswith("_loss")}):
         axes[0].plot([r["epoch"] for r in evals if key in r], [r[key] for r in evals if key in r], "o-", label=key)
@@ -116,6 +119,5 @@ def plot_curves(metrics_file: Path, path: Path) -> None:
         ax.grid(alpha=0.3)
     axes[0].legend()
     axes[1].legend()
-    fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
