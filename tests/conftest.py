@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -50,6 +51,12 @@ def cifar10_dir() -> Path:
 # check, the loop's bookkeeping, is the same on every device.
 
 
+# Two processes under torchrun. --standalone: a rendezvous on a free port of localhost, so that launches of
+# several pytest workers (``-n 4 --dist load`` builds a module's launch fixture in each) or of two suites on
+# one machine never meet on a fixed --master_port (on a 16-core GPU machine two of them did: EADDRINUSE).
+TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone"]
+
+
 def launch_env(processes: int = 1, *, exact: bool = False) -> dict[str, str]:
     """The environment for a training subprocess of ``processes`` processes on this machine: on the CPU
     (gloo) when the machine has fewer GPUs than processes (NCCL needs a GPU for each), or when the test
@@ -60,14 +67,12 @@ def launch_env(processes: int = 1, *, exact: bool = False) -> dict[str, str]:
     return env
 
 
-def eval_on_two_processes(run: Path, predictions: Path, output: Path, port: int) -> None:
+def eval_on_two_processes(run: Path, predictions: Path, output: Path) -> None:
     """``vitlab eval --checkpoint run`` under ``torchrun`` on 2 CPU processes (sharded and gathered), writing
     ``predictions`` (CSV) and ``output`` (JSON), batches of 8."""
     import subprocess
-    import sys
 
-    launched = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                               str(port), "-m", "vitlab.cli", "eval", "--checkpoint", str(run), "--predictions",
+    launched = subprocess.run([*TORCHRUN_2, "-m", "vitlab.cli", "eval", "--checkpoint", str(run), "--predictions",
                                str(predictions), "--batch-size", "8", "--output", str(output)],
                               capture_output=True, text=True, env=launch_env(2, exact=True))
     assert launched.returncode == 0, launched.stderr[-3000:]

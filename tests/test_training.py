@@ -13,7 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 import vitlab
-from conftest import eval_on_two_processes, launch_env, max_weight_diff, reset_accelerate, tiny_overrides
+from conftest import (TORCHRUN_2, eval_on_two_processes, launch_env, max_weight_diff, reset_accelerate,
+                      tiny_overrides)
 from vitlab import checkpoint as ckpt
 from vitlab.cli import main
 from vitlab.config import load_config
@@ -132,7 +133,7 @@ def two_process_launch(tiny_imagefolder, identical_imagefolder, tmp_path_factory
     reset_accelerate()
     argv += ["--then", *tiny_overrides(tiny_imagefolder, root / "probe" / "run", *PROBE_KEYS,
                                        f"model.pretrained={root / 'probe' / 'source'}")]
-    return root, _torchrun(29533, str(HELPER), *argv, exact=True)
+    return root, _torchrun(str(HELPER), *argv, exact=True)
 
 
 # The linear probe on cached features, its L2 strength chosen on 12 validation images (gathered from 2 processes).
@@ -497,10 +498,9 @@ def test_epoch_lines_reach_a_pipe_while_training_runs(tiny_imagefolder, tmp_path
 HELPER = ROOT / "tests" / "helpers" / "dist_train.py"
 
 
-def _torchrun(port: int, *args: str, exact: bool = False) -> subprocess.CompletedProcess:
+def _torchrun(*args: str, exact: bool = False) -> subprocess.CompletedProcess:
     env = {**launch_env(2, exact=exact), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                           str(port), *args], capture_output=True, text=True, env=env)
+    return subprocess.run([*TORCHRUN_2, *args], capture_output=True, text=True, env=env)
 
 
 @pytest.fixture(scope="module")
@@ -830,7 +830,7 @@ def test_eval_predictions_file_recomputes_every_metric_as_scikit_learn_on_one_an
     assert torch.allclose(probs.sum(1), torch.ones(36), atol=1e-6)
     assert [f"class_{k}" for k in probs.argmax(1).tolist()] == p
     two = tmp_path / "two.csv"
-    eval_on_two_processes(run, two, tmp_path / "two.json", 29547)
+    eval_on_two_processes(run, two, tmp_path / "two.json")
     on_two = json.loads((tmp_path / "two.json").read_text())  # no image counted twice, none dropped
     counted = [k for k, v in metrics.items() if isinstance(v, (int, float)) and k not in ("loss", "ece")]
     assert on_two["num_images"] == 36 and [on_two[k] for k in counted] == pytest.approx([metrics[k] for k in counted])
