@@ -106,7 +106,7 @@ def main() -> None:
                 break
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
-    print(f"\n| L | " + " | ".join(KERNELS) + " |")
+    print("\n| L | " + " | ".join(KERNELS) + " |")
     print("|---" * (len(KERNELS) + 1) + "|")
     for length in LENGTHS:
         cells = []

@@ -273,7 +273,7 @@ def photo_pipeline(args: argparse.Namespace) -> None:
     for name, values in rates.items():
         print(f"  {name:52s} {median(values):8.0f}" + (f"   (decoded once at {args.memory_size} px in {decoded:.1f} s)"
                                                       if name == "vitlab in memory" else ""))
-    print(f"  (decode only: libjpeg-turbo decoding each file whole, the same files, workers and cores)")
+    print("  (decode only: libjpeg-turbo decoding each file whole, the same files, workers and cores)")
     print(f"vitlab/timm images/s ratio: {median(rates['vitlab']) / median(rates['timm']):.2f}; vitlab is "
           f"{median(rates['vitlab']) / median(rates['decode only']):.2f}x the decode-only rate")
     print(f"in memory at {args.memory_size} px: decoded in {decoded:.1f} s ({len(index) / decoded:.0f} images/s) scaled, "

@@ -102,7 +102,7 @@ def main() -> None:
     args = p.parse_args()
     if bool(args.teacher) == args.teacher_per_seed:
         p.error("give --teacher DIR or --teacher-per-seed (one of the two)")
-    data = [f"data.dataset=imagefolder", f"data.root={Path(args.data).resolve()}", "data.download=false"]
+    data = ["data.dataset=imagefolder", f"data.root={Path(args.data).resolve()}", "data.download=false"]
     out = ROOT / args.out
 
     def teacher(seed: int) -> Path:
