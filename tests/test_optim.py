@@ -163,3 +163,48 @@ def test_bad_optimizer_and_schedule_settings_are_one_line_before_anything_runs()
 def test_deit3_trains_with_lamb_as_its_paper_did():
     cfg = load_config(ROOT / "configs/deit3_small_imagenet.yaml", ["data.root=/nowhere"])
     assert cfg.optim.opt == "lamb"
+
+
+def test_a_restored_optimizer_keeps_its_moments_and_takes_this_runs_hyperparameters(tmp_path):
+    # torch's AdamW restored from the saved state, its groups then set by hand to the new settings, is the reference
+    from vitlab.checkpoint import load_optimizer, save_optimizer
+
+    torch.manual_seed(0)
+    weights = [torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(3))]
+    groups = lambda: [{"params": [weights[0]], "weight_decay": 0.05}, {"params": [weights[1]], "weight_decay": 0.0}]
+    grads = [[torch.randn_like(w) for w in weights] for _ in range(3)]
+
+    def step(opt: torch.optim.Optimizer, k: int) -> None:
+        for w, g in zip(weights, grads[k]):
+            w.grad = g.clone()
+        opt.step()
+
+    before = torch.optim.AdamW(groups(), lr=1e-2)
+    step(before, 0)
+    step(before, 1)
+    save_optimizer(before, tmp_path)
+    start = [w.detach().clone() for w in weights]
+    new = dict(betas=(0.8, 0.9), eps=1e-6)
+    resumed = torch.optim.AdamW([{**g, "weight_decay": 0.5 * (i == 0)} for i, g in enumerate(groups())], lr=1e-2, **new)
+    load_optimizer(resumed, tmp_path)
+    assert [g["weight_decay"] for g in resumed.param_groups] == [0.5, 0.0]
+    assert all(g["betas"] == (0.8, 0.9) and g["eps"] == 1e-6 for g in resumed.param_groups)
+    step(resumed, 2)
+    got = [w.detach().clone() for w in weights]
+
+    with torch.no_grad():
+        for w, s in zip(weights, start):
+            w.copy_(s)
+    reference = torch.optim.AdamW(groups(), lr=1e-2)
+    reference.load_state_dict(before.state_dict())
+    for group, decay in zip(reference.param_groups, (0.5, 0.0)):
+        group.update(weight_decay=decay, **new)
+    step(reference, 2)
+    for a, b in zip(got, weights):
+        torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
+    # what no state can match: other parameter groups (optim.layer_decay, model.freeze changed)
+    from vitlab.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match=r"the optimizer's parameter groups there hold \[1, 1\] tensors, this "
+                                              r"run's \[2\]"):
+        load_optimizer(torch.optim.AdamW(weights, lr=1e-2), tmp_path)

@@ -3,6 +3,7 @@ an elastic restart after a killed worker. Each is compared with the uninterrupte
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -586,3 +587,41 @@ def test_persistent_workers_train_the_weights_of_a_run_without_workers(tiny_imag
         reset_accelerate()
         weights[workers] = load_file(str(tmp_path / str(workers) / "checkpoints/last/model.safetensors"))
     assert all(torch.equal(weights[0][k], weights[2][k]) for k in weights[0])
+
+
+def test_resume_with_other_optimizer_settings_runs_with_them_and_records_what_ran(tiny_imagefolder, tmp_path):
+    from vitlab.cli import train_main
+
+    run_dir = tmp_path / "run"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=1")))
+    reset_accelerate()
+    train_main(["--resume", str(run_dir), "train.epochs=2", "optim.weight_decay=0.5", "optim.betas=[0.8,0.9]",
+                "optim.eps=1e-6"])
+    groups = json.loads((run_dir / "checkpoints/last/optimizer.json").read_text())["param_groups"]
+    assert [g["weight_decay"] for g in groups] == [0.5, 0.0]  # the decayed group and norms, biases, tokens
+    assert all(g["betas"] == [0.8, 0.9] and g["eps"] == 1e-6 for g in groups)
+    recorded = load_config(run_dir / "checkpoints/last/run_config.yaml", recorded=True).optim
+    assert (recorded.weight_decay, list(recorded.betas), recorded.eps) == (0.5, [0.8, 0.9], 1e-6)
+
+
+@pytest.mark.parametrize("change, said", [
+    ("optim.opt=sgd", r"optim.opt 'adamw' -> 'sgd'"),
+    ("optim.opt=adafactor", r"optim.opt 'adamw' -> 'adafactor'"),
+    ("train.best_metric=val_top1", r"train.best_metric 'val_loss' -> 'val_top1'"),
+])
+def test_resume_that_changes_the_optimizer_or_the_best_metric_is_one_line(tiny_imagefolder, tmp_path, capsys, change,
+                                                                          said):
+    # SGD would read AdamW's state for its momentum (KeyError), and best/ would compare a top-1 with a loss
+    from vitlab.cli import train_main
+
+    run_dir = tmp_path / "run"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=1", "data.val_size=6",
+                                           "train.best_metric=val_loss")))
+    reset_accelerate()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exited:
+        train_main(["--resume", str(run_dir), "train.epochs=2", change])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and len(err.strip().splitlines()) == 1
+    assert re.search(rf"^error: --resume {re.escape(str(run_dir))}: {said}: a run continues with the optimizer and the "
+                     rf"validation metric it began with .* model.pretrained={re.escape(str(run_dir))}$", err.strip())

@@ -29,6 +29,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor, nn
 
+from .errors import CheckpointError
 from .models.hub import OLD_SUFFIX, load_tensors, load_weights, read_json, resolve_checkpoint, \
     write_json, write_model_files
 from .models.registry import load_model
@@ -101,6 +102,16 @@ def save_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:
 
 
 def load_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:
+    """Restore an optimizer's state (its moments, step counts) from ``directory`` into ``optimizer``, built by this
+    run's config: its hyperparameters (weight decay, betas, eps, momentum, ...) are the config's, not the
+    checkpoint's, so that a resumed run with ``optim.weight_decay=...`` runs with what its ``run_config.yaml``
+    records. Taken from the checkpoint: each group's ``lr`` (a plateau schedule's lowered rate; other schedules
+    set it again) and what the optimizer keeps in a group beyond its settings (LAMB's ``step``).
+
+    Raises:
+        CheckpointError: one line, if the parameter groups differ (another ``optim.layer_decay``, ``model.freeze``
+            or set of trainable parameters), which leaves no state to match a parameter with.
+    """
     meta = read_json(directory / "optimizer.json")
     state: dict[int, dict[str, Any]] = {}
     groups = meta["param_groups"]
@@ -111,7 +122,16 @@ def load_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:
             groups[int(i)][name] = value
         else:
             state.setdefault(int(idx), {})[name] = value
-    optimizer.load_state_dict({"state": state, "param_groups": groups})
+    current = optimizer.state_dict()["param_groups"]
+    sizes = lambda gs: [len(g["params"]) for g in gs]
+    if sizes(groups) != sizes(current):
+        raise CheckpointError(f"{directory}: the optimizer's parameter groups there hold {sizes(groups)} tensors, "
+                              f"this run's {sizes(current)} (optim.layer_decay, model.freeze or the model's trainable "
+                              f"parameters changed): its state matches no parameter; keep them as they were, or start "
+                              f"a new run from the weights (model.pretrained=<the run>)")
+    merged = [{**{k: v for k, v in saved.items() if k not in now}, **now, "lr": saved.get("lr", now["lr"])}
+              for saved, now in zip(groups, current)]
+    optimizer.load_state_dict({"state": state, "param_groups": merged})
 
 
 def keep_step_copy(checkpoint: Path, checkpoints: Path, step: int, keep: int) -> None:

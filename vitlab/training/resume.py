@@ -11,7 +11,8 @@ from ..config import Config, config_to_flat, load_config
 from ..errors import CheckpointError, ConfigError
 
 __all__ = ["RESULT_NEUTRAL_KEYS", "SAMPLE_KEYS", "result_neutral", "newest_checkpoint", "resolve_resume",
-           "refuse_other_samples", "find_resume_point", "resume_state", "interrupted_message"]
+           "refuse_other_samples", "refuse_fixed_keys", "FIXED_KEYS", "find_resume_point", "resume_state",
+           "interrupted_message"]
 
 
 # Keys that change how a run is watched, stored or stopped, never its numbers: train.resume=auto
@@ -89,6 +90,26 @@ def refuse_other_samples(cfg: Config, checkpoint: Path) -> None:
                           f"finish epoch {epoch} as it was (--resume {checkpoint} train.epochs={epoch}), then change it")
 
 
+# Keys a continued run keeps: the optimizer's state is of its kind (AdamW's moments are not SGD's momentum, nor
+# Adafactor's factored statistics), and best/, a plateau schedule and early stopping compare every epoch with the
+# best value of one validation metric. The optimizer's other settings (optim.lr, weight_decay, betas, eps,
+# momentum) may change: the state is kept and they apply from the next step (checkpoint.load_optimizer).
+FIXED_KEYS = ("optim.opt", "train.best_metric", "train.greater_is_better")
+
+
+def refuse_fixed_keys(cfg: Config, checkpoint: Path, run_dir: Path) -> None:
+    """Refuse, in one line, ``--resume RUN key=value`` that changes a key of :data:`FIXED_KEYS`."""
+    if not (checkpoint / "run_config.yaml").is_file():
+        return
+    saved, wanted = config_to_flat(load_config(checkpoint / "run_config.yaml", recorded=True)), config_to_flat(cfg)
+    changed = [f"{k} {saved.get(k)!r} -> {wanted.get(k)!r}" for k in FIXED_KEYS if saved.get(k) != wanted.get(k)]
+    if changed:
+        raise ConfigError(f"--resume {run_dir}: {', '.join(changed)}: a run continues with the optimizer and the "
+                          f"validation metric it began with (the optimizer's state is of its kind; best/ and early "
+                          f"stopping compare with the best value of one metric); keep them, or start a new run from "
+                          f"its weights: model.pretrained={run_dir}")
+
+
 def find_resume_point(cfg: Config, resume: str | Path | None) -> tuple[Path, Path | None, str]:
     """The run directory, the checkpoint to continue from (None: a new run) and a line to print about
     it (or ''), decided before any data is read.
@@ -103,6 +124,7 @@ def find_resume_point(cfg: Config, resume: str | Path | None) -> tuple[Path, Pat
     if resume is not None:
         run_dir, checkpoint = resolve_resume(resume)
         cfg.train.output_dir = str(run_dir)
+        refuse_fixed_keys(cfg, checkpoint, run_dir)
         refuse_other_samples(cfg, checkpoint)
         return run_dir, checkpoint, ""
     run_dir = Path(cfg.train.output_dir)
