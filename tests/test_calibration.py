@@ -106,16 +106,21 @@ def test_calibrate_keeps_the_temperature_with_the_model_and_eval_and_predict_use
         main(["calibrate", "--checkpoint", str(tmp_path / "nowhere")])
 
 
-def test_train_calibrate_fits_at_the_end_what_vitlab_calibrate_fits(tiny_imagefolder, tmp_path, capsys, on_cpu):
+@pytest.mark.parametrize("entry", ["train.py", "vitlab.training.train"])
+def test_train_calibrate_fits_at_the_end_what_vitlab_calibrate_fits(tiny_imagefolder, tmp_path, capsys, on_cpu, entry):
     from vitlab import load_model
     from vitlab.cli import main, train_main
     from vitlab.errors import ConfigError
+    from vitlab.training import train
 
     run, config = tmp_path / "run", tmp_path / "tiny.yaml"
     config.write_text("{}\n")  # every key from the defaults and the overrides
-    train_main(["--config", str(config), *tiny_overrides(tiny_imagefolder, run, "data.val_size=12", "train.epochs=1",
-                                                          "train.calibrate=true", "train.calibrate_objective=ece",
-                                                          "train.log_with=none")])
+    overrides = tiny_overrides(tiny_imagefolder, run, "data.val_size=12", "train.epochs=1", "train.calibrate=true",
+                               "train.calibrate_objective=ece", "train.log_with=none")
+    if entry == "train.py":
+        train_main(["--config", str(config), *overrides])
+    else:  # the library entry honours the key as the command does
+        train(load_config(str(config), overrides))
     reset_accelerate()
     at_end = load_model(run).pretrained_cfg["temperature"]
     assert "temperature of the least calibration error" in capsys.readouterr().out

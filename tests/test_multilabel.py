@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from conftest import reset_accelerate
 from vitlab.config import load_config
 from vitlab.errors import ConfigError, DataError
 from vitlab.tasks.multilabel import MultiHotMixup, MultiLabelLoss, average_precision, choose_thresholds, \
@@ -196,7 +199,7 @@ def test_a_run_learns_the_label_sets_and_eval_reports_map_as_scikit_learn_comput
     with predictions.open() as f:
         rows = list(csv.DictReader(f))
     names = sorted(COLORS)
-    truth = np.array([[c in r["labels"].split() for c in names] for r in rows])
+    truth = np.array([[c in json.loads(r["labels"]) for c in names] for r in rows])
     scores = np.array([[float(r[f"prob_{c}"]) for c in names] for r in rows])
     assert len(rows) == 48
     assert m["map"] == pytest.approx(sklearn_metrics.average_precision_score(truth, scores, average="macro"), abs=1e-6)
@@ -205,7 +208,7 @@ def test_a_run_learns_the_label_sets_and_eval_reports_map_as_scikit_learn_comput
     predicted = scores >= np.array(thresholds)
     assert m["macro_f1_tuned"] == pytest.approx(sklearn_metrics.f1_score(truth, predicted, average="macro",
                                                                          zero_division=0), abs=1e-6)
-    assert [r["predicted"].split() for r in rows] == [[c for c, p in zip(names, row) if p] for row in predicted]
+    assert [json.loads(r["predicted"]) for r in rows] == [[c for c, p in zip(names, row) if p] for row in predicted]
     written = json.loads((tmp_path / "m.json").read_text())
     assert written["map"] == m["map"] and set(written["per_class_ap"]) == set(names)
     # two processes: the evaluation sharded and gathered, every mosaic once, the same rows and numbers
@@ -280,7 +283,7 @@ def test_label_sets_with_multi_label_false_and_a_class_no_training_image_shows_a
                 for i, r in enumerate(rows)]
 
     rare = _copy(quadrants, tmp_path / "r", one_yellow)
-    with pytest.raises(ConfigError, match=r"class\(es\) \['yellow'\] have no positive among the training images"):
+    with pytest.raises(DataError, match=r"^class\(es\) \['yellow'\] of .* have no training images"):
         train(load_config(None, _overrides(rare, tmp_path / "c", "data.train_subset=20")))
 
 
@@ -410,7 +413,7 @@ def test_a_streamed_multi_label_run_resumes_inside_an_epoch_on_other_workers_bit
                                                                                          monkeypatch, on_cpu):
     from safetensors.torch import load_file
 
-    from conftest import reset_accelerate, train_until_signal
+    from conftest import train_until_signal
     from vitlab.training import train
 
     keys = ("data.in_memory=false", "data.loader=torch", "train.epochs=2", "data.mixup_alpha=0.8")
@@ -422,3 +425,73 @@ def test_a_streamed_multi_label_run_resumes_inside_an_epoch_on_other_workers_bit
     reset_accelerate()
     a, b = (load_file(str(r / "checkpoints/last/model.safetensors")) for r in (whole, parts))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_class_names_with_spaces_round_trip_through_the_csv_files(quadrants, tmp_path, capsys, on_cpu):
+    # "stop sign" written as a JSON list stays one class; the prediction files' cells read back as they were
+    from vitlab.evaluation import evaluate_checkpoint
+    from vitlab.prediction import predict_images
+    from vitlab.training import train
+
+    spaced = lambda names: json.dumps([n.replace("yellow", "stop sign") for n in names])
+    data = _copy(quadrants, tmp_path, lambda split, rows: [[r[0], spaced(r[1].split())] for r in rows])
+    run = tmp_path / "run"
+    train(load_config(None, _overrides(data, run, "train.epochs=1")))
+    out = capsys.readouterr().out
+    assert re.search(r"data: multi-label \(data.multi_label=auto, .*\): \d+ of the 160 images of train.csv .* show "
+                     r"other than one class \(the first: 'images/train_\d+.png' with \[.*\]\)", out)
+    reset_accelerate()
+    from vitlab import load_model
+
+    model = load_model(run)
+    assert model.pretrained_cfg["label_names"] == ["blue", "green", "red", "stop sign"]
+    evaluate_checkpoint(run, predictions=tmp_path / "e.csv")
+    predict_images(model, [str(data / "images")], tmp_path / "p.csv", num_workers=0)
+    given = {r[0]: json.loads(r[1]) for r in list(csv.reader((data / "test.csv").open()))[1:]}
+    for r in csv.DictReader((tmp_path / "e.csv").open()):
+        assert json.loads(r["labels"]) == given[r["image"]]
+        assert set(json.loads(r["predicted"])) <= {"blue", "green", "red", "stop sign"}
+    assert all(isinstance(json.loads(r["labels"]), list) for r in csv.DictReader((tmp_path / "p.csv").open()))
+    # the evaluation's own file reads back as a data set's csv: the same label sets
+    from vitlab.data.table import index_csv
+
+    shutil.copy(tmp_path / "e.csv", data / "again.csv")
+    again, test = (index_csv(data, s, classes=model.pretrained_cfg["label_names"]) for s in ("again", "test"))
+    assert torch.equal(again.labels, test.labels)
+
+
+def test_a_single_label_csv_with_a_spaced_name_says_why_it_became_multi_label(quadrants, tmp_path, capsys, on_cpu):
+    from vitlab.training import train
+
+    one = lambda split, rows: [[r[0], (r[1].split() or ["none"])[0].replace("yellow", "sea vessel")] for r in rows]
+    data = _copy(quadrants, tmp_path, one)
+    train(load_config(None, _overrides(data, tmp_path / "run", "train.epochs=1")))
+    assert re.search(r"show other than one class \(the first: '.*' with \['sea', 'vessel'\]\); in data.dataset=csv a "
+                     r"class name with a space is a JSON list, \[\"stop sign\"\]", capsys.readouterr().out)
+
+
+def test_an_image_listed_under_two_spellings_of_its_path_is_listed_twice(quadrants, tmp_path):
+    from vitlab.data.table import index_csv
+
+    twice = lambda split, rows: rows + [["./" + rows[0][0], "red"]] if split == "train" else rows
+    data = _copy(quadrants, tmp_path, twice)
+    with pytest.raises(DataError, match=r"^train.csv of data.root=.* lists the image './images/train_0.png' twice "
+                                        r"\(as 'images/train_0.png' too\); list each image once, with all its labels"):
+        index_csv(data, "train")
+
+
+def test_the_output_json_is_strict_json_a_class_without_positives_null(quadrants, tmp_path, on_cpu):
+    from vitlab.evaluation import evaluate_checkpoint
+    from vitlab.training import train
+
+    no_blue = lambda split, rows: [[r[0], " ".join(c for c in r[1].split() if c != "blue")] if split == "test" else r
+                                   for r in rows]
+    data = _copy(quadrants, tmp_path, no_blue)
+    run = tmp_path / "run"
+    train(load_config(None, _overrides(data, run, "train.epochs=1")))
+    reset_accelerate()
+    evaluate_checkpoint(run, output=tmp_path / "m.json")
+    text = (tmp_path / "m.json").read_text()
+    strict = json.loads(text, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert strict["per_class_ap"]["blue"] is None and isinstance(strict["per_class_ap"]["red"], float)
+    assert "NaN" not in text

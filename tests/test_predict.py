@@ -147,6 +147,78 @@ def test_a_stopped_job_continues_where_it_stopped_without_a_row_twice_or_missing
         predict_images(model, [str(tiny_imagefolder / "train")], parts, num_workers=0)
 
 
+@pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet", ".npy"])
+def test_a_stopped_job_is_continued_only_by_the_same_job(trained, tiny_imagefolder, tmp_path, suffix):
+    # rows of two checkpoints, top-k settings or augmentations in one file would be a wrong result without a word
+    if suffix == ".parquet":
+        pytest.importorskip("pyarrow")
+    from vitlab import load_model
+    from vitlab.prediction import embed_images, predict_images
+
+    model, inputs, out = load_model(trained), [str(tiny_imagefolder / "test")], tmp_path / f"p{suffix}"
+    job = (lambda m, **kw: embed_images(m, inputs, out, batch_size=5, num_workers=0, **kw)) if suffix == ".npy" else \
+        (lambda m, **kw: predict_images(m, inputs, out, batch_size=5, num_workers=0, **{"topk": 3, **kw}))
+    job(model, stop_after_batches=2)
+    other = load_model(trained)
+    with torch.no_grad():
+        other.head.weight.add_(1e-3)  # another checkpoint: other weights
+    changes = [((other,), {}, r"another checkpoint \(weights\)"),
+               ((model,), {"precision": "bf16"}, r"precision float32 there, bfloat16 now")]
+    if suffix != ".npy":  # embeddings have no top k, and no augmented views
+        changes += [((model,), {"topk": 1}, r"topk 3 there, 1 now"),
+                    ((model,), {"tta": "flip"}, r"tta none there, flip now")]
+    for args, kw, said in changes:
+        with pytest.raises(DataError, match=rf"^{out}.partial holds rows of another job \(.*{said}.*\); run the job it "
+                                            rf"was started with to continue it, or remove it to start again$"):
+            job(*args, **kw)
+    model.pretrained_cfg["temperature"] = 2.0  # vitlab calibrate since: the probabilities change
+    if suffix != ".npy":
+        with pytest.raises(DataError, match=r"another checkpoint \(checkpoint record\)"):
+            job(model)
+    model.pretrained_cfg.pop("temperature")
+    assert job(model)["resumed"] == 10  # the same job continues
+    assert not out.with_name(out.name + ".partial.job.json").exists()
+
+
+def test_a_continued_csv_job_reads_back_file_names_with_line_breaks(trained, tiny_imagefolder, tmp_path):
+    # csv quotes a name holding a newline; U+2028 and a form feed are no line ends to it (Python's splitlines
+    # splits at them)
+    from vitlab import load_model
+    from vitlab.prediction import predict_images
+
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    sources = sorted((tiny_imagefolder / "test" / "class_0").iterdir())[:7]
+    for i, name in enumerate(["a\nb", "c\u2028d", "e\x0cf", 'g "quoted"', "h,comma", "plain", "z\r\nz"]):
+        shutil.copy(sources[i], folder / f"{name}.png")
+    model = load_model(trained)
+    whole, parts = tmp_path / "whole.csv", tmp_path / "parts.csv"
+    predict_images(model, [str(folder)], whole, batch_size=2, num_workers=0)
+    for _ in range(2):  # stopped twice, after a batch of 2 each time
+        predict_images(model, [str(folder)], parts, batch_size=2, num_workers=0, stop_after_batches=1)
+    with parts.with_name("parts.csv.partial").open("a") as f:
+        f.write('"half\na row')  # stopped in the middle of writing a quoted name
+    assert predict_images(model, [str(folder)], parts, batch_size=2, num_workers=0)["resumed"] == 4
+    assert parts.read_bytes() == whole.read_bytes()
+    rows = list(csv.DictReader(whole.open(newline="")))
+    assert sorted(Path(r["image"]).name for r in rows) == sorted(p.name for p in folder.iterdir())
+
+
+@pytest.mark.parametrize("args, said", [
+    (["predict", "--topk", "0"], r"--topk 0: give how many classes a row lists, 1 or more"),
+    (["predict", "--topk", "-1"], r"--topk -1: give how many classes a row lists, 1 or more"),
+    (["eval", "--knn", "-1"], r"--knn -1: give the number of neighbours, 1 or more \(0: no k-NN\)"),
+])
+def test_counts_below_their_least_are_one_line(trained, tiny_imagefolder, tmp_path, capsys, args, said):
+    from vitlab.cli import main
+
+    inputs = [str(tiny_imagefolder / "test"), "--output", str(tmp_path / "p.csv")] if args[0] == "predict" else []
+    with pytest.raises(SystemExit) as exited:
+        main([args[0], "--checkpoint", str(trained), *args[1:], *inputs])
+    assert exited.value.code == 2 and capsys.readouterr().err.strip() == f"error: {said.replace(chr(92), '')}"
+    assert not (tmp_path / "p.csv").exists() and not (tmp_path / "p.csv.partial").exists()
+
+
 @pytest.mark.parametrize("source", ["imagefolder", "hf"])
 def test_a_data_sets_split_named_by_data_keys_gives_the_rows_its_files_give(trained, tiny_imagefolder, tmp_path,
                                                                            source):

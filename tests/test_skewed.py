@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 
 import pytest
 import torch
 
 from conftest import make_imagefolder, reset_accelerate, tiny_overrides
 from vitlab.config import load_config
-from vitlab.tasks.classification import index_splits, logit_adjustment, training_class_counts
+from vitlab.errors import DataError
+from vitlab.tasks.classification import class_weights, index_splits, logit_adjustment, training_class_counts
 from vitlab.training import train
 
 
@@ -25,9 +27,44 @@ def skewed_folder(tmp_path_factory):
 
 
 def test_the_adjustment_is_tau_log_of_the_training_frequencies():
-    counts = torch.tensor([500, 50, 5, 0])
-    prior = torch.tensor([500, 50, 5, 1], dtype=torch.float64) / 556  # a class without images counts as one
+    counts = torch.tensor([500, 50, 5, 1])
+    prior = torch.tensor([500, 50, 5, 1], dtype=torch.float64) / 556
     torch.testing.assert_close(logit_adjustment(counts, 0.5), (0.5 * prior.log()).float())
+    # a class without images would be the rarest of all, so the most favoured: neither function takes it
+    for weigh in (lambda c: logit_adjustment(c, 1.0), lambda c: class_weights(c, "balanced")):
+        with pytest.raises(ValueError, match=r"class\(es\) \[3\] have no training images"):
+            weigh(torch.tensor([500, 50, 5, 0]))
+
+
+@pytest.mark.parametrize("extra", [(), ("train.class_weights=balanced",), ("train.loss=logit_adjusted",)])
+def test_an_empty_class_folder_is_refused_in_one_line_before_any_image_is_decoded(tmp_path, capsys, extra):
+    # torchvision's ImageFolder refuses such a folder; the class would otherwise be listed, never learnt, and,
+    # as the rarest class, predicted for every image under class weights or logit adjustment
+    root = make_imagefolder(tmp_path / "data", {"train": 6, "test": 2})
+    for path in (root / "train" / "class_1").iterdir():
+        path.unlink()
+    with pytest.raises(DataError, match=r"^class\(es\) \['class_1'\] of split 'train' of data.root=.* have no "
+                                        r"training images \(an empty class folder"):
+        train(load_config(None, tiny_overrides(root, tmp_path / "run", *extra)))
+    assert "decoding" not in capsys.readouterr().out
+
+
+def test_eval_refuses_to_adjust_by_a_class_whose_training_images_are_gone(skewed_folder, tmp_path, capsys, on_cpu):
+    import shutil
+
+    from vitlab.cli import main
+
+    data = shutil.copytree(skewed_folder, tmp_path / "data")
+    train(load_config(None, tiny_overrides(data, tmp_path / "run", "train.epochs=1")))
+    reset_accelerate()
+    for path in (data / "train" / "class_2").iterdir():  # the folder is kept, empty
+        path.unlink()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["eval", "--checkpoint", str(tmp_path / "run"), "--adjust-logits", "1"])
+    out, err = capsys.readouterr()
+    assert re.match(r"error: class\(es\) \['class_2'\] of split 'train' .* have no training images", err)
+    assert "decoding" not in out  # refused from the listing
 
 
 def test_eval_adjusts_the_logits_by_the_class_counts_the_run_trained_on(skewed_folder, tmp_path, on_cpu):

@@ -290,12 +290,10 @@ def train_main(argv: list[str] | None = None) -> None:
             if PartialState().is_main_process:
                 print(interrupted_message(cfg.train.output_dir), file=sys.stderr)
             sys.exit(130)
-        if cfg.train.calibrate:  # the finished run's model, fitted on its validation split as vitlab calibrate does
-            from .evaluation import calibrate_checkpoint
-
-            calibrate_checkpoint(cfg.train.output_dir, objective=cfg.train.calibrate_objective)
         if args.json and PartialState().is_main_process:
-            print(json.dumps(summary_of(summary)))
+            from .models.hub import strict_json
+
+            print(json.dumps(strict_json(summary_of(summary)), allow_nan=False))
 
     run_command(run)
 

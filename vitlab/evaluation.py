@@ -8,15 +8,16 @@ from __future__ import annotations
 import os
 import shlex
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import torch.nn.functional as F
 from accelerate import PartialState
-from torch import nn
+from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
 from .checkpoint import load_model, read_json, resolve_checkpoint, write_json
 from .config import Config, load_config
+from .data.table import label_set_cell
 from .errors import ConfigError
 from .training import create_accelerator
 from .visualize import plot_confusion_matrix, plot_mistakes, plot_reliability, save_figure
@@ -41,6 +42,8 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: 
     protocol, :mod:`vitlab.tasks.knn`), as ``knn_top1``."""
     directory = resolve_checkpoint(checkpoint)
     cfg = load_config(directory / "run_config.yaml", overrides, recorded=True)
+    if knn < 0:
+        raise ConfigError(f"--knn {knn}: give the number of neighbours, 1 or more (0: no k-NN)")
     if knn and cfg.task != "classification":
         raise ConfigError(f"--knn {knn} is for an image classifier; {directory} holds a {cfg.task} run")
     if tta != "none" and cfg.task != "classification":
@@ -156,7 +159,7 @@ def _write_predictions(path: Path, key: Any, labels: Any, probs: Any, classes: l
                          *(f"prob_{c}" for c in classes)])
         if multi:
             chosen = probs >= (0.5 if thresholds is None else thresholds)
-            named = lambda row: " ".join(c for c, on in zip(classes, row) if on)
+            named = lambda row: label_set_cell([c for c, on in zip(classes, row) if on])
             columns = zip(map(named, labels.bool().tolist()), map(named, chosen.tolist()), probs.tolist())
         else:
             columns = zip((classes[k] for k in labels.tolist()), (classes[k] for k in probs.argmax(1).tolist()),
@@ -223,9 +226,11 @@ def _evaluate_seq2seq(directory: Path, cfg: Config, model: nn.Module, split: str
 
 
 def _classifier_split(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
-                      tta: str = "none") -> tuple[Any, Any, list[str], Any, Any]:
+                      tta: str = "none", check_listing: Callable[[Any], None] | None = None
+                      ) -> tuple[Any, Any, list[str], Any, Any]:
     """The accelerator, a prepared loader of ``split`` of the run's own data, its class names and (unless
-    streamed from shards) its decoded images and the run's training split, listed."""
+    streamed from shards) its decoded images and the run's training split, listed; ``check_listing`` is given
+    that listing before any image is decoded."""
     from .data.shard_stream import ShardLoader
     from .tasks.classification import eval_dataset, in_memory, index_splits, load_test_data, load_train_val_data, \
         shard_streams, streamed_in_shards
@@ -255,6 +260,8 @@ def _classifier_split(directory: Path, cfg: Config, model: nn.Module, split: str
     held_out = read_json(state).get("data", {}).get("held_out", {}) if state.is_file() else None
     train_index, test_index = index_splits(d, classes=list(info["label_names"]), seed=cfg.train.seed,
                                            held_out=held_out)
+    if check_listing is not None:
+        check_listing(train_index)
     keep, _ = in_memory(d, train_index, test_index, size)
     data = (load_test_data(d, cfg.train.seed, size, test_index, keep) if split == "test" else
             dict(zip(("train", "val"), load_train_val_data(d, cfg.train.seed, size, train_index, keep)))[split])
@@ -268,7 +275,8 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
                          adjust_logits: float | None = None, tta: str = "none", knn: int = 0) -> dict[str, Any]:
     from .data.transforms import ModelInput
     from .tasks.calibration import calibration_bins
-    from .tasks.classification import evaluate_classifier, logit_adjustment, streamed_in_shards, training_class_counts
+    from .tasks.classification import (evaluate_classifier, logit_adjustment, require_trained_classes,
+                                       streamed_in_shards, training_class_counts)
 
     info = model.pretrained_cfg
     for option, value in (("--predictions", predictions), ("--adjust-logits", adjust_logits)):
@@ -283,13 +291,19 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
     if adjust_logits is not None and info.get("multi_label"):
         raise ConfigError(f"--adjust-logits {adjust_logits}: logit adjustment is for one class an image, and {directory} "
                           f"holds a multi-label classifier")
-    accelerator, loader, classes, data, train_index = _classifier_split(directory, cfg, model, split, batch_size, tta)
+    counts: list[Tensor] = []  # the training images of each class, for --adjust-logits
+
+    def count_classes(train_index: Any) -> None:
+        counts.append(training_class_counts(cfg.data, cfg.train.seed, train_index))
+        require_trained_classes(train_index.classes, counts[0], train_index.where)
+
+    accelerator, loader, classes, data, train_index = _classifier_split(
+        directory, cfg, model, split, batch_size, tta, count_classes if adjust_logits is not None else None)
     if info.get("multi_label"):
         return _evaluate_multi_label(directory, model, split, loader, accelerator, classes, data, output, predictions,
                                      tta)
     temperature = info.get("temperature", 1.0)
-    offset = None if adjust_logits is None else \
-        logit_adjustment(training_class_counts(cfg.data, cfg.train.seed, train_index), adjust_logits)
+    offset = None if adjust_logits is None else logit_adjustment(counts[0], adjust_logits)
     prepared = accelerator.prepare(model)
     metrics = evaluate_classifier(prepared, loader, accelerator, len(classes), ModelInput(info["mean"], info["std"]),
                                   keep_probs=True, temperature=temperature, logit_offset=offset, tta=tta,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import csv
 import glob
+import hashlib
 import io
 import json
 import os
@@ -30,8 +31,10 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from .data.folder import IMAGE_EXTENSIONS, FolderFiles
 from .data.shards import ShardIndex
 from .data.split import SplitIndex
+from .data.table import label_set_cell
 from .data.transforms import ModelInput, decode_size, decode_upright
 from .errors import ConfigError, DataError
+from .models.hub import read_json, write_json
 from .progress import Progress
 from .tasks.classification import crops_view_size, eval_dataset, eval_view, listed_once, streamed_in_shards, tta_logits
 from .tasks.knn import pooled_features
@@ -198,7 +201,7 @@ def _csv_lines(rows: list[dict[str, Any]], columns: list[str]) -> str:
     for row in rows:
         flat: dict[str, Any] = {"image": row["image"], "error": row.get("error", "")}
         if "labels" in row:
-            flat["labels"] = " ".join(row["labels"])
+            flat["labels"] = label_set_cell(row["labels"])
             flat.update({f"prob_{c}": f"{v:.6g}" for c, v in row["probs"].items()})
         elif "classes" in row:
             for r, (c, i, v) in enumerate(zip(row["classes"], row["indices"], row["probs"]), 1):
@@ -331,30 +334,70 @@ def embed_images(model: nn.Module, inputs: list[str], output: str | Path, batch_
                           precision=precision)
 
 
-def _resume(partial: Path, header: str, files: list[str], suffix: str) -> tuple[int, int]:
+def _job(model: nn.Module, k: int, tta: str, dtype: torch.dtype | None, embed: bool) -> dict[str, Any]:
+    """What decides a job's rows besides its inputs: the weights (a digest of every tensor), the checkpoint's
+    record (classes, preprocessing, temperature, thresholds: a digest of ``pretrained_cfg``), what a row holds
+    (embeddings or predictions, top ``k``), the test-time augmentation and the precision."""
+    weights = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        weights.update(name.encode())
+        weights.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    record = json.dumps(getattr(model, "pretrained_cfg", None) or {}, sort_keys=True, default=str)
+    return {"rows": "embeddings" if embed else "predictions", "topk": None if embed else k, "tta": tta,
+            "precision": str(dtype or torch.float32).removeprefix("torch."), "weights": weights.hexdigest(),
+            "checkpoint record": hashlib.sha256(record.encode()).hexdigest()}
+
+
+def _job_file(partial: Path) -> Path:
+    return partial.with_name(partial.name + ".job.json")
+
+
+def _csv_records(text: str) -> tuple[list[list[str]], int]:
+    """The whole records of CSV ``text`` (as ``csv.writer`` writes them: a field holding a newline is quoted, a
+    quote doubled) and the characters they take: a record ends at a newline outside quotes. Lines are not split
+    at the other line breaks Python knows (U+2028, form feeds), which a file name may hold."""
+    records, start, end = [], 0, 0
+    for line in text.split("\n")[:-1]:
+        end += len(line) + 1
+        if text.count('"', start, end) % 2 == 0:  # the quotes balance: the record is whole
+            records.append(next(csv.reader(io.StringIO(text[start:end], newline=""))))
+            start = end
+    return records, start
+
+
+def _resume(partial: Path, header: str, files: list[str], suffix: str, job: dict[str, Any]) -> tuple[int, int]:
     """How many rows ``partial`` (an earlier run of the same job) holds whole, after cutting a row it was
-    stopped in the middle of, and how many of them are errors; it must hold ``header`` (CSV) and the rows of
-    the first ``files``, in order.
+    stopped in the middle of, and how many of them are errors; it must have been written by ``job``
+    (:func:`_job`, recorded beside it) and hold ``header`` (CSV) and the rows of the first ``files``, in order.
 
     Raises:
-        DataError: one line, if it was written for other inputs or another output format.
+        DataError: one line, if it was written by another job, for other inputs or another output format.
     """
+    said = read_json(_job_file(partial)) if _job_file(partial).is_file() else None
+    if said != job:
+        differ = ["no record of the job that wrote it"] if said is None else \
+            [f"{key} {said.get(key)} there, {value} now" if key not in ("weights", "checkpoint record") else
+             f"another checkpoint ({key})" for key, value in job.items() if said.get(key) != value]
+        raise DataError(f"{partial} holds rows of another job ({'; '.join(differ)}); run the job it was started with "
+                        f"to continue it, or remove it to start again")
     data = partial.read_bytes()
-    whole = data[:data.rfind(b"\n") + 1]  # a row stopped mid-write is written again
-    lines = whole.decode().splitlines(keepends=True)
+    text = data.decode()
     if suffix == ".csv":
-        if not lines or lines[0] != header:
+        records, whole = _csv_records(text)
+        if not records or ",".join(records[0]) + "\n" != header:
             raise DataError(f"{partial} holds another job's rows (its header differs); remove it to start again")
-        lines = lines[1:]
-    rows = [json.loads(line) if suffix == ".jsonl" else dict(zip(("image", "error"), next(csv.reader([line]))))
-            for line in lines]
+        rows = [dict(zip(("image", "error"), r)) for r in records[1:]]
+    else:  # JSON escapes every line break inside a row
+        whole = text.rfind("\n") + 1
+        rows = [json.loads(line) for line in text[:whole].split("\n")[:-1]]
     images = [row["image"] for row in rows]
     if images != files[:len(images)]:
         raise DataError(f"{partial} was written for other inputs (its row {len(images)} is not {files[len(images) - 1]!r}); "
                         f"give the inputs it was started with, or remove it to start again")
-    if len(whole) != len(data):
+    kept = len(text[:whole].encode())  # a row stopped mid-write is written again
+    if kept != len(data):
         with partial.open("r+b") as f:
-            f.truncate(len(whole))
+            f.truncate(kept)
     return len(images), sum(1 for row in rows if row.get("error"))
 
 
@@ -439,6 +482,8 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
             without class names, inputs that name no image, a partial output of another job, another precision.
     """
     cfg = getattr(model, "pretrained_cfg", None) or {}
+    if not embed and topk < 1:
+        raise ConfigError(f"--topk {topk}: give how many classes a row lists, 1 or more")
     names = cfg.get("label_names") or ([] if embed else None)
     if names is None:
         raise ConfigError("the checkpoint holds no class names (label_names); predict needs a classifier trained "
@@ -475,10 +520,11 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     columns = ["image", "error", "embedding"] if embed else _columns(names, k, multi)
     header = ",".join(columns) + "\n"
     partial = out.with_name(out.name + ".partial") if out is not None else None
-    done, unreadable = listed_once(lambda: _resume(partial, header, files, lines)
-                                   if partial is not None and partial.is_file() else (0, 0), world)
     device = default_device() if device is None else torch.device(device)
     dtype = autocast_dtype(model, precision, device)
+    job = _job(model, k, tta, dtype, embed) if partial is not None and rank == 0 else {}
+    done, unreadable = listed_once(lambda: _resume(partial, header, files, lines, job)
+                                   if partial is not None and partial.is_file() else (0, 0), world)
     model = model.to(device).eval()
     size = tuple(cfg["input_size"][1:])
     # tta: each image is 2 (flip) or 5 (crops) inputs
@@ -503,6 +549,8 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     sink = None
     if partial is not None and rank == 0:
         partial.parent.mkdir(parents=True, exist_ok=True)
+        if done == 0:  # the job that writes the rows, recorded before the first of them
+            write_json(_job_file(partial), job)
         sink = partial.open("a", newline="")
         if done == 0 and lines == ".csv":
             sink.write(header)
@@ -552,6 +600,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
             _to_npy(partial, out)
         else:
             os.replace(partial, out)
+        _job_file(partial).unlink(missing_ok=True)
     if (unreadable or partial is not None) and rank == 0:
         print(f"{len(files):,} images" + (f" -> {out}" if out is not None else "")
               + (f" ({done:,} rows from the run before)" if done else "")

@@ -26,7 +26,7 @@ from .decode import EncodedImage, dct_scale, decode_all, decode_image, decode_re
 from .images import ImageData, Picked, balanced_indices, stratified_indices
 
 __all__ = ["SplitIndex", "StreamedImages", "label_indices", "label_sets", "hold_out", "held_out_count",
-           "label_text"]
+           "label_text", "multi_label_reason"]
 
 
 @dataclass
@@ -304,3 +304,16 @@ class StreamedImages:
             if encoded is not None:
                 return encoded
         return self[i]
+
+
+def multi_label_reason(index: SplitIndex) -> str:
+    """Why ``data.multi_label=auto`` took ``index`` (multi-hot) as multi-label, in words: how many of its images
+    show other than one class, the first of them with its classes."""
+    counts = index.labels.sum(1)
+    other = (counts != 1).nonzero().flatten()
+    if not len(other):
+        return f"every image of {index.where} has one class, and data.multi_label=true asks for label sets"
+    i = int(other[0])
+    shown = [index.classes[k] for k in index.labels[i].nonzero().flatten().tolist()]
+    return (f"{len(other):,} of the {len(counts):,} images of {index.where} show other than one class (the first: "
+            f"{index.key(i)!r} with {shown})")

@@ -1,10 +1,14 @@
 """Images listed in a CSV file (``data.dataset=csv``): ``<root>/<split>.csv`` with a column ``image`` (a path
-relative to ``root``) and a column ``labels`` (class names separated by spaces, as Kaggle's Planet data set
-writes them), listed as a :class:`~vitlab.data.split.SplitIndex`. A file whose every image has exactly one
-label is single-label data; any other is multi-label (several classes an image, or none)."""
+relative to ``root``) and a column ``labels``, listed as a :class:`~vitlab.data.split.SplitIndex`. A ``labels``
+cell is class names separated by spaces, as Kaggle's Planet data set writes them (``person car``), or a JSON
+list, which a name with a space needs (``["person", "stop sign"]``; what vitlab's own prediction files write,
+:func:`label_set_cell`). A file whose every image has exactly one label is single-label data; any other is
+multi-label (several classes an image, or none)."""
 from __future__ import annotations
 
 import csv
+import json
+import os
 from pathlib import Path
 
 import torch
@@ -13,7 +17,32 @@ from ..errors import DataError
 from .folder import FolderFiles
 from .split import SplitIndex, label_indices, label_sets
 
-__all__ = ["index_csv", "one_hot_index"]
+__all__ = ["index_csv", "one_hot_index", "label_set_cell", "parse_label_cell"]
+
+
+def label_set_cell(names: list[str]) -> str:
+    """A set of class names as one CSV cell that reads back as it was (:func:`parse_label_cell`): a JSON list."""
+    return json.dumps(names, ensure_ascii=False)
+
+
+def parse_label_cell(cell: str, where: str) -> list[str]:
+    """The class names of a ``labels`` cell: a JSON list (``["stop sign"]``), or names separated by spaces.
+
+    Raises:
+        DataError: one line, for a cell that opens a JSON list and is not one of names.
+    """
+    cell = (cell or "").strip()
+    if not cell.startswith("["):
+        return cell.split()
+    try:
+        names = json.loads(cell)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{where}: the labels cell {cell[:60]!r} opens a JSON list and is not one ({e.msg}); write "
+                        f'["name", "other name"], or names separated by spaces') from None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise DataError(f"{where}: the labels cell {cell[:60]!r} is a JSON list of other than class names; write "
+                        f'["name", "other name"]')
+    return names
 
 
 def index_csv(root: Path, split: str, classes: list[str] | None = None, exif_transpose: bool = True,
@@ -43,17 +72,20 @@ def index_csv(root: Path, split: str, classes: list[str] | None = None, exif_tra
         reader = csv.DictReader(f)
         if not {"image", "labels"} <= set(reader.fieldnames or ()):
             raise DataError(f"{path} has columns {reader.fieldnames}; it needs 'image' (a path relative to "
-                            f"data.root) and 'labels' (class names separated by spaces)")
-        rows = [(row["image"], (row["labels"] or "").split()) for row in reader]
-    where = f"{path.name} of data.root={str(root)!r}"
+                            f"data.root) and 'labels' (class names separated by spaces, or a JSON list)")
+        where = f"{path.name} of data.root={str(root)!r}"
+        rows = [(row["image"], parse_label_cell(row["labels"], where)) for row in reader]
     if not rows:
         raise DataError(f"{where} lists no images")
     names = [image for image, _ in rows]
-    seen: set[str] = set()
-    twice = next((n for n in names if n in seen or seen.add(n)), None)
-    if twice is not None:
-        raise DataError(f"{where} lists the image {twice!r} twice; list each image once, with all its labels")
     files = [root / n for n in names]
+    seen: dict[str, str] = {}  # the same file under two spellings (./a.png, a.png, a//b.png) is one image
+    for name, file in zip(names, files):
+        same = os.path.normpath(file)
+        if same in seen:
+            also = f" (as {seen[same]!r} too)" if seen[same] != name else ""
+            raise DataError(f"{where} lists the image {name!r} twice{also}; list each image once, with all its labels")
+        seen[same] = name
     missing = [n for n, f in zip(names, files) if not f.is_file()]
     if missing:
         raise DataError(f"{where}: {len(missing)} of its {len(files)} images are not there ({missing[0]!r} "

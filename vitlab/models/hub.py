@@ -17,6 +17,7 @@ module knows no model class: the models import it, never the other way.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -31,7 +32,8 @@ from torch import Tensor, nn
 
 from ..errors import CheckpointError
 
-__all__ = ["HubMixin", "CONFIG_NAME", "WEIGHTS_NAME", "TOKENIZER_NAME", "read_json", "write_json", "load_tensors",
+__all__ = ["HubMixin", "CONFIG_NAME", "WEIGHTS_NAME", "TOKENIZER_NAME", "read_json", "write_json",
+           "strict_json", "load_tensors",
            "weights_for_saving", "load_weights", "write_model_files", "load_model_dir",
            "resolve_checkpoint", "OLD_SUFFIX", "image_input_size"]
 
@@ -76,8 +78,22 @@ steps) in {{ "%.0f" | format(training.wall_time) }} s of wall time:
 {% endif %}"""
 
 
+def strict_json(obj: Any) -> Any:
+    """``obj`` with every float that JSON has no literal for (NaN, infinities; Python writes them as ``NaN``,
+    which strict parsers such as JavaScript's ``JSON.parse`` and Go's reject) made ``None`` (``null``): the
+    average precision of a class without positives, say, is undefined, not a number."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
 def write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2) + "\n")
+    """``obj`` as strict JSON (:func:`strict_json`), indented."""
+    path.write_text(json.dumps(strict_json(obj), indent=2, allow_nan=False) + "\n")
 
 
 def read_json(path: Path) -> Any:

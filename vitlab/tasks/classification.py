@@ -23,7 +23,7 @@ from ..data.repeat import RepeatAugSampler
 from ..data.shard_stream import ShardLoader, ShardStream, spread
 from ..data.shards import ShardIndex, index_shards
 from ..data.sources import index_split
-from ..data.split import SplitIndex, held_out_count, hold_out
+from ..data.split import SplitIndex, held_out_count, hold_out, multi_label_reason
 from ..errors import ConfigError, DataError
 from ..models.hub import image_input_size, read_json
 from ..models.pretrained import load_pretrained
@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 __all__ = ["image_classification_task", "resolve_loader", "in_memory", "index_splits", "shard_streams", "load_train_val_data", "load_test_data",
            "eval_dataset", "eval_view",
            "evaluate_classifier", "metrics_from_predictions", "report_metrics", "gather_uneven",
-           "training_class_counts", "class_counts", "logit_adjustment", "class_weights", "flip_tta", "five_crops_tta",
+           "training_class_counts", "class_counts", "require_trained_classes", "logit_adjustment", "class_weights",
+           "flip_tta", "five_crops_tta",
            "tta_logits", "listed_once"]
 
 
@@ -418,12 +419,19 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
                              f" ({asked:,} asked)" if asked != record["images"] else "")
                           + f", chosen by train.seed={t.seed} (data.test_size={d.test_size:g}); recorded in "
                           f"the checkpoints: vitlab eval and a resumed run use exactly these")
+    if train_index.labels.ndim == 2:  # why, in a line: label sets, images of no class, names split at a space
+        accelerator.print(f"data: multi-label (data.multi_label={str(d.multi_label).lower()}, the binary cross-entropy "
+                          f"of each class): {multi_label_reason(train_index)}"
+                          + ('; in data.dataset=csv a class name with a space is a JSON list, ["stop sign"]'
+                             if d.dataset == "csv" else ""))
     if train_index.labels.ndim == 2 and t.cache_features:
         raise ConfigError(f"train.cache_features=True fits one class an image (a multinomial logistic regression); "
                           f"the images under data.root={d.root!r} have sets of labels: train the head of this "
                           f"multi-label run with model.freeze=backbone alone")
-    if train_index.labels.ndim == 2:  # from the labels alone, before any image is decoded
-        _check_multi_label(cfg, train_index.classes, training_class_counts(d, t.seed, train_index))
+    counts = training_class_counts(d, t.seed, train_index)  # from the labels alone, before any image is decoded
+    if train_index.labels.ndim == 2:
+        _check_multi_label(cfg, train_index.classes, counts)
+    require_trained_classes(train_index.classes, counts, train_index.where)
     keep, where = in_memory(d, train_index, test_index, size)
     accelerator.print(where)
     train_data, val_data = load_train_val_data(d, t.seed, size, train_index, keep)
@@ -550,11 +558,24 @@ def _check_multi_label(cfg: Config, classes: list[str], counts: Tensor | None) -
             raise ConfigError("train.pos_weight=balanced counts each class's training images, which a stream does "
                               "not list; give one number a class (train.pos_weight=[...]) with shards")
         return
+
+
+def require_trained_classes(classes: list[str], counts: Tensor, where: str) -> None:
+    """Refuse, in one line, classes that no training image shows (``counts``: each class's training images,
+    ``(K,)``): an empty class folder, a class whose images are all held out, one only the test split shows. A
+    model cannot learn such a class, and class weights, a logit-adjusted loss or post-hoc logit adjustment, which
+    favour the rarest classes, would predict it for every image (torchvision's ``ImageFolder`` refuses an empty
+    class folder likewise).
+
+    Raises:
+        DataError: naming the classes and the way out.
+    """
     absent = [c for c, n in zip(classes, counts.tolist()) if n == 0]
     if absent:
-        raise ConfigError(f"class(es) {absent[:10]} have no positive among the training images (their images are all "
-                          f"held out, or only the test split shows them): a model cannot learn them; add training "
-                          f"images of them, or remove them from the data")
+        raise DataError(f"class(es) {absent[:10]}{' ...' if len(absent) > 10 else ''} of {where} have no training "
+                        f"images (an empty class folder, or all their images held out for validation or test): a "
+                        f"model cannot learn them, and class weights or logit adjustment would predict them as the "
+                        f"rarest; add training images of them, or remove them from the data")
 
 
 def _fit_head(cfg: Config, model: nn.Module, classes: list[str]) -> None:
@@ -598,9 +619,9 @@ def classification_criterion(mixing: bool, label_smoothing: float, loss: str = "
 def class_weights(class_counts: Tensor, kind: str, beta: float = 0.9999) -> Tensor:
     """Weights ``(K,)`` of the classes from their training counts: ``balanced``, ``n / (K * n_c)``
     (scikit-learn's ``compute_class_weight('balanced')``); ``effective``, ``(1 - beta) / (1 - beta ** n_c)``
-    scaled to sum to ``K`` (the effective number of samples, Cui et al. 2019). A class without images counts
-    as one."""
-    counts = class_counts.double().clamp(min=1)
+    scaled to sum to ``K`` (the effective number of samples, Cui et al. 2019). Every class must have
+    images (:func:`require_trained_classes`)."""
+    counts = _positive_counts(class_counts)
     if kind == "balanced":
         return (counts.sum() / (len(counts) * counts)).float()
     if kind != "effective":
@@ -810,10 +831,20 @@ def flip_tta(model: nn.Module, images: Tensor, multi_label: bool = False) -> Ten
 def logit_adjustment(class_counts: Tensor, tau: float) -> Tensor:
     """Post-hoc logit adjustment (Menon et al. 2021, "Long-tail learning via logit adjustment"): the offset
     ``tau * log(prior)`` to subtract from a model's logits, the prior being the training class frequencies
-    ``(K,)`` (a class without images counted as one). Subtracted, it takes back the head classes' head start:
-    ``tau = 1`` is the balanced error's Bayes rule for a model of the training distribution."""
-    counts = class_counts.double().clamp(min=1)
+    ``(K,)``, every class with images (:func:`require_trained_classes`). Subtracted, it takes back the head
+    classes' head start: ``tau = 1`` is the balanced error's Bayes rule for a model of the training distribution."""
+    counts = _positive_counts(class_counts)
     return (tau * (counts / counts.sum()).log()).float()
+
+
+def _positive_counts(class_counts: Tensor) -> Tensor:
+    """The counts as float64, refusing a class without images: weighting or adjusting by its count would make it
+    the favourite class (a count of 0, or one taken as 1, is the rarest of all)."""
+    if (class_counts <= 0).any():
+        missing = (class_counts <= 0).nonzero().flatten().tolist()
+        raise ValueError(f"class(es) {missing[:10]} have no training images: their count cannot weigh or adjust "
+                         f"them (see require_trained_classes)")
+    return class_counts.double()
 
 
 def metrics_from_predictions(logits: Tensor, labels: Tensor, num_classes: int) -> dict[str, Any]:

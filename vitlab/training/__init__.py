@@ -66,7 +66,8 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     75) is raised. ``stop_after_epoch`` ends the run early after that epoch's checkpoint, as an
     interruption would (the schedule still spans ``train.epochs``). Returns a summary: the last
     evaluation, the best validation metric (if any), epochs, the wall time of the whole run (every
-    command that continued it)."""
+    command that continued it). A finished run with ``train.calibrate`` then gets its temperature (or a
+    multi-label run its thresholds), fitted on its validation split as ``vitlab calibrate`` fits them."""
     start_time = time.time()
     if cfg.train.cache_features:
         cfg = probe_config(cfg)
@@ -120,6 +121,10 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
         if acc.is_main_process:
             ckpt.write_json(run_dir / "summary.json", summary_of(result))
         acc.print(result_line(result, loop.task.select, "val" in loop.eval_loaders, run_dir))
+        if t.calibrate:  # the finished run's model, fitted on its validation split as vitlab calibrate does
+            from ..evaluation import calibrate_checkpoint
+
+            calibrate_checkpoint(run_dir, objective=t.calibrate_objective)
     return result
 
 
