@@ -131,3 +131,87 @@ def test_train_calibrate_fits_at_the_end_what_vitlab_calibrate_fits(tiny_imagefo
     with pytest.raises(ConfigError, match=r"train.calibrate=True reads the validation split, and this run holds out "
                                           r"none: set data.val_size=N"):
         load_config(None, tiny_overrides(tiny_imagefolder, run, "train.calibrate=true"))
+
+
+def test_a_temperature_belongs_to_the_weights_it_was_fitted_on(tiny_imagefolder, tmp_path, on_cpu):
+    # the EMA's temperature is not the raw weights': each set of weights gets the one fitted on its own logits
+    from vitlab import load_model
+    from vitlab.cli import main
+    from vitlab.evaluation import evaluate_checkpoint
+
+    import shutil
+
+    data = shutil.copytree(tiny_imagefolder, tmp_path / "noisy")  # a quarter of each class labelled as the next:
+    for c in range(3):  # no temperature separates them all
+        for path in sorted((data / "train" / f"class_{c}").iterdir())[:8]:
+            path.rename(data / "train" / f"class_{(c + 1) % 3}" / f"moved_{c}_{path.name}")
+    run = tmp_path / "run"
+    train(load_config(None, tiny_overrides(data, run, "data.val_size=24", "train.epochs=1", "train.ema_decay=0.9")))
+    reset_accelerate()
+
+    def fitted_on(use_ema: bool) -> float:  # the reference: SciPy's minimizer of the NLL of those weights' logits
+        from vitlab.checkpoint import resolve_checkpoint
+        from vitlab.data.transforms import ModelInput
+        from vitlab.evaluation import _classifier_split
+        from vitlab.tasks.classification import evaluate_classifier
+
+        directory = resolve_checkpoint(run)
+        model = load_model(run, use_ema=use_ema)
+        cfg = load_config(directory / "run_config.yaml", recorded=True)
+        acc, loader, classes, _, _ = _classifier_split(directory, cfg, model, "val", 64)
+        info = model.pretrained_cfg
+        m = evaluate_classifier(model, loader, acc, len(classes), ModelInput(info["mean"], info["std"]),
+                                keep_probs=True)
+        nll = lambda t: F.cross_entropy(m["logits"] / t, m["labels"]).item()
+        return minimize_scalar(nll, bounds=(0.05, 20), method="bounded", options={"xatol": 1e-8}).x
+
+    main(["calibrate", "--checkpoint", str(run)])  # the EMA's weights, as eval reads them by default
+    reset_accelerate()
+    ema_t = load_model(run, use_ema=True).pretrained_cfg["temperature"]
+    assert ema_t == pytest.approx(fitted_on(True), abs=1e-3)
+    assert "temperature" not in load_model(run, use_ema=False).pretrained_cfg  # none fitted on the raw weights yet
+    reset_accelerate()
+    assert evaluate_checkpoint(run, use_ema=False)["temperature"] == 1.0
+    reset_accelerate()
+    main(["calibrate", "--checkpoint", str(run), "--no-ema"])
+    reset_accelerate()
+    raw_t = load_model(run, use_ema=False).pretrained_cfg["temperature"]
+    assert raw_t == pytest.approx(fitted_on(False), abs=1e-3) and raw_t != pytest.approx(ema_t, abs=1e-3)
+    assert load_model(run, use_ema=True).pretrained_cfg["temperature"] == ema_t  # the EMA's kept
+    assert evaluate_checkpoint(run, use_ema=False)["temperature"] == raw_t
+
+
+def test_a_checkpoint_of_before_keeps_its_temperature_for_the_weights_calibrate_read(tmp_path):
+    from vitlab.models.hub import calibration_of, set_calibration
+
+    meta = {"has_ema": True, "temperature": 1.7}  # calibrate read the EMA's weights where a run kept them
+    assert calibration_of(meta, "ema.safetensors") == {"temperature": 1.7}
+    assert calibration_of(meta, "model.safetensors") == {}
+    assert calibration_of({"temperature": 1.7}, "model.safetensors") == {"temperature": 1.7}
+    (tmp_path / "config.json").write_text(json.dumps(meta))
+    set_calibration(tmp_path, "model.safetensors", temperature=0.8)
+    kept = json.loads((tmp_path / "config.json").read_text())
+    assert kept == {"has_ema": True, "calibration": {"ema.safetensors": {"temperature": 1.7},
+                                                     "model.safetensors": {"temperature": 0.8}}}
+
+
+def test_calibrate_objective_ece_on_a_multi_label_run_is_one_line(tmp_path, capsys, on_cpu):
+    from test_multilabel import _overrides, write_quadrants
+    from vitlab.cli import main
+    from vitlab.errors import ConfigError
+
+    data = write_quadrants(tmp_path / "data", {"train": 40, "test": 8})
+    with pytest.raises(ConfigError, match=r"^train.calibrate_objective=ece chooses a temperature, for one class an "
+                                          r"image, and the data's labels are sets"):
+        train(load_config(None, _overrides(data, tmp_path / "r0", "data.val_size=8", "train.calibrate=true",
+                                           "train.calibrate_objective=ece")))
+    reset_accelerate()
+    run = tmp_path / "run"
+    train(load_config(None, _overrides(data, run, "data.val_size=8", "train.epochs=1")))
+    reset_accelerate()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--checkpoint", str(run), "--objective", "ece"])
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --objective ece chooses a temperature, for one class an image; ") and \
+        "holds a multi-label classifier" in err and len(err.splitlines()) == 1

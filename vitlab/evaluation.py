@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader
 from .checkpoint import load_model, read_json, resolve_checkpoint, write_json
 from .config import Config, load_config
 from .data.table import label_set_cell
+from .models.hub import set_calibration
 from .errors import ConfigError
 from .training import create_accelerator
 from .visualize import plot_confusion_matrix, plot_mistakes, plot_reliability, save_figure
@@ -94,30 +95,32 @@ def calibrate_checkpoint(checkpoint: str | Path, split: str = "val", overrides: 
         raise ConfigError(f"vitlab calibrate fits an image classifier's temperature; {directory} holds a {cfg.task} run")
     model = load_model(directory, use_ema=use_ema)
     info = model.pretrained_cfg
+    if info.get("multi_label") and objective != "nll":
+        raise ConfigError(f"--objective {objective} chooses a temperature, for one class an image; {directory} holds a "
+                          f"multi-label classifier, whose calibration is a threshold a class (each its best F1 on "
+                          f"the validation images): leave out --objective")
     accelerator, loader, classes, _, _ = _classifier_split(directory, cfg, model, split, batch_size)
     metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes),
                                   ModelInput(info["mean"], info["std"]), keep_probs=True)
     logits, labels = metrics["logits"], metrics["labels"]
+    weights = "ema.safetensors" if use_ema and read_json(directory / "config.json").get("has_ema") else \
+        "model.safetensors"  # the file load_model read: what is fitted belongs to these weights
     if labels.ndim == 2:
-        return _choose_thresholds(directory, metrics, split, classes, accelerator.is_main_process)
+        return _choose_thresholds(directory, weights, metrics, split, classes, accelerator.is_main_process)
     temperature = fit_temperature(logits, labels, objective)
     if accelerator.is_main_process:
-        meta = read_json(directory / "config.json")
-        meta["temperature"] = temperature
-        tmp = directory / "config.json.tmp"
-        write_json(tmp, meta)
-        os.replace(tmp, directory / "config.json")
+        set_calibration(directory, weights, temperature=temperature)
         nll = lambda t: F.cross_entropy(logits / t, labels).item()
         ece = lambda t: expected_calibration_error((logits / t).softmax(-1), labels)
         kind = "temperature" if objective == "nll" else "temperature of the least calibration error"
         print(f"{kind} {temperature:.4f} fitted on the {len(labels)} {'validation' if split == 'val' else split} "
               f"images of {directory}: their loss {nll(1.0):.4f} -> {nll(temperature):.4f}, calibration error (ECE) "
-              f"{100 * ece(1.0):.2f}% -> {100 * ece(temperature):.2f}%; kept in {directory / 'config.json'}: eval and "
-              f"predict use it")
+              f"{100 * ece(1.0):.2f}% -> {100 * ece(temperature):.2f}%; kept in {directory / 'config.json'} for "
+              f"{weights}: eval and predict use it with those weights")
     return temperature
 
 
-def _choose_thresholds(directory: Path, metrics: dict[str, Any], split: str, classes: list[str],
+def _choose_thresholds(directory: Path, weights: str, metrics: dict[str, Any], split: str, classes: list[str],
                        main: bool) -> list[float]:
     """A multi-label run's thresholds (:func:`calibrate_checkpoint`): chosen on ``metrics``' probabilities,
     kept in ``config.json`` (written whole, then renamed into place)."""
@@ -126,16 +129,13 @@ def _choose_thresholds(directory: Path, metrics: dict[str, Any], split: str, cla
     probs, labels = metrics["probs"], metrics["labels"].bool()
     thresholds = choose_thresholds(probs, labels)
     if main:
-        meta = read_json(directory / "config.json")
-        meta["thresholds"] = thresholds.tolist()
-        tmp = directory / "config.json.tmp"
-        write_json(tmp, meta)
-        os.replace(tmp, directory / "config.json")
+        set_calibration(directory, weights, thresholds=thresholds.tolist())
         before, after = f1_scores(probs >= 0.5, labels), f1_scores(probs >= thresholds, labels)
         print(f"thresholds of the {len(classes)} classes chosen on the {len(labels)} "
               f"{'validation' if split == 'val' else split} images of {directory} (each its best F1): macro F1 "
               f"{before['macro_f1']:.4f} at 0.5 -> {after['macro_f1']:.4f}, micro F1 {before['micro_f1']:.4f} -> "
-              f"{after['micro_f1']:.4f}; kept in {directory / 'config.json'}: eval and predict use them")
+              f"{after['micro_f1']:.4f}; kept in {directory / 'config.json'} for {weights}: eval and predict use "
+              f"them with those weights")
     return thresholds.tolist()
 
 

@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from ..errors import CheckpointError
 
 __all__ = ["HubMixin", "CONFIG_NAME", "WEIGHTS_NAME", "TOKENIZER_NAME", "read_json", "write_json",
-           "strict_json", "load_tensors",
+           "strict_json", "calibration_of", "set_calibration", "load_tensors",
            "weights_for_saving", "load_weights", "write_model_files", "load_model_dir",
            "resolve_checkpoint", "OLD_SUFFIX", "image_input_size"]
 
@@ -218,6 +218,36 @@ def _meta_of(model: nn.Module) -> dict[str, Any]:
     return meta
 
 
+CALIBRATED = ("temperature", "thresholds")  # what vitlab calibrate fits on a set of weights
+
+
+def calibration_of(meta: dict[str, Any], weights: str) -> dict[str, Any]:
+    """What ``vitlab calibrate`` fitted on the weights file ``weights`` of a checkpoint (``config.json``'s
+    ``meta``): its ``temperature``, or a multi-label model's ``thresholds``; {} if none was fitted on them. A
+    temperature belongs to the weights it was fitted on: the EMA's is not the raw weights'. A checkpoint of
+    before ``calibration`` keeps them at the top, fitted on the weights calibrate then read (the EMA's where
+    there were)."""
+    kept = (meta.get("calibration") or {}).get(weights)
+    if kept is not None:
+        return dict(kept)
+    legacy = "ema.safetensors" if meta.get("has_ema") else WEIGHTS_NAME
+    return {k: meta[k] for k in CALIBRATED if meta.get(k) is not None} if weights == legacy else {}
+
+
+def set_calibration(directory: Path, weights: str, **fitted: Any) -> None:
+    """Keep ``fitted`` (``temperature=...`` or ``thresholds=[...]``) for the weights file ``weights`` in
+    ``directory``'s ``config.json``, under ``calibration``, written whole and renamed into place."""
+    meta = read_json(directory / CONFIG_NAME)
+    calibration = meta.setdefault("calibration", {})
+    legacy = {k: meta.pop(k) for k in CALIBRATED if k in meta}
+    if legacy:  # a checkpoint of before: what it kept at the top moves under the weights it was fitted on
+        calibration.setdefault("ema.safetensors" if meta.get("has_ema") else WEIGHTS_NAME, legacy)
+    calibration[weights] = {**calibration.get(weights, {}), **fitted}
+    tmp = directory / (CONFIG_NAME + ".tmp")
+    write_json(tmp, meta)
+    os.replace(tmp, directory / CONFIG_NAME)
+
+
 def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], use_ema: bool = False,
                    map_location: str | torch.device = "cpu",
                    before_weights: Callable[[nn.Module], set[str]] | None = None, **overrides: Any) -> nn.Module:
@@ -256,14 +286,15 @@ def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], 
             cfg["crop_pct"] = meta["crop_pct"]
         if meta.get("exif_transpose") is False:  # trained on photos as stored, not turned upright
             cfg["exif_transpose"] = False
-        if meta.get("temperature"):  # calibrated (vitlab calibrate): probabilities are softmax(logits / temperature)
-            cfg["temperature"] = float(meta["temperature"])
+        fitted = calibration_of(meta, weights.name)  # vitlab calibrate's, on these weights
+        if fitted.get("temperature"):  # probabilities are softmax(logits / temperature)
+            cfg["temperature"] = float(fitted["temperature"])
         if meta.get("lora"):  # LoRA adapters on a base model (vitlab.models.lora.merge_lora folds them in)
             cfg["lora"] = dict(meta["lora"])
         if meta.get("multi_label"):  # several classes an image: a sigmoid a class, not a softmax
             cfg["multi_label"] = True
-            if meta.get("thresholds") is not None:  # chosen on the validation split (vitlab calibrate)
-                cfg["thresholds"] = [float(t) for t in meta["thresholds"]]
+            if fitted.get("thresholds") is not None:  # chosen on the validation split (vitlab calibrate)
+                cfg["thresholds"] = [float(t) for t in fitted["thresholds"]]
     else:  # a text model: the task and the tokenizer saved beside the weights
         tokenizer = directory / TOKENIZER_NAME
         cfg = {"task": meta.get("task"), "tokenizer": str(tokenizer) if tokenizer.is_file() else None}

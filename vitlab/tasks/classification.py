@@ -550,6 +550,10 @@ def _check_multi_label(cfg: Config, classes: list[str], counts: Tensor | None) -
                           f"cross-entropy; weigh its classes with train.pos_weight=balanced")
     if cfg.distill.type != "none":
         raise ConfigError(f"distill.type={cfg.distill.type} distills a teacher's softmax, one class an image, and {said}")
+    if t.calibrate and t.calibrate_objective != "nll":
+        raise ConfigError(f"train.calibrate_objective={t.calibrate_objective} chooses a temperature, for one class an "
+                          f"image, and {said}: a multi-label run's calibration is a threshold a class (each its best "
+                          f"F1 on the validation images); leave it nll")
     if isinstance(t.pos_weight, list) and len(t.pos_weight) != len(classes):
         raise ConfigError(f"train.pos_weight has {len(t.pos_weight)} numbers for the {len(classes)} classes "
                           f"{classes[:10]}{' ...' if len(classes) > 10 else ''}; give one a class, or balanced")
