@@ -32,8 +32,8 @@ def _vit(depth: int = 3) -> torch.nn.Module:
     ("none", EMBEDDINGS | _block(0) | _block(1) | _block(2) | {"norm.weight", "norm.bias", "head.weight", "head.bias"}),
     ("backbone", {"head.weight", "head.bias"}),
     ("blocks:2", _block(2) | {"norm.weight", "norm.bias", "head.weight", "head.bias"}),
-    ("attn_only", {f"blocks.{i}.{p}.{k}" for i in range(3) for p in ("norm1", "attn.qkv", "attn.proj", "norm2")
-                   for k in ("weight", "bias")} | {"norm.weight", "norm.bias", "head.weight", "head.bias"})])
+    ("attn_only", {f"blocks.{i}.{p}.{k}" for i in range(3) for p in ("attn.qkv", "attn.proj")
+                   for k in ("weight", "bias")} | {"pos_embed", "head.weight", "head.bias"})])
 def test_each_choice_trains_exactly_its_parameters_and_the_frozen_get_no_gradient_nor_optimizer_state(spec, trains):
     model = _vit()
     count = freeze_parameters(model, spec)
@@ -54,8 +54,9 @@ def test_a_fine_tuned_run_keeps_its_frozen_weights_and_its_checkpoint_only_the_t
     train(load_config(None, tiny_overrides(tiny_imagefolder, source, "model.depth=2", "train.epochs=1")))
     reset_accelerate()
     start = load_file(str(source / "checkpoints/last/model.safetensors"))
-    for spec, frozen in (("blocks:1", EMBEDDINGS | _block(0)), ("attn_only", EMBEDDINGS | {
-            f"blocks.{i}.mlp.{f}.{k}" for i in range(2) for f in ("fc1", "fc2") for k in ("weight", "bias")})):
+    for spec, frozen in (("blocks:1", EMBEDDINGS | _block(0)), ("attn_only", EMBEDDINGS - {"pos_embed"} | {
+            f"blocks.{i}.{m}.{k}" for i in range(2) for m in ("mlp.fc1", "mlp.fc2", "norm1", "norm2")
+            for k in ("weight", "bias")} | {"norm.weight", "norm.bias"})):
         run = tmp_path / spec.replace(":", "")
         train(load_config(None, tiny_overrides(tiny_imagefolder, run, "model.depth=2", "train.epochs=1",
                                                f"model.pretrained={source}", f"model.freeze={spec}")))
@@ -87,3 +88,32 @@ def test_bad_freezing_is_one_line_before_any_image_is_decoded(tiny_imagefolder, 
         train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "r", "model.freeze=blocks:2")))
     reset_accelerate()
     assert "decoding" not in str(bad.value)
+
+
+def _deit_attn_only(model: torch.nn.Module) -> set[str]:
+    """DeiT's main.py under --attn-only (facebookresearch/deit), written out: what it leaves trainable."""
+    for name, p in model.named_parameters():
+        p.requires_grad = ".attn." in name
+    model.head.weight.requires_grad = model.head.bias.requires_grad = True
+    model.pos_embed.requires_grad = True
+    for p in model.patch_embed.parameters():
+        p.requires_grad = False
+    return {n for n, p in model.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.parametrize("kwargs", [dict(), dict(reg_tokens=2), dict(qk_norm=True)])
+def test_attn_only_trains_what_deits_attn_only_trains(kwargs):
+    model = vitlab.create_model("vit_cifar_tiny_patch4_32", depth=2, embed_dim=32, num_heads=2, num_classes=5, **kwargs)
+    freeze_parameters(model, "attn_only")
+    ours = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert ours == _deit_attn_only(model) and "pos_embed" in ours and not any("norm1" in n for n in ours)
+
+
+@pytest.mark.parametrize("kwargs", [dict(reg_tokens=4), dict(distilled=True), dict(class_token=False,
+                                                                                     global_pool="avg")])
+def test_the_tokens_without_weight_decay_are_timms(kwargs):
+    from timm.models.vision_transformer import VisionTransformer
+
+    model = vitlab.create_model("vit_cifar_tiny_patch4_32", depth=1, embed_dim=32, num_heads=2, **kwargs)
+    names = {n for n, _ in model.named_parameters()}
+    assert model.no_weight_decay() == VisionTransformer.no_weight_decay(model) & names

@@ -117,7 +117,7 @@ def test_layerscale_starts_at_init_values_and_registers_take_no_position_of_thei
     assert torch.equal(model.blocks[0].ls1.gamma, torch.full((model.embed_dim,), 1e-4))
     assert model.num_prefix_tokens == 3 and model.pos_embed.shape[1] == model.patch_embed.num_patches
     assert model.forward_features(torch.randn(1, 3, 32, 32)).shape[1] == 3 + model.patch_embed.num_patches
-    assert "reg_token" in {n for n, _ in model.named_parameters()} and "reg_token" not in model.no_weight_decay()
+    assert "reg_token" in {n for n, _ in model.named_parameters()} and "reg_token" in model.no_weight_decay()
 
 
 @pytest.mark.parametrize("kwargs", [dict(norm_layer="rmsnorm"), dict(mlp_layer="swiglu")])

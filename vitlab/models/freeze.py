@@ -4,8 +4,9 @@ requiring gradients, so they get neither a gradient nor optimizer state.
 - ``backbone``: only the head trains (a linear probe);
 - ``blocks:N``: the embeddings (everything before the first block: patch embedding, CLS and register tokens,
   positions) and the first ``N`` blocks are frozen, the rest trains;
-- ``attn_only``: only the attention weights, the norms and the head train (Touvron et al. 2022, "Three things
-  everyone should know about Vision Transformers": fine-tuning the attention alone; DeiT's ``--attn-only``).
+- ``attn_only``: only the attention layers, the positional embedding and the head train, as DeiT's
+  ``--attn-only`` sets them (Touvron et al. 2022, "Three things everyone should know about Vision
+  Transformers": fine-tuning the attention alone); the norms, tokens, patch embedding and MLPs stay frozen.
 """
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def freeze_parameters(model: nn.Module, spec: str) -> int:
     if spec == "backbone":
         trains = {name for name, p in params if id(p) in head}
     elif spec == "attn_only":
-        trains = {name for name, p in params if ".attn." in f".{name}" or "norm" in name or id(p) in head}
+        trains = {name for name, p in params  # DeiT's main.py: '.attn.' in the name, the head, pos_embed
+                  if ".attn." in f".{name}" or name.rsplit(".", 1)[-1] == "pos_embed" or id(p) in head}
     else:
         count = int(spec.removeprefix("blocks:"))
         stack, _ = _blocks(model, count)

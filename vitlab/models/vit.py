@@ -243,7 +243,8 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         """Parameter names that the optimizer should not decay (besides norms and biases)."""
-        return {n for n in ("pos_embed", "cls_token", "dist_token") if isinstance(getattr(self, n), nn.Parameter)}
+        return {n for n in ("pos_embed", "cls_token", "reg_token", "dist_token")  # timm's VisionTransformer's
+                if isinstance(getattr(self, n, None), nn.Parameter)}
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
