@@ -4,6 +4,8 @@ them on their base, export merges them (merged outputs equal unmerged to 1e-5); 
 image is decoded."""
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -107,3 +109,35 @@ def test_bad_lora_settings_are_one_line_before_any_image_is_decoded(tiny_imagefo
         train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "r", f"model.pretrained={tmp_path}",
                                                "model.lora_r=4", "model.lora_targets=[attn.qkvv]")))
     reset_accelerate()
+
+
+def test_a_lora_model_saves_and_converts_as_a_merged_copy_that_every_reader_loads(tiny_imagefolder, tmp_path, on_cpu):
+    # save_pretrained, to_timm and to_transformers fold the adapters into a copy (peft's merge_and_unload): the files
+    # and models give the adapted model's outputs, and the model in hand keeps its adapters
+    from vitlab.interop import to_timm
+    from vitlab.training import train
+
+    source, run = tmp_path / "source", tmp_path / "lora"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, source, "model.depth=2", "train.epochs=1")))
+    reset_accelerate()
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run, "model.depth=2", f"model.pretrained={source}",
+                                           "model.lora_r=4", "train.epochs=1", "optim.lr=3e-2")))
+    reset_accelerate()
+    model = vitlab.load_model(run)
+    images = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        adapted = model(images)
+        assert not torch.allclose(adapted, vitlab.load_model(source)(images), atol=1e-3)  # the adapters changed it
+        model.save_pretrained(tmp_path / "saved")
+        saved = vitlab.load_model(tmp_path / "saved")
+        assert not any("lora" in k for k in saved.state_dict())
+        torch.testing.assert_close(saved(images), adapted, atol=1e-5, rtol=0)
+        assert saved.pretrained_cfg["label_names"] == model.pretrained_cfg["label_names"]
+        torch.testing.assert_close(to_timm(model).eval()(images), adapted, atol=1e-5, rtol=0)
+        if importlib.util.find_spec("transformers") is not None:
+            from vitlab.interop import to_transformers
+
+            hf = to_transformers(model).eval()
+            torch.testing.assert_close(hf(pixel_values=images).logits, adapted, atol=1e-5, rtol=0)
+        assert any(".lora_A." in n for n, _ in model.named_parameters())  # the model given keeps its adapters
+        torch.testing.assert_close(model(images), adapted, atol=0, rtol=0)

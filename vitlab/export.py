@@ -84,7 +84,8 @@ def export_model(model: nn.Module, output: str | Path, format: Literal["onnx", "
     and run on inputs of another batch size than the example's; ``max_abs_diff`` is its largest
     difference from the eager model. The file is written under a temporary name and renamed into
     place, so a failed export leaves nothing behind. A model with LoRA adapters is exported merged
-    (:func:`~vitlab.models.lora.merge_lora`: plain linear layers, the same outputs).
+    (:func:`~vitlab.models.lora.merged_copy`: plain linear layers, the same outputs; the model given keeps its
+    adapters).
     """
     if format not in FORMATS:
         raise ConfigError(f"--format {format!r} is not one of {', '.join(FORMATS)}")
@@ -97,11 +98,9 @@ def export_model(model: nn.Module, output: str | Path, format: Literal["onnx", "
     if format == "onnx" and torch.torch_version.TorchVersion(torch.__version__) < ONNX_MIN_TORCH:
         raise ConfigError(f"--format onnx needs torch>={ONNX_MIN_TORCH} (its exporter with onnxscript; this is torch "
                           f"{torch.__version__}): pip install 'vitlab[export]', or export --format torch-export")
-    if (getattr(model, "pretrained_cfg", None) or {}).get("lora"):
-        from .models.lora import merge_lora
+    from .models.lora import merged_copy
 
-        model = merge_lora(model)
-    model = model.eval()
+    model = merged_copy(model).eval()  # LoRA adapters folded in, on a copy
     args, dynamic, names = example_inputs(model)
     tmp = output.with_name(f".{output.stem}.tmp{'.pt2' if format == 'torch-export' else output.suffix}")
     try:

@@ -314,7 +314,9 @@ class HubMixin(PyTorchModelHubMixin, library_name="vitlab", tags=["vitlab"], mod
     """
 
     def _save_pretrained(self, save_directory: Path) -> None:
-        write_model_files(self, save_directory, _meta_of(self))
+        from .lora import merged_copy  # LoRA adapters folded into a copy: a plain model any reader loads
+
+        write_model_files(merged_copy(self), save_directory, _meta_of(self))
         tokenizer = (getattr(self, "pretrained_cfg", None) or {}).get("tokenizer")
         if tokenizer and Path(tokenizer).resolve() != (save_directory / TOKENIZER_NAME).resolve():
             shutil.copyfile(tokenizer, save_directory / TOKENIZER_NAME)

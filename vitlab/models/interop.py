@@ -11,6 +11,7 @@ from torch import nn
 
 from ..attention import MultiHeadAttention
 from ..layers.pos_embed import resample_pos_embed
+from .lora import merged_copy
 from .transformer import Transformer
 from .vit import VisionTransformer
 
@@ -130,6 +131,7 @@ def to_timm(model: VisionTransformer) -> nn.Module:
     from timm.layers import Mlp, RmsNorm, SwiGLU
     from timm.models.vision_transformer import VisionTransformer as TimmViT
 
+    model = merged_copy(model)  # LoRA adapters folded in, on a copy
     cfg = model.config
     missing = [f"{k}={cfg[k]!r}" for k, ok in (("mlp_layer", ("mlp", "swiglu")), ("score", ("dot",)),
                                                 ("kernel", ("softmax",)), ("pos_embed", ("learn",)))
@@ -331,6 +333,7 @@ def to_transformers(model: VisionTransformer) -> nn.Module:
     """
     import transformers
 
+    model = merged_copy(model)  # LoRA adapters folded in, on a copy
     cfg = model.config
     unsupported = [f"{k}={cfg.get(k)!r}" for k, ok in (
         ("global_pool", ("token",)), ("class_token", (True,)), ("reg_tokens", (0,)), ("init_values", (None,)),

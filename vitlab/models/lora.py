@@ -15,7 +15,7 @@ from torch import nn
 
 from ..errors import ConfigError
 
-__all__ = ["DEFAULT_TARGETS", "check_lora_targets", "add_lora", "merge_lora", "has_lora"]
+__all__ = ["DEFAULT_TARGETS", "check_lora_targets", "add_lora", "merge_lora", "merged_copy", "has_lora"]
 
 DEFAULT_TARGETS = ["attn.qkv", "attn.proj"]
 
@@ -73,3 +73,14 @@ def merge_lora(model: nn.Module) -> nn.Module:
             parent, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent) if parent else model, child, module.get_base_layer())
     return model
+
+
+def merged_copy(model: nn.Module) -> nn.Module:
+    """``model`` itself without LoRA layers, else a copy with them merged (:func:`merge_lora`): what leaves vitlab
+    (``save_pretrained`` and the Hub, timm and transformers models, exports) is a plain model any reader loads,
+    and the model in hand keeps its adapters (peft's ``merge_and_unload`` on a copy)."""
+    if not has_lora(model):
+        return model
+    import copy
+
+    return merge_lora(copy.deepcopy(model))
