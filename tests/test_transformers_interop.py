@@ -18,12 +18,17 @@ SIZES = dict(image_size=32, patch_size=8, hidden_size=48, num_hidden_layers=2, n
 LABELS = {i: name for i, name in enumerate(["ant", "bee", "cat", "dog", "eel"])}
 
 
-def _hf(kind: str) -> torch.nn.Module:
+def _hf(kind: str, **config_args) -> torch.nn.Module:
     torch.manual_seed(0)
-    if kind == "deit":
-        config = transformers.DeiTConfig(**SIZES, id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
+    labels = dict(id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
+    if kind.startswith("deit"):
+        config = transformers.DeiTConfig(**{**SIZES, **config_args}, **labels)
+        if kind == "deit-model":  # no head: the normed CLS token, the distillation token in the sequence
+            return transformers.DeiTModel(config, add_pooling_layer=False).eval()
+        if kind == "deit-no-teacher":  # what AutoModelForImageClassification builds for DeiT: the CLS head alone
+            return transformers.DeiTForImageClassification(config).eval()
         return transformers.DeiTForImageClassificationWithTeacher(config).eval()
-    config = transformers.ViTConfig(**SIZES, id2label=LABELS, label2id={v: k for k, v in LABELS.items()})
+    config = transformers.ViTConfig(**{**SIZES, **config_args}, **labels)
     if kind == "vit-model":
         return transformers.ViTModel(config, add_pooling_layer=False).eval()
     return transformers.ViTForImageClassification(config).eval()
@@ -34,12 +39,13 @@ def _theirs(hf: torch.nn.Module, x: torch.Tensor, **kwargs) -> torch.Tensor:
     return out.last_hidden_state[:, 0] if hasattr(out, "last_hidden_state") else out.logits
 
 
-@pytest.mark.parametrize("kind", ["vit", "vit-model", "deit"])
+@pytest.mark.parametrize("kind", ["vit", "vit-model", "deit", "deit-no-teacher", "deit-model"])
 def test_a_transformers_vit_read_into_vitlab_gives_its_outputs_at_its_size_and_at_another(kind):
     hf = _hf(kind)
     vit = from_transformers(hf).eval()
     assert vit.config["norm_eps"] == 1e-12 and vit.config["patch_size"] == 8 and vit.config["img_size"] == 32
-    if kind != "vit-model":
+    assert vit.num_reg_tokens == int(kind in ("deit-no-teacher", "deit-model"))  # the distillation token, headless
+    if kind not in ("vit-model", "deit-model"):
         assert vit.pretrained_cfg["label_names"] == list(LABELS.values()) and vit.num_classes == 5
         assert vit.distilled == (kind == "deit")
     x = torch.randn(3, 3, 32, 32)
@@ -87,3 +93,36 @@ def test_a_run_starts_from_a_transformers_checkpoint_and_other_architectures_are
     with pytest.raises(CheckpointError, match=r"transformers:.*rn is a resnet checkpoint; vitlab reads ViT and DeiT "
                                               r"\(ViTForImageClassification, ViTModel"):
         load_pretrained(model, f"transformers:{tmp_path / 'rn'}")
+
+
+@pytest.mark.parametrize("config_args", [dict(qkv_bias=False), dict(image_size=(32, 48)), dict(image_size=[48, 32],
+                                                                                                patch_size=[8, 8])])
+@pytest.mark.parametrize("kind", ["vit", "deit-no-teacher"])
+def test_configs_without_qkv_bias_or_with_an_image_size_pair_read_with_their_outputs(config_args, kind):
+    hf = _hf(kind, **config_args)
+    vit = from_transformers(hf).eval()
+    size = config_args.get("image_size", 32)
+    h, w = (size, size) if isinstance(size, int) else size
+    assert vit.config["img_size"] == (h, w) or vit.config["img_size"] == h == w
+    assert (vit.blocks[0].attn.qkv.bias is None) == (config_args.get("qkv_bias") is False)
+    x = torch.randn(2, 3, h, w)
+    with torch.no_grad():
+        torch.testing.assert_close(vit(x), _theirs(hf, x), atol=1e-5, rtol=0)
+
+
+def test_a_run_starts_from_a_deit_without_its_teacher_head_given_the_register_it_needs(tmp_path):
+    import vitlab
+    from vitlab.models.pretrained import load_pretrained
+
+    hf = _hf("deit-no-teacher")
+    hf.save_pretrained(tmp_path / "deit")
+    build = lambda **kw: vitlab.create_model("vit_cifar_tiny_patch4_32", img_size=32, patch_size=8, embed_dim=48,
+                                             depth=2, num_heads=3, mlp_ratio=2.0, num_classes=5, norm_eps=1e-12, **kw)
+    with pytest.raises(CheckpointError, match=r"holds 1 register token\(s\) \(a DeiT's distillation token without its "
+                                              r"head is read as one\) and the model 0: set model.reg_tokens=1"):
+        load_pretrained(build(), f"transformers:{tmp_path / 'deit'}")
+    model = build(reg_tokens=1)
+    load_pretrained(model, f"transformers:{tmp_path / 'deit'}")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(x), hf(pixel_values=x).logits, atol=1e-5, rtol=0)

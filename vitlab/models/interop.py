@@ -271,7 +271,10 @@ def from_transformers(model: nn.Module, img_size: int | tuple[int, int] | None =
     """A vitlab ``VisionTransformer`` with the architecture, weights and label names of a transformers
     ``ViTForImageClassification``, ``ViTModel`` (no head: ``forward`` returns the normed CLS token) or DeiT
     model (``DeiTForImageClassificationWithTeacher``: its distillation token and head, their logits averaged
-    in eval as transformers' are): patch and image size, width, depth, heads, MLP width, layer-norm eps.
+    in eval as transformers' are; ``DeiTForImageClassification``, what ``AutoModelForImageClassification``
+    builds for DeiT, and ``DeiTModel``: the distillation token without its head, which a ViT holds as a register
+    token with a position of its own, the CLS token read alone): patch and image size (square or not), width,
+    depth, heads, MLP width, layer-norm eps, the query/key/value bias or none.
     ``img_size``: built for this size instead, its positions resampled as transformers'
     ``interpolate_pos_encoding`` resamples them (plain bicubic; ``set_input_size`` resamples as timm does).
 
@@ -284,26 +287,34 @@ def from_transformers(model: nn.Module, img_size: int | tuple[int, int] | None =
     if c.hidden_act != "gelu":
         raise ValueError(f"this {type(model).__name__} uses hidden_act={c.hidden_act!r}; vitlab's ViT runs GELU")
     if getattr(base, "pooler", None) is not None and head is None:
-        raise ValueError("this ViTModel has a pooler (dense + tanh on the CLS token), which vitlab's ViT does not; "
-                         "build it with add_pooling_layer=False, or read a ViTForImageClassification")
+        raise ValueError(f"this {type(model).__name__} has a pooler (dense + tanh on the CLS token), which vitlab's "
+                         f"ViT does not; build it with add_pooling_layer=False, or read a model with a classifier")
     distilled = head_dist is not None
+    # a DeiT without its distillation head: the token still joins the sequence, as a register after the CLS token
+    dist_as_register = not distilled and type(model).__name__.startswith("DeiT")
     num_classes = head.out_features if head is not None else 0
-    vit = VisionTransformer(img_size=img_size or c.image_size, patch_size=c.patch_size, in_chans=c.num_channels,
+    given = lambda v: tuple(v) if isinstance(v, (list, tuple)) else v  # an int, or a pair (height, width)
+    pair = lambda v: given(v) if isinstance(v, (list, tuple)) else (v, v)
+    image_size, patch_size = pair(c.image_size), pair(c.patch_size)
+    vit = VisionTransformer(img_size=img_size or given(c.image_size), patch_size=given(c.patch_size),
+                            in_chans=c.num_channels,
                             num_classes=num_classes, embed_dim=c.hidden_size, depth=c.num_hidden_layers,
                             num_heads=c.num_attention_heads, mlp_ratio=c.intermediate_size / c.hidden_size,
-                            qkv_bias=c.qkv_bias, distilled=distilled, norm_eps=c.layer_norm_eps)
+                            qkv_bias=c.qkv_bias, distilled=distilled, reg_tokens=int(dist_as_register),
+                            norm_eps=c.layer_norm_eps)
     state = {k: v for k, v in base.state_dict().items() if not k.startswith("pooler.")}
     ours = {"cls_token": state.pop("embeddings.cls_token"), "pos_embed": state.pop("embeddings.position_embeddings"),
             "patch_embed.proj.weight": state.pop("embeddings.patch_embeddings.projection.weight"),
             "patch_embed.proj.bias": state.pop("embeddings.patch_embeddings.projection.bias"),
             "norm.weight": state.pop("layernorm.weight"), "norm.bias": state.pop("layernorm.bias")}
-    if distilled:
-        ours["dist_token"] = state.pop("embeddings.distillation_token")
+    if distilled or dist_as_register:
+        ours["dist_token" if distilled else "reg_token"] = state.pop("embeddings.distillation_token")
     prefix, qkv, rest = _hf_names(base)
     for i in range(c.num_hidden_layers):
         layer = prefix.format(i=i)
         for kind in ("weight", "bias"):
-            ours[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([state.pop(f"{layer}{p}.{kind}") for p in qkv])
+            if kind == "weight" or c.qkv_bias:
+                ours[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([state.pop(f"{layer}{p}.{kind}") for p in qkv])
             for theirs, mine in rest.items():
                 ours[f"blocks.{i}.{mine}.{kind}"] = state.pop(f"{layer}{theirs}.{kind}")
     state.pop("embeddings.mask_token", None)  # masked image modelling's token: not used to classify
@@ -312,7 +323,7 @@ def from_transformers(model: nn.Module, img_size: int | tuple[int, int] | None =
     for name, module in (("head", head), ("head_dist", head_dist)):
         if module is not None:
             ours.update({f"{name}.{k}": v for k, v in module.state_dict().items()})
-    grid = (c.image_size // c.patch_size,) * 2
+    grid = (image_size[0] // patch_size[0], image_size[1] // patch_size[1])
     ours["pos_embed"] = resample_pos_embed(ours["pos_embed"], vit.patch_embed.grid_size, grid,
                                            vit.num_prefix_tokens, antialias=False)
     vit.load_state_dict(ours, strict=True)

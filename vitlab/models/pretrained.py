@@ -197,6 +197,12 @@ def load_pretrained(model: nn.Module, source: str, file: str = "", model_name: s
         else:
             raise CheckpointError(f"model.pretrained={source!r} is neither timm:<name>, a weights file nor a "
                                   f"vitlab run or save_pretrained directory")
+    registers = state["reg_token"].shape[1] if "reg_token" in state else 0
+    if vit and registers != getattr(model, "num_reg_tokens", 0):  # before the positions are resampled by count
+        deit = " (a DeiT's distillation token without its head is read as one)" if source.startswith("transformers:") \
+            else ""
+        raise CheckpointError(f"model.pretrained={source!r} holds {registers} register token(s){deit} and the model "
+                              f"{getattr(model, 'num_reg_tokens', 0)}: set model.reg_tokens={registers}")
     # pos_embed resampled to the model's patch grid: by vitlab's filter, or a timm model's by timm's own
     state = checkpoint_filter_fn(state, model) if vit else timm_filter(state, model.model)
     own, head = model.state_dict(), _head_keys(model)
