@@ -36,7 +36,6 @@ from .models.hub import image_input_size
 __all__ = ["export_model", "example_inputs", "FORMATS"]
 
 FORMATS = ("onnx", "torch-export")
-ONNX_MIN_TORCH = "2.8"  # the oldest torch the ONNX path is tested with (the export extra's floor)
 
 
 def example_inputs(model: nn.Module) -> tuple[tuple[Tensor, ...], tuple[dict[int, Dim], ...], list[str]]:
@@ -95,9 +94,6 @@ def export_model(model: nn.Module, output: str | Path, format: Literal["onnx", "
     if format == "torch-export" and output.suffix != ".pt2":
         raise ConfigError(f"--output {str(output)!r}: a torch.export program is a .pt2 file (torch.export.load "
                           f"expects the suffix); name it {output.stem}.pt2")
-    if format == "onnx" and torch.torch_version.TorchVersion(torch.__version__) < ONNX_MIN_TORCH:
-        raise ConfigError(f"--format onnx needs torch>={ONNX_MIN_TORCH} (its exporter with onnxscript; this is torch "
-                          f"{torch.__version__}): pip install 'vitlab[export]', or export --format torch-export")
     from .models.lora import merged_copy
 
     model = merged_copy(model).eval()  # LoRA adapters folded in, on a copy

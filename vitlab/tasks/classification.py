@@ -431,7 +431,12 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     counts = training_class_counts(d, t.seed, train_index)  # from the labels alone, before any image is decoded
     if train_index.labels.ndim == 2:
         _check_multi_label(cfg, train_index.classes, counts)
-    require_trained_classes(train_index.classes, counts, train_index.where)
+    weighs = t.class_weights != "none" or t.loss == "logit_adjusted" or d.sampler != "uniform"
+    if resume_from is None or weighs:
+        require_trained_classes(train_index.classes, counts, train_index.where)
+    elif not counts.all():  # a run that began so (a test split held out by the balanced rule of before) goes on
+        accelerator.print(f"data: class(es) {[c for c, n in zip(train_index.classes, counts.tolist()) if n == 0]} have "
+                          f"no training images; the run began without them and continues so")
     keep, where = in_memory(d, train_index, test_index, size)
     accelerator.print(where)
     train_data, val_data = load_train_val_data(d, t.seed, size, train_index, keep)
