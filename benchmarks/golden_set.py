@@ -94,12 +94,12 @@ def _same(a: Path, b: Path) -> bool:
 
 
 def compare(before: Path, after: Path) -> int:
-    skip = {".png", ".tfevents"}  # pictures and TensorBoard's event files carry times and renderer bytes
-    files = sorted(p.relative_to(before) for p in before.rglob("*") if p.is_file() and p.suffix not in skip
-                   and "events.out" not in p.name)
+    # pictures carry the renderer's bytes, TensorBoard's folders the clock's time in their names
+    kept = lambda p, top: p.is_file() and p.suffix != ".png" and "tensorboard" not in p.relative_to(top).parts
+    files = sorted(p.relative_to(before) for p in before.rglob("*") if kept(p, before))
     differ = [f for f in files if not (after / f).is_file() or not _same(before / f, after / f)]
-    extra = sorted(p.relative_to(after) for p in after.rglob("*") if p.is_file() and p.suffix not in skip
-                   and "events.out" not in p.name and not (before / p.relative_to(after)).exists())
+    extra = sorted(p.relative_to(after) for p in after.rglob("*")
+                   if kept(p, after) and not (before / p.relative_to(after)).exists())
     for f in differ:
         print(f"differs: {f}")
     for f in extra:
