@@ -643,20 +643,20 @@ def test_processes_launched_on_the_cpu_do_not_see_the_gpus(monkeypatch):
     # Accelerate's wait_for_everyone hands the local rank to torch.distributed.barrier(device_ids=...), and
     # torch then names cuda:<rank> wherever CUDA is visible: on an H100 machine the rank-1 process of every
     # `accelerate launch --cpu` / ACCELERATE_USE_CPU run died there. Such processes must not see the GPUs.
-    import vitlab.training as training
+    import vitlab.runtime as runtime
 
     seen = []
-    monkeypatch.setattr(training, "Accelerator", lambda **kwargs: seen.append(os.environ.get("CUDA_VISIBLE_DEVICES")))
+    monkeypatch.setattr(runtime, "Accelerator", lambda **kwargs: seen.append(os.environ.get("CUDA_VISIBLE_DEVICES")))
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # as in a freshly launched process
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
-    training.create_accelerator()
+    runtime.create_accelerator()
     assert seen == [""]
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     monkeypatch.setenv("ACCELERATE_USE_CPU", "false")  # launched on the GPUs: nothing hidden
-    training.create_accelerator()
+    runtime.create_accelerator()
     assert seen == ["", None]
 
 
@@ -668,7 +668,7 @@ def test_the_plain_model_of_a_compiled_ddp_model_leaves_ddp_in_the_training_path
     from accelerate import Accelerator
     from torch.nn.parallel import DistributedDataParallel
 
-    from vitlab.tasks.base import bare_model
+    from vitlab.runtime import bare_model
 
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
     try:

@@ -20,7 +20,7 @@ from .config import Config, load_config
 from .data.table import label_set_cell
 from .models.hub import set_calibration
 from .errors import ConfigError
-from .training import create_accelerator
+from .runtime import create_accelerator
 from .visualize import plot_confusion_matrix, plot_mistakes, plot_reliability, save_figure
 
 __all__ = ["evaluate_checkpoint", "record_evaluation", "calibrate_checkpoint"]

@@ -36,7 +36,8 @@ from .data.transforms import ModelInput, decode_size, decode_upright
 from .errors import ConfigError, DataError
 from .models.hub import read_json, write_json
 from .progress import Progress
-from .tasks.classification import crops_view_size, eval_dataset, eval_view, listed_once, streamed_in_shards, tta_logits
+from .runtime import autocast_dtype, default_device, listed_once, processes
+from .tasks.classification import crops_view_size, eval_dataset, eval_view, streamed_in_shards, tta_logits
 from .tasks.knn import pooled_features
 
 __all__ = ["list_images", "data_split", "predict_images", "embed_images", "default_device", "autocast_dtype",
@@ -401,53 +402,6 @@ def _resume(partial: Path, header: str, files: list[str], suffix: str, job: dict
     return len(images), sum(1 for row in rows if row.get("error"))
 
 
-def default_device() -> torch.device:
-    """The device training and eval would take: this process's GPU (``LOCAL_RANK``) where CUDA is, unless
-    ``ACCELERATE_USE_CPU`` (``accelerate launch --cpu``) keeps the processes on the CPU; else the CPU."""
-    from .training import cpu_requested
-
-    if not cpu_requested() and torch.cuda.is_available():  # the GPUs hidden first where the launch keeps the CPU
-        return torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
-    return torch.device("cpu")
-
-
-PRECISIONS = {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def autocast_dtype(model: nn.Module, precision: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype of ``precision`` (``train.mixed_precision``'s names), or for ``'run'`` the one the
-    checkpoint's training recorded, as eval runs it (a checkpoint without a record: bf16 on a GPU, float32 on
-    the CPU); None: float32.
-
-    Raises:
-        ConfigError: one line, for another name.
-    """
-    if precision == "run":
-        recorded = ((getattr(model, "pretrained_cfg", None) or {}).get("training") or {}).get("mixed_precision")
-        precision = recorded or ("bf16" if device.type == "cuda" else "no")
-    if precision not in PRECISIONS:
-        raise ConfigError(f"--precision {precision}: give run (the checkpoint's training precision, as eval uses), "
-                          f"{', '.join(PRECISIONS)}")
-    return PRECISIONS[precision]
-
-
-def _processes() -> tuple[int, int, Any]:
-    """This process's rank, the number of processes and ``torch.distributed`` when launched by torchrun or
-    ``accelerate launch`` (the group started through Accelerate: gloo on CPUs, NCCL on GPUs)."""
-    import torch.distributed as dist
-
-    from .training import cpu_requested
-
-    cpu_requested()  # accelerate launch --cpu: the GPUs hidden before the group starts, as in training
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from accelerate import PartialState
-
-        PartialState()  # joins the group the launcher set up
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return dist.get_rank(), dist.get_world_size(), dist
-    return 0, 1, None
-
-
 @torch.no_grad()  # not inference_mode: torch 2.4's all_gather_object then failed
 def predict_images(model: nn.Module, inputs: list[str], output: str | Path | None = None, batch_size: int = 64,
                    num_workers: int = 2, topk: int = 5, device: str | torch.device | None = None,
@@ -502,7 +456,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
             raise ConfigError(f"--output {out}: parquet files are written with pyarrow: pip install pyarrow "
                               f"(or 'vitlab[hf]', which brings it)") from None
     lines = ".csv" if out is not None and out.suffix == ".csv" else ".jsonl"  # parquet, npy: JSON lines until the end
-    rank, world, dist = _processes()
+    rank, world, dist = processes()
     if data and inputs:
         raise ConfigError(f"give image files, folders and globs ({inputs[0]!r}, ...) or a data set (data.* keys), "
                           f"not both")

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-import torch
 from accelerate import Accelerator
 from torch import Tensor, nn
 
@@ -17,25 +16,7 @@ from ..models.freeze import freeze_parameters
 if TYPE_CHECKING:
     from ..config import Config
 
-__all__ = ["TaskSetup", "build_model", "bare_model", "gather_uneven"]
-
-
-def bare_model(model: nn.Module, accelerator: Accelerator) -> nn.Module:
-    """The module under ``torch.compile``'s and DDP's wrappers (the same parameters), the wrappers left as
-    they are. Training compiles after ``accelerator.prepare``: ``compile(DDP(model))``, which Accelerate's
-    ``unwrap_model`` would mend by writing the bare module into the compiled wrapper, so that the steps
-    after it run without DDP's gradient all-reduce. So the compiled wrapper is looked under first."""
-    return accelerator.unwrap_model(getattr(model, "_orig_mod", model))
-
-
-def gather_uneven(accelerator: Accelerator, x: Tensor) -> Tensor:
-    """Concatenate every process's ``x`` (first dimensions may differ) in process order."""
-    if accelerator.num_processes == 1:
-        return x
-    sizes = accelerator.gather(torch.tensor([len(x)], device=x.device)).tolist()
-    padded = accelerator.gather(accelerator.pad_across_processes(x, dim=0))
-    longest = max(sizes)
-    return torch.cat([padded[i * longest:i * longest + n] for i, n in enumerate(sizes)])
+__all__ = ["TaskSetup", "build_model"]
 
 
 def build_model(cfg: Config, **derived: Any) -> nn.Module:

@@ -27,7 +27,8 @@ from ..data.split import SplitIndex, held_out_count, hold_out, multi_label_reaso
 from ..errors import ConfigError, DataError
 from ..models.hub import image_input_size, read_json
 from ..models.pretrained import load_pretrained
-from .base import TaskSetup, build_model, gather_uneven
+from ..runtime import gather_uneven, listed_once
+from .base import TaskSetup, build_model
 from .calibration import expected_calibration_error
 from .distill import DistillationLoss, load_teacher
 from .knn import collect_features
@@ -265,27 +266,6 @@ def eval_view(size: tuple[int, int], stored: tuple[int, int] | None, crop_pct: f
 def streamed_in_shards(d: DataConfig) -> bool:
     """Whether the data is read as shards (:func:`shard_streams`): WebDataset, or a streamed Hugging Face split."""
     return d.dataset == "wds" or (d.dataset == "hf" and d.streaming)
-
-
-def listed_once(list_split: Callable[[], Any], num_processes: int) -> Any:
-    """``list_split()`` run by process 0 alone, its listing (or its one-line error) given to every process:
-    shards without an index are read through to list them (about 2 minutes for ImageNet-1k), a streamed
-    Hub split's label column is read; once a run, not once a process."""
-    if num_processes == 1 or not torch.distributed.is_initialized():
-        return list_split()
-    box: list[Any] = [None]
-    if torch.distributed.get_rank() == 0:
-        try:
-            box = [list_split()]
-        except (DataError, ConfigError) as e:
-            box = [e]
-        except Exception as e:  # the others must not wait for a listing that never comes
-            torch.distributed.broadcast_object_list([DataError(f"process 0 could not list the data: {e}")], src=0)
-            raise
-    torch.distributed.broadcast_object_list(box, src=0)
-    if isinstance(box[0], Exception):
-        raise box[0]
-    return box[0]
 
 
 def _index_stream(d: DataConfig, split: str, classes: list[str] | None) -> ShardIndex:

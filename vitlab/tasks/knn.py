@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import Tensor, nn
 
-from .base import gather_uneven
+from ..runtime import gather_uneven
 
 __all__ = ["pooled_features", "collect_features", "knn_predict"]
 

@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader, Dataset
 from ..data.text import BOS_ID, EOS_ID, PAD_ID, TokenBatchSampler, collate_pairs, load_tokenizer, read_lines, \
     synthetic_pairs, train_bpe
 from ..errors import ConfigError, DataError
-from .base import TaskSetup, bare_model, build_model
+from ..runtime import bare_model
+from .base import TaskSetup, build_model
 
 if TYPE_CHECKING:
     from ..config import Config, TextDataConfig

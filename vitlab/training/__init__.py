@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import shlex
 import shutil
 import sys
@@ -41,7 +40,8 @@ from ..layers import expert_utilization, moe_aux_loss
 from ..preemption import StopSignals, elastic_restart_advice, ignore_in_workers
 from ..progress import Progress
 from ..seeding import rng_state, seed_process, set_rng_state
-from ..tasks import TaskSetup, bare_model
+from ..runtime import bare_model, cpu_requested, create_accelerator
+from ..tasks import TaskSetup
 from .optim import create_optimizer, create_scheduler, param_groups
 from .probe import fit_head, probe_config, probe_header
 from .report import busy_machine_advice, last_eval, plot_curves, result_line, summary_of, truncate_lines
@@ -171,49 +171,6 @@ def _setup_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir
     from ..tasks.classification import image_classification_task
 
     return image_classification_task(cfg, accelerator, micro_batch, resume_from)
-
-
-def create_accelerator(mixed_precision: str = "no", **kwargs: Any) -> Accelerator:
-    """An ``Accelerator`` that also works for several processes on a machine without GPUs: there
-    Accelerate's gloo (multi-CPU) path needs ``cpu=True``, otherwise each process would silently
-    work alone. ``ACCELERATE_USE_CPU=1`` (what ``accelerate launch --cpu`` sets) keeps every process
-    on the CPU on a machine with GPUs too.
-
-    Raises:
-        ConfigError: before any process group starts, if more processes were started on this machine
-            than it has GPUs (NCCL needs a GPU of its own for each process).
-    """
-    launched = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    on_cpu = cpu_requested()
-    gpus = torch.cuda.device_count()
-    local_processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    if launched and not on_cpu and 0 < gpus < local_processes:
-        raise ConfigError(f"{local_processes} processes were started on this machine, which has {gpus} GPU(s): each "
-                          f"process needs a GPU of its own; start {gpus} (torchrun --nproc_per_node {gpus}, accelerate "
-                          f"launch --num_processes {gpus}), or run them on the CPU with ACCELERATE_USE_CPU=1 "
-                          f"(accelerate launch --cpu)")
-    return Accelerator(cpu=launched and not gpus, mixed_precision=mixed_precision, **kwargs)
-
-
-def cpu_requested() -> bool:
-    """Whether ``ACCELERATE_USE_CPU`` (what ``accelerate launch --cpu`` sets) keeps this process on the CPU, on a
-    machine with GPUs too; a process so launched beside others then hides the GPUs (:func:`_hide_gpus`)."""
-    on_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes")
-    if on_cpu and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        _hide_gpus()
-    return on_cpu
-
-
-def _hide_gpus() -> None:
-    """Hide the GPUs from this process, as ``CUDA_VISIBLE_DEVICES=`` would: processes launched to run on
-    the CPU must not reach a GPU. Accelerate's ``wait_for_everyone`` passes the local rank to
-    ``torch.distributed.barrier(device_ids=...)`` also for gloo, and torch then names ``cuda:<rank>``
-    wherever CUDA is available: on a machine with one GPU the process of rank 1 failed (seen on an H100).
-    Takes effect only before anything in the process asked CUDA for its devices (say so if too late)."""
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-    if torch.cuda.is_initialized():
-        raise ConfigError("ACCELERATE_USE_CPU is set but CUDA was initialised before the Accelerator was created; "
-                          "start the processes with CUDA_VISIBLE_DEVICES= as well")
 
 
 @dataclass
