@@ -15,6 +15,7 @@ ROOMS: list[tuple[str, set[str]]] = [
     ("layers", {"layers"}),
     ("models", {"models", "text"}),
     ("data", {"data"}),
+    ("inference", {"inference"}),
     ("tasks", {"tasks"}),
     ("visualize", {"visualize"}),
     ("engine", {"config", "checkpoint", "preemption", "training", "evaluation", "prediction", "interop", "export", "cli",

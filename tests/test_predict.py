@@ -338,18 +338,19 @@ def test_the_cpu_forward_runs_cache_sized_chunks_side_by_side_with_the_rows_of_t
 
     import vitlab
     from vitlab import load_model
-    from vitlab import prediction
-    from vitlab.prediction import cpu_chunk, predict_images
+    from vitlab.inference import forward
+    from vitlab.inference.forward import cpu_chunk
+    from vitlab.prediction import predict_images
 
     quick = vitlab.create_model("vit_cifar_tiny_patch4_32")  # 96 wide (qkv 288), 8 x 8 patches and a CLS token
-    assert cpu_chunk(quick, (3, 32, 32)) == prediction.CPU_ACTIVATION_BUDGET // (65 * 288 * 4) == 28
+    assert cpu_chunk(quick, (3, 32, 32)) == forward.CPU_ACTIVATION_BUDGET // (65 * 288 * 4) == 28
     small = timm.create_model("vit_small_patch16_224")  # 22M weights (88 MB), MLP 1536, 197 tokens
     weights = sum(p.numel() * 4 for p in small.parameters())
     assert cpu_chunk(small, (3, 224, 224)) == weights // (197 * 1536 * 4) == 72
     model = load_model(trained)
     whole, chunked = tmp_path / "whole.jsonl", tmp_path / "chunked.jsonl"
     predict_images(model, [str(tiny_imagefolder / "test")], whole, batch_size=5, num_workers=0)
-    monkeypatch.setattr(prediction, "CPU_ACTIVATION_BUDGET", 2 * 65 * 96 * 4)  # 2 images' qkv: chunks of 2, 2, 1
+    monkeypatch.setattr(forward, "CPU_ACTIVATION_BUDGET", 2 * 65 * 96 * 4)  # 2 images' qkv: chunks of 2, 2, 1
     assert cpu_chunk(model, (3, 32, 32)) == 2
     # The chunks run side by side, in as many threads as torch had (here 2), each on one of torch's threads (whose
     # own threads wait for each other, spinning, when a worker takes a core); torch's threads come back at the end.

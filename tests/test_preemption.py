@@ -176,7 +176,7 @@ def test_resume_auto_starts_where_there_is_no_checkpoint_and_refuses_another_con
     reset_accelerate()
     assert '"loss": 9.0' not in (run_dir / "metrics.jsonl").read_text()
 
-    from vitlab.tasks import classification
+    from vitlab.tasks.classification import task as classification
 
     def no_data(*args, **kwargs):
         raise AssertionError("data was read before the config was checked")

@@ -137,7 +137,7 @@ def test_a_corrupt_image_met_while_streaming_stops_the_run_in_one_line_naming_it
 def test_the_memory_budget_is_the_cgroups_limit_where_one_is_set(tmp_path, layout, expected_gib):
     # A 4 GiB SLURM job on a 512 GiB node must plan for 4 GiB: data.in_memory=auto decoded everything and
     # was killed. The limit is read from this process's cgroup and every cgroup above it.
-    from vitlab.tasks.classification import _memory_bytes
+    from vitlab.tasks.classification.data import _memory_bytes
 
     root = tmp_path / "cgroup"
     for name, text in layout.items():

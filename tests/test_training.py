@@ -747,11 +747,11 @@ def test_best_metric_chooses_best_on_any_validation_metric_in_its_direction(tiny
 
 def _scripted_top1(monkeypatch, values: list[float], done: int = 0) -> None:
     """Evaluations that report ``values[e]`` as epoch ``e + 1``'s validation top-1 (from epoch ``done + 1``)."""
-    from vitlab.tasks import classification
+    from vitlab.tasks.classification import task as classification
 
     calls = [2 * done]  # a validation and a test evaluation an epoch
 
-    def scripted(net, loader, acc, num_classes, model_input=None, keep_probs=False):
+    def scripted(net, loader, acc, num_classes, model_input=None, keep_probs=False, **kwargs):
         epoch, calls[0] = calls[0] // 2, calls[0] + 1
         return {"top1": values[epoch], "top5": 1.0, "loss": 1.0 - values[epoch], "balanced_top1": values[epoch],
                 "macro_f1": values[epoch]}

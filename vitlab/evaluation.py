@@ -1,11 +1,12 @@
-"""Evaluating a trained run on a split (``vitlab eval``), and the confusion-matrix picture.
+"""Evaluating a trained run on a split (``vitlab eval``), fitting its temperature or thresholds (``vitlab
+calibrate``), and recording an evaluation with the checkpoint.
 
 The run's own config and seed rebuild exactly its data split (``--split val`` is exactly the
-held-out images or sentences); the task's metric code (:mod:`vitlab.tasks`) scores it.
+held-out images or sentences); the task's metric code (:mod:`vitlab.tasks`) scores it, on the images as
+:mod:`vitlab.inference` shows them.
 """
 from __future__ import annotations
 
-import os
 import shlex
 from pathlib import Path
 from typing import Any, Callable, Literal
@@ -17,9 +18,9 @@ from torch.utils.data import DataLoader
 
 from .checkpoint import load_model, read_json, resolve_checkpoint, write_json
 from .config import Config, load_config
-from .data.table import label_set_cell
-from .models.hub import set_calibration
 from .errors import ConfigError
+from .inference.files import write_eval_predictions
+from .models.hub import set_calibration, update_config, weights_name
 from .runtime import create_accelerator
 from .visualize import plot_confusion_matrix, plot_mistakes, plot_reliability, save_figure
 
@@ -99,13 +100,13 @@ def calibrate_checkpoint(checkpoint: str | Path, split: str = "val", overrides: 
         raise ConfigError(f"--objective {objective} chooses a temperature, for one class an image; {directory} holds a "
                           f"multi-label classifier, whose calibration is a threshold a class (each its best F1 on "
                           f"the validation images): leave out --objective")
+    multi_label = bool(info.get("multi_label"))
     accelerator, loader, classes, _, _ = _classifier_split(directory, cfg, model, split, batch_size)
     metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes),
-                                  ModelInput(info["mean"], info["std"]), keep_probs=True)
+                                  ModelInput(info["mean"], info["std"]), keep_probs=True, multi_label=multi_label)
     logits, labels = metrics["logits"], metrics["labels"]
-    weights = "ema.safetensors" if use_ema and read_json(directory / "config.json").get("has_ema") else \
-        "model.safetensors"  # the file load_model read: what is fitted belongs to these weights
-    if labels.ndim == 2:
+    weights = weights_name(read_json(directory / "config.json"), use_ema)  # what is fitted belongs to these weights
+    if multi_label:
         return _choose_thresholds(directory, weights, metrics, split, classes, accelerator.is_main_process)
     temperature = fit_temperature(logits, labels, objective)
     if accelerator.is_main_process:
@@ -139,46 +140,12 @@ def _choose_thresholds(directory: Path, weights: str, metrics: dict[str, Any], s
     return thresholds.tolist()
 
 
-def _write_predictions(path: Path, key: Any, labels: Any, probs: Any, classes: list[str],
-                       thresholds: Any = None) -> None:
-    """``path`` (CSV, written whole, then renamed into place): ``image`` (``key(i)``), ``label``, ``prediction``
-    and a ``prob_<class>`` column for every class, one row an image in the split's order. Multi-label
-    (``labels`` ``(N, K)``): ``labels`` and ``predicted`` (the classes at or above ``thresholds``, else 0.5),
-    each a space-separated list of names, and each class's sigmoid."""
-    import csv
-
-    if key is None or len(labels) != len(probs):
-        raise ConfigError(f"--predictions: the split names {0 if key is None else len(labels)} images and "
-                          f"{len(probs)} were evaluated")
-    multi = labels.ndim == 2
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["image", *(("labels", "predicted") if multi else ("label", "prediction")),
-                         *(f"prob_{c}" for c in classes)])
-        if multi:
-            chosen = probs >= (0.5 if thresholds is None else thresholds)
-            named = lambda row: label_set_cell([c for c, on in zip(classes, row) if on])
-            columns = zip(map(named, labels.bool().tolist()), map(named, chosen.tolist()), probs.tolist())
-        else:
-            columns = zip((classes[k] for k in labels.tolist()), (classes[k] for k in probs.argmax(1).tolist()),
-                          probs.tolist())
-        for i, (label, predicted, row) in enumerate(columns):
-            writer.writerow([key(i), label, predicted, *(f"{p:.9g}" for p in row)])
-    os.replace(tmp, path)
-
-
 def record_evaluation(directory: Path, split: str, metrics: dict[str, Any], command: str) -> None:
     """Add an evaluation (its scalar metrics and the command) to the checkpoint's ``config.json``, where
-    ``save_pretrained``'s model card lists it; written to a temporary file and renamed into place."""
-    meta = read_json(directory / "config.json")
+    ``save_pretrained``'s model card lists it (:func:`~vitlab.models.hub.update_config`)."""
     scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    meta.setdefault("evaluations", []).append({"split": split, "metrics": scalars,
-                                               "command": command})
-    tmp = directory / "config.json.tmp"
-    write_json(tmp, meta)
-    os.replace(tmp, directory / "config.json")
+    update_config(directory, lambda meta: meta.setdefault("evaluations", []).append(
+        {"split": split, "metrics": scalars, "command": command}))
 
 
 def _evaluate_lm(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
@@ -232,8 +199,9 @@ def _classifier_split(directory: Path, cfg: Config, model: nn.Module, split: str
     streamed from shards) its decoded images and the run's training split, listed; ``check_listing`` is given
     that listing before any image is decoded."""
     from .data.shard_stream import ShardLoader
-    from .tasks.classification import eval_dataset, in_memory, index_splits, load_test_data, load_train_val_data, \
-        shard_streams, streamed_in_shards
+    from .inference.view import eval_dataset
+    from .tasks.classification import in_memory, index_splits, load_test_data, load_train_val_data, shard_streams, \
+        streamed_in_shards
 
     info = model.pretrained_cfg
     size = tuple(info["input_size"][1:])
@@ -274,23 +242,11 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
                          output: Path | None, predictions: Path | None = None,
                          adjust_logits: float | None = None, tta: str = "none", knn: int = 0) -> dict[str, Any]:
     from .data.transforms import ModelInput
-    from .tasks.calibration import calibration_bins
-    from .tasks.classification import (evaluate_classifier, logit_adjustment, require_trained_classes,
-                                       streamed_in_shards, training_class_counts)
+    from .tasks.classification import evaluate_classifier, logit_adjustment, require_trained_classes, \
+        training_class_counts
 
     info = model.pretrained_cfg
-    for option, value in (("--predictions", predictions), ("--adjust-logits", adjust_logits)):
-        if value is not None and streamed_in_shards(cfg.data):
-            raise ConfigError(f"{option} {value}: shards are read as a stream, without the names of their images or "
-                              f"the count of each class here; evaluate an ImageFolder or Hugging Face split")
-    if knn and tta == "crops":
-        raise ConfigError(f"--knn {knn} reads the images at the model's own size; leave out --tta crops (or use flip)")
-    if knn and (info.get("multi_label") or streamed_in_shards(cfg.data)):
-        raise ConfigError(f"--knn {knn}: the neighbours' vote gives one class an image from the training split's "
-                          f"images by position; {directory} holds a multi-label classifier or reads shards")
-    if adjust_logits is not None and info.get("multi_label"):
-        raise ConfigError(f"--adjust-logits {adjust_logits}: logit adjustment is for one class an image, and {directory} "
-                          f"holds a multi-label classifier")
+    _check_classifier_options(directory, cfg, info, predictions, adjust_logits, tta, knn)
     counts: list[Tensor] = []  # the training images of each class, for --adjust-logits
 
     def count_classes(train_index: Any) -> None:
@@ -317,8 +273,37 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
         metrics["tta"] = tta
     if adjust_logits is not None:
         metrics["adjust_logits"] = adjust_logits
-    if not accelerator.is_main_process:
-        return metrics
+    if accelerator.is_main_process:
+        _print_classifier(directory, split, metrics, classes, adjust_logits, knn)
+        _write_classifier(directory, split, metrics, classes, probs, labels, data, output, predictions,
+                          accelerator.num_processes)
+    return metrics
+
+
+def _check_classifier_options(directory: Path, cfg: Config, info: dict[str, Any], predictions: Path | None,
+                              adjust_logits: float | None, tta: str, knn: int) -> None:
+    """What ``vitlab eval`` of a classifier cannot do, in one line each, before any image is read."""
+    from .tasks.classification import streamed_in_shards
+
+    for option, value in (("--predictions", predictions), ("--adjust-logits", adjust_logits)):
+        if value is not None and streamed_in_shards(cfg.data):
+            raise ConfigError(f"{option} {value}: shards are read as a stream, without the names of their images or "
+                              f"the count of each class here; evaluate an ImageFolder or Hugging Face split")
+    if knn and tta == "crops":
+        raise ConfigError(f"--knn {knn} reads the images at the model's own size; leave out --tta crops (or use flip)")
+    if knn and (info.get("multi_label") or streamed_in_shards(cfg.data)):
+        raise ConfigError(f"--knn {knn}: the neighbours' vote gives one class an image from the training split's "
+                          f"images by position; {directory} holds a multi-label classifier or reads shards")
+    if adjust_logits is not None and info.get("multi_label"):
+        raise ConfigError(f"--adjust-logits {adjust_logits}: logit adjustment is for one class an image, and {directory} "
+                          f"holds a multi-label classifier")
+
+
+def _print_classifier(directory: Path, split: str, metrics: dict[str, Any], classes: list[str],
+                      adjust_logits: float | None, knn: int) -> None:
+    """``vitlab eval``'s lines of a classifier: the split, top-1, top-5, the loss, the calibration error, the
+    averages, and each class's accuracy, precision, F1 and images."""
+    tta, temperature = metrics.get("tta", "none"), metrics["temperature"]
     print(f"checkpoint {directory} | {split} split: {metrics['num_images']} images"
           + (" | each the mean of it and its mirror (--tta flip)" if tta == "flip" else
              " | each the mean of its five crops (--tta crops)" if tta == "crops" else "")
@@ -337,33 +322,42 @@ def _evaluate_classifier(directory: Path, cfg: Config, model: nn.Module, split: 
     for i, name in enumerate(classes):  # a class's accuracy is its recall
         print(f"  {name:>20s} {100 * metrics['per_class'][i]:7.2f}% {metrics['precision'][i]:9.4f} "
               f"{metrics['f1'][i]:6.4f} {support[i]:7d}")
+
+
+def _write_classifier(directory: Path, split: str, metrics: dict[str, Any], classes: list[str], probs: Tensor,
+                      labels: Tensor, data: Any, output: Path | None, predictions: Path | None, processes: int) -> None:
+    """``vitlab eval``'s files of a classifier, beside ``output`` or in the checkpoint: the confusion matrix (JSON
+    and picture), the reliability diagram, the most confident mistakes (one process: the data's order), the
+    predictions (``--predictions``), the metrics (``--output``)."""
+    from .tasks.calibration import calibration_bins
+
     out_dir = output.parent if output else directory
     out_dir.mkdir(parents=True, exist_ok=True)
     write_json(out_dir / "confusion_matrix.json", {"classes": classes, "matrix": metrics["confusion"]})
     save_figure(plot_confusion_matrix(metrics["confusion"], classes), out_dir / "confusion_matrix.png", dpi=120)
     print(f"confusion matrix: {out_dir / 'confusion_matrix.json'}, {out_dir / 'confusion_matrix.png'}")
-    save_figure(plot_reliability(*calibration_bins(probs, labels), metrics["ece"], temperature),
+    save_figure(plot_reliability(*calibration_bins(probs, labels), metrics["ece"], metrics["temperature"]),
                 out_dir / "reliability.png", dpi=120)
     print(f"reliability diagram: {out_dir / 'reliability.png'}")
-    if accelerator.num_processes == 1 and data is not None:  # probabilities in the data's order (one process)
+    if processes == 1 and data is not None:  # probabilities in the data's order (one process)
         save_figure(plot_mistakes(data.images, data.labels, probs, data.classes), out_dir / "mistakes.png")
         print(f"most confident mistakes: {out_dir / 'mistakes.png'}")
     if predictions is not None:
-        _write_predictions(predictions, data.key, data.labels, probs, classes)
+        write_eval_predictions(predictions, data.key, data.labels, probs, classes)
         print(f"predictions of the {len(probs)} images: {predictions}")
     if output:
         per_class = dict(zip(classes, metrics["per_class"]))
         averages = {f"{how}_{name}": metrics[f"{how}_{name}"] for how in ("macro", "weighted")
                     for name in ("precision", "recall", "f1")}
+        tta, knn, adjust = metrics.get("tta", "none"), "knn_top1" in metrics, metrics.get("adjust_logits")
         write_json(output, {"top1": metrics["top1"], "top5": metrics["top5"], "loss": metrics["loss"],
                             "balanced_top1": metrics["balanced_top1"], **averages, "ece": metrics["ece"],
-                            "temperature": temperature, **({"tta": tta} if tta != "none" else {}),
+                            "temperature": metrics["temperature"], **({"tta": tta} if tta != "none" else {}),
                             **({k: metrics[k] for k in ("knn_top1", "knn_k", "knn_train_images")} if knn else {}),
-                            **({"adjust_logits": adjust_logits} if adjust_logits is not None else {}),
+                            **({"adjust_logits": adjust} if adjust is not None else {}),
                             "per_class": per_class,
                             **{f"per_class_{name}": dict(zip(classes, metrics[name])) for name in ("precision", "f1")},
                             "num_images": metrics["num_images"], "checkpoint": str(directory), "split": split})
-    return metrics
 
 
 def _evaluate_multi_label(directory: Path, model: nn.Module, split: str, loader: Any, accelerator: Any,
@@ -380,7 +374,7 @@ def _evaluate_multi_label(directory: Path, model: nn.Module, split: str, loader:
     thresholds = torch.tensor(info["thresholds"]) if info.get("thresholds") is not None else None
     metrics = evaluate_classifier(accelerator.prepare(model), loader, accelerator, len(classes),
                                   ModelInput(info["mean"], info["std"]), keep_probs=True, thresholds=thresholds,
-                                  tta=tta, input_size=tuple(info["input_size"][1:]))
+                                  tta=tta, input_size=tuple(info["input_size"][1:]), multi_label=True)
     probs, labels = metrics.pop("probs"), metrics.pop("labels")
     metrics.pop("logits")
     if not accelerator.is_main_process:
@@ -403,7 +397,7 @@ def _evaluate_multi_label(directory: Path, model: nn.Module, split: str, loader:
         print(f"  {name:>20s} {metrics['ap'][i]:7.4f} {metrics['f1' + tuned][i]:6.4f} {threshold:9.4f} "
               f"{metrics['positives'][i]:7d}")
     if predictions is not None:
-        _write_predictions(predictions, data.key, labels, probs, classes, thresholds)
+        write_eval_predictions(predictions, data.key, labels, probs, classes, thresholds)
         print(f"predictions of the {len(probs)} images: {predictions}")
     if output:
         scalars = {k: v for k, v in metrics.items() if isinstance(v, float)}

@@ -6,10 +6,12 @@ number, ``<shard>:<position>``).
 
 The job holds one batch of images at a time, whatever the number of files; rows reach ``OUTPUT.partial`` as
 each batch is done and the file is renamed to ``OUTPUT`` when all are, so a job stopped and started again
-with the same inputs and output continues after the last row written (no row twice, none missing). An image
-that cannot be read is a row with its error, not the end of the job; the count of such rows is printed at
-the end. Each image is read as ``vitlab eval`` reads a split's (its decode size, EXIF rule, a JPEG decoded only
-as large as needed, eval's crop or resize, the normalization), so its probabilities are those eval gives it.
+with the same inputs and output continues after the last row written (no row twice, none missing); the job that
+writes them is recorded beside them, and another job is refused. An image that cannot be read is a row with its
+error, not the end of the job; the count of such rows is printed at the end. Each image is read as ``vitlab
+eval`` reads a split's (:mod:`vitlab.inference`: its decode size, EXIF rule, a JPEG decoded only as large as
+needed, eval's crop or resize, the normalization), so its probabilities are those eval gives it. The files'
+layouts are :mod:`vitlab.inference.files`'.
 """
 from __future__ import annotations
 
@@ -20,9 +22,8 @@ import io
 import json
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -31,14 +32,16 @@ from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_in
 from .data.folder import IMAGE_EXTENSIONS, FolderFiles
 from .data.shards import ShardIndex
 from .data.split import SplitIndex
-from .data.table import label_set_cell
 from .data.transforms import ModelInput, decode_size, decode_upright
 from .errors import ConfigError, DataError
+from .inference.files import columns, csv_lines, rows, text_line, to_npy, to_parquet
+from .inference.forward import ChunkedForward, cpu_chunk, pooled_features
+from .inference.tta import tta_logits
+from .inference.view import crops_view_size, eval_view, model_dataset
 from .models.hub import read_json, write_json
 from .progress import Progress
 from .runtime import autocast_dtype, default_device, listed_once, processes
-from .tasks.classification import crops_view_size, eval_dataset, eval_view, streamed_in_shards, tta_logits
-from .tasks.knn import pooled_features
+from .tasks.classification import streamed_in_shards
 
 __all__ = ["list_images", "data_split", "predict_images", "embed_images", "default_device", "autocast_dtype",
            "FORMATS", "EMBED_FORMATS"]
@@ -105,10 +108,10 @@ def data_split(model: nn.Module, keys: list[str], split: str = "") -> SplitIndex
                     else keys).data
     cfg = model.pretrained_cfg
     if streamed_in_shards(d):
-        from .tasks.classification import _index_stream
+        from .tasks.classification import index_stream
 
         d.exif_transpose = decode_upright(model)
-        return _index_stream(d, split or d.test_split, list(cfg["label_names"]) if cfg.get("label_names") else None)
+        return index_stream(d, split or d.test_split, list(cfg["label_names"]) if cfg.get("label_names") else None)
     multi = bool(cfg.get("multi_label"))
     return index_split(d.dataset, d.root, split or d.test_split, download=d.download, image_key=d.image_key,
                        label_key=d.label_key, classes=list(cfg["label_names"]) if cfg.get("label_names") else None,
@@ -145,16 +148,6 @@ class _ShardView(IterableDataset):
                         yield torch.zeros(self.shape, dtype=torch.uint8), str(e)
 
 
-def _model_view(model: nn.Module, index: SplitIndex, tta: str = "none") -> Dataset:
-    """A split's images as ``vitlab eval`` shows them to ``model``: streamed (decoded when read, a JPEG only as
-    large as the model needs: ``data.scaled_decode``'s default) at the size training stored them, through
-    eval's own transform (:func:`~vitlab.tasks.classification.eval_dataset`); uint8 out."""
-    cfg = model.pretrained_cfg
-    size, crop_pct = tuple(cfg["input_size"][1:]), cfg.get("crop_pct")
-    stored = None if crop_pct else (decode_size(model) or size)  # a center crop decodes each file at its own size
-    return eval_dataset(index.load(stored, in_memory=False, scaled=True), size, crop_pct, tta)
-
-
 class _Guarded(Dataset):
     """A dataset's images, with the error of one that cannot be read (then zeros of ``shape``) instead of
     raising it; a plain object, so it pickles for workers of any start method."""
@@ -170,154 +163,6 @@ class _Guarded(Dataset):
             return self.images[i][0], ""
         except DataError as e:
             return torch.zeros(self.shape, dtype=torch.uint8), str(e)
-
-
-def _columns(names: list[str], k: int, multi_label: bool) -> list[str]:
-    if multi_label:
-        return ["image", "error", "labels", *(f"prob_{c}" for c in names)]
-    return ["image", "error", *(f"{what}_{r}" for r in range(1, k + 1) for what in ("class", "index", "prob"))]
-
-
-def _rows(files: list[str], errors: list[str], probs: Tensor, names: list[str], k: int,
-          thresholds: Tensor | None) -> list[dict[str, Any]]:
-    """An output row of each image: its top ``k`` (single-label), or the classes at or above ``thresholds``
-    and every class's probability (multi-label); an unreadable image's row holds its error only. The batch's
-    top k and thresholds are taken at once (one per row cost more than the forward pass of a small image)."""
-    rows: list[dict[str, Any]] = []
-    if thresholds is not None:
-        for path, error, p, above in zip(files, errors, probs.tolist(), (probs >= thresholds).tolist()):
-            rows.append({"image": path, "error": error} if error else
-                        {"image": path, "labels": [n for n, a in zip(names, above) if a], "probs": dict(zip(names, p))})
-        return rows
-    values, indices = probs.topk(k, dim=1)
-    for path, error, top, index in zip(files, errors, values.tolist(), indices.tolist()):
-        rows.append({"image": path, "error": error} if error else
-                    {"image": path, "classes": [names[i] for i in index], "indices": index, "probs": top})
-    return rows
-
-
-def _csv_lines(rows: list[dict[str, Any]], columns: list[str]) -> str:
-    text = io.StringIO()
-    writer = csv.writer(text, lineterminator="\n")
-    for row in rows:
-        flat: dict[str, Any] = {"image": row["image"], "error": row.get("error", "")}
-        if "labels" in row:
-            flat["labels"] = label_set_cell(row["labels"])
-            flat.update({f"prob_{c}": f"{v:.6g}" for c, v in row["probs"].items()})
-        elif "classes" in row:
-            for r, (c, i, v) in enumerate(zip(row["classes"], row["indices"], row["probs"]), 1):
-                flat.update({f"class_{r}": c, f"index_{r}": i, f"prob_{r}": f"{v:.6g}"})
-        writer.writerow([flat.get(c, "") for c in columns])
-    return text.getvalue()
-
-
-def _text_line(row: dict[str, Any]) -> str:
-    """``path: class p, class p, ...`` (the top k, or the classes at or above their thresholds)."""
-    if "error" in row:
-        return f"{row['image']}: error: {row['error']}"
-    if "labels" in row:
-        shown = [f"{c} {row['probs'][c]:.3f}" for c in row["labels"]]
-        return f"{row['image']}: " + (", ".join(shown) if shown else "no class")
-    return f"{row['image']}: " + ", ".join(f"{c} {v:.3f}" for c, v in zip(row["classes"], row["probs"]))
-
-
-def _to_parquet(partial: Path, out: Path) -> None:
-    """The finished job's JSON lines as one parquet file (written whole, then renamed into place)."""
-    import pyarrow.json
-    import pyarrow.parquet
-
-    table = pyarrow.json.read_json(partial)
-    tmp = out.with_name(out.name + ".tmp")
-    pyarrow.parquet.write_table(table, tmp)
-    os.replace(tmp, out)
-    partial.unlink()
-
-
-def _to_npy(partial: Path, out: Path) -> None:
-    """The finished job's embeddings as one float32 array ``(N, E)`` in ``out`` (a row of NaN for an image that
-    could not be read) and their paths, a line each in the same order, in ``out``'s ``.paths.txt``."""
-    import numpy as np
-
-    rows = [json.loads(line) for line in partial.read_text().splitlines()]
-    width = next((len(r["embedding"]) for r in rows if "embedding" in r), 0)
-    array = np.full((len(rows), width), np.nan, dtype=np.float32)
-    for i, r in enumerate(rows):
-        if "embedding" in r:
-            array[i] = r["embedding"]
-    paths = out.with_suffix(".paths.txt")
-    paths.with_name(paths.name + ".tmp").write_text("".join(r["image"] + "\n" for r in rows))
-    with open(out.with_name(out.name + ".tmp"), "wb") as f:
-        np.save(f, array)
-    os.replace(paths.with_name(paths.name + ".tmp"), paths)
-    os.replace(out.with_name(out.name + ".tmp"), out)
-    partial.unlink()
-
-
-# On a CPU the forward pass runs over chunks of a batch whose widest layer output fits this many bytes (or the
-# weights' size, where larger: each chunk reads them again): 256 images of 32 px at once spill the caches, and
-# chunks of about 30 ran the quick model 1.7x as fast (issue 51). The rows do not depend on it.
-CPU_ACTIVATION_BUDGET = 2 * 2**20
-
-
-def _cpus() -> int:
-    """The CPUs this process may run on (its affinity where the OS says, as ``os.process_cpu_count``)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def cpu_chunk(model: nn.Module, input_size: tuple[int, int, int]) -> int:
-    """How many images of ``input_size`` ``(C, H, W)`` a chunk of the CPU forward pass holds: the budget
-    (:data:`CPU_ACTIVATION_BUDGET`, or the weights' bytes if more) over the float32 bytes of one image's widest
-    linear or convolution output (measured on one blank image), at least 1."""
-    widest = 0
-
-    def hook(module: nn.Module, args: Any, output: Any) -> None:
-        nonlocal widest
-        if isinstance(output, torch.Tensor):
-            widest = max(widest, output[0].numel())
-
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d))]
-    was_training = model.training
-    try:
-        with torch.no_grad():
-            model.eval()(torch.zeros(1, *input_size, device=next(model.parameters()).device))
-    finally:
-        model.train(was_training)
-        for handle in handles:
-            handle.remove()
-    budget = max(CPU_ACTIVATION_BUDGET, sum(p.numel() * p.element_size() for p in model.parameters()))
-    return max(1, budget // (4 * max(widest, 1)))
-
-
-class _ChunkedForward:
-    """The forward pass of a batch on a CPU: over chunks of ``chunk`` images (:func:`cpu_chunk`), side by side in as
-    many Python threads as torch had threads (at most the CPUs), each chunk on one of torch's threads. Torch's own
-    threads split every operation and wait for each other at its end, spinning: whenever a DataLoader worker took
-    a core, every operation waited for it. ``chunk`` 0: the batch whole (a GPU). Each runs under autocast to
-    ``dtype`` on ``device`` (None: float32), entered in the thread that runs it (autocast and no_grad are a
-    thread's own). Call :meth:`close` at the end: it gives torch its threads back."""
-
-    def __init__(self, chunk: int, device: torch.device, dtype: torch.dtype | None = None) -> None:
-        self.chunk, self.threads, self.pool = chunk, torch.get_num_threads(), None
-        self.device, self.dtype = device, dtype
-        if chunk and self.threads > 1:
-            self.pool = ThreadPoolExecutor(min(self.threads, _cpus()))
-            torch.set_num_threads(1)
-
-    def __call__(self, forward: Callable[[Tensor], Tensor], images: Tensor) -> Tensor:
-        def one(chunk: Tensor) -> Tensor:
-            with torch.no_grad(), torch.autocast(self.device.type, self.dtype or torch.float32,
-                                                 enabled=self.dtype is not None):
-                return forward(chunk)
-
-        if not self.chunk:
-            return one(images)
-        chunks = images.split(self.chunk)
-        return torch.cat(list(self.pool.map(one, chunks) if self.pool is not None else map(one, chunks)))
-
-    def close(self) -> None:
-        torch.set_num_threads(self.threads)
-        if self.pool is not None:
-            self.pool.shutdown()
 
 
 def embed_images(model: nn.Module, inputs: list[str], output: str | Path, batch_size: int = 64,
@@ -402,39 +247,10 @@ def _resume(partial: Path, header: str, files: list[str], suffix: str, job: dict
     return len(images), sum(1 for row in rows if row.get("error"))
 
 
-@torch.no_grad()  # not inference_mode: torch 2.4's all_gather_object then failed
-def predict_images(model: nn.Module, inputs: list[str], output: str | Path | None = None, batch_size: int = 64,
-                   num_workers: int = 2, topk: int = 5, device: str | torch.device | None = None,
-                   stop_after_batches: int | None = None, tta: str = "none", embed: bool = False,
-                   data: Sequence[str] = (), split: str = "", precision: str = "run") -> dict[str, int]:
-    """Predict every image ``inputs`` name (:func:`list_images`), or, with ``data`` (``data.*`` keys as in
-    training), every image of that data set's ``split`` (:func:`data_split`), with ``model`` (from
-    :func:`vitlab.load_model`),
-    ``batch_size`` at a time, read by ``num_workers`` DataLoader workers, on ``device`` (default:
-    :func:`default_device`) at ``precision`` (:func:`autocast_dtype`: by default the checkpoint's training
-    precision, as ``vitlab eval`` runs it, so the probabilities are eval's). Rows go to ``output`` (``.csv`` or
-    ``.jsonl``, see the module docstring), or without one to stdout as ``path: class p, ...`` lines. A
-    single-label model's row holds its ``topk`` classes, their indices and probabilities (softmax, at its
-    calibrated temperature); a multi-label model's, the classes at or above its thresholds (``vitlab calibrate``;
-    else 0.5) and every class's sigmoid.
-
-    Under ``torchrun`` or ``accelerate launch`` every process reads and predicts its part of each global batch
-    (``batch_size`` a process, contiguous parts), and process 0 writes all the rows, in the inputs' order: the
-    output does not depend on the number of processes, and a job may continue on another number.
-    ``embed``: rows of the pooled pre-logits features instead (:func:`embed_images`).
-    ``tta='flip'``: each image's probabilities are the mean of its and its mirror's
-    (:func:`~vitlab.tasks.classification.flip_tta`); ``'crops'``: of its five crops'
-    (:func:`~vitlab.tasks.classification.five_crops_tta`). ``stop_after_batches`` ends the job early, as an
-    interruption would (for tests).
-
-    Returns:
-        ``{"images": ..., "unreadable": ..., "resumed": ...}``: images in the job, rows with an error, rows an
-        earlier run had written.
-
-    Raises:
-        ConfigError, DataError: one line, before any image is read: an output of another format, a checkpoint
-            without class names, inputs that name no image, a partial output of another job, another precision.
-    """
+def _check_request(model: nn.Module, out: Path | None, topk: int, embed: bool, inputs: list[str],
+                   data: Sequence[str]) -> list[str]:
+    """What a job asks for, checked before anything is read: the class names a prediction needs (returned), an
+    output of a format that holds its rows, ``topk`` of 1 or more, images or a data set (not both)."""
     cfg = getattr(model, "pretrained_cfg", None) or {}
     if not embed and topk < 1:
         raise ConfigError(f"--topk {topk}: give how many classes a row lists, 1 or more")
@@ -442,7 +258,6 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     if names is None:
         raise ConfigError("the checkpoint holds no class names (label_names); predict needs a classifier trained "
                           "or saved by vitlab")
-    out = Path(output) if output is not None else None
     formats = EMBED_FORMATS if embed else FORMATS
     if embed and out is None:
         raise ConfigError(f"vitlab embed writes the features to a file: give --output FILE ({', '.join(formats)})")
@@ -455,24 +270,78 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
         except ImportError:
             raise ConfigError(f"--output {out}: parquet files are written with pyarrow: pip install pyarrow "
                               f"(or 'vitlab[hf]', which brings it)") from None
-    lines = ".csv" if out is not None and out.suffix == ".csv" else ".jsonl"  # parquet, npy: JSON lines until the end
-    rank, world, dist = processes()
     if data and inputs:
         raise ConfigError(f"give image files, folders and globs ({inputs[0]!r}, ...) or a data set (data.* keys), "
                           f"not both")
-    # A data set's split is listed by every process (its listing holds readers, which do not travel).
+    return list(names)
+
+
+def _listing(model: nn.Module, inputs: list[str], data: Sequence[str], split: str,
+             world: int) -> tuple[SplitIndex | ShardIndex | None, list[str]]:
+    """The data set's listing (None for files) and every image's name, in the job's order. A data set's split is
+    listed by every process (its listing holds readers, which do not travel); files by process 0 alone."""
     index = data_split(model, list(data), split) if data else None
     if isinstance(index, ShardIndex):  # a sample of shards is named by its shard and its position in it
-        files = [f"{Path(url).name}:{i}" for url, count in zip(index.urls, index.counts) for i in range(count)]
-    elif index is not None:
-        files = [index.key(i) for i in range(len(index))]
-    else:
-        files = listed_once(lambda: list_images(inputs), world)
-    multi = bool(cfg.get("multi_label"))
-    thresholds = torch.tensor(cfg.get("thresholds") or [0.5] * len(names)) if multi else None
-    k = min(topk, len(names))
-    columns = ["image", "error", "embedding"] if embed else _columns(names, k, multi)
-    header = ",".join(columns) + "\n"
+        return index, [f"{Path(url).name}:{i}" for url, count in zip(index.urls, index.counts) for i in range(count)]
+    if index is not None:
+        return index, [index.key(i) for i in range(len(index))]
+    return None, listed_once(lambda: list_images(inputs), world)
+
+
+def _images(model: nn.Module, index: SplitIndex | ShardIndex | None, files: list[str], ids: list[int],
+            batch_size: int, tta: str) -> Any:
+    """This process's images ``ids`` (positions in ``files``) as evaluation shows them (:mod:`vitlab.inference.view`;
+    five-crop TTA's larger view), an unreadable one as zeros and its error."""
+    cfg = model.pretrained_cfg
+    size = tuple(cfg["input_size"][1:])
+    view = crops_view_size(size, cfg.get("crop_pct")) if tta == "crops" else size
+    if isinstance(index, ShardIndex):
+        stored = None if cfg.get("crop_pct") else (decode_size(model) or size)
+        return _ShardView(index, ids, batch_size, eval_view(size, stored, cfg.get("crop_pct"), tta), stored, (3, *view))
+    part = _files_index(model, [files[i] for i in ids]) if index is None else \
+        index.subset(torch.tensor(ids, dtype=torch.long), index.where)
+    return _Guarded(model_dataset(model, part, tta), (3, *view)) if ids else []
+
+
+@torch.no_grad()  # not inference_mode: torch 2.4's all_gather_object failed under it
+def predict_images(model: nn.Module, inputs: list[str], output: str | Path | None = None, batch_size: int = 64,
+                   num_workers: int = 2, topk: int = 5, device: str | torch.device | None = None,
+                   stop_after_batches: int | None = None, tta: str = "none", embed: bool = False,
+                   data: Sequence[str] = (), split: str = "", precision: str = "run") -> dict[str, int]:
+    """Predict every image ``inputs`` name (:func:`list_images`), or, with ``data`` (``data.*`` keys as in
+    training), every image of that data set's ``split`` (:func:`data_split`), with ``model`` (from
+    :func:`vitlab.load_model`), ``batch_size`` at a time, read by ``num_workers`` DataLoader workers, on ``device``
+    (default: :func:`~vitlab.runtime.default_device`) at ``precision`` (:func:`~vitlab.runtime.autocast_dtype`: by
+    default the checkpoint's training precision, as ``vitlab eval`` runs it, so the probabilities are eval's). Rows
+    go to ``output`` (``.csv``, ``.jsonl``, ``.parquet``: :mod:`vitlab.inference.files`), or without one to stdout
+    as ``path: class p, ...`` lines. A single-label model's row holds its ``topk`` classes, their indices and
+    probabilities (softmax, at its calibrated temperature); a multi-label model's, the classes at or above its
+    thresholds (``vitlab calibrate``; else 0.5) and every class's sigmoid.
+
+    Under ``torchrun`` or ``accelerate launch`` every process reads and predicts its part of each global batch
+    (``batch_size`` a process, contiguous parts), and process 0 writes all the rows, in the inputs' order: the
+    output does not depend on the number of processes, and a job may continue on another number.
+    ``embed``: rows of the pooled pre-logits features instead (:func:`embed_images`). ``tta``: each image's
+    probabilities are the mean of its views' (:func:`~vitlab.inference.tta.tta_logits`: ``'flip'``, ``'crops'``).
+    ``stop_after_batches`` ends the job early, as an interruption would (for tests).
+
+    Returns:
+        ``{"images": ..., "unreadable": ..., "resumed": ...}``: images in the job, rows with an error, rows an
+        earlier run had written.
+
+    Raises:
+        ConfigError, DataError: one line, before any image is read: an output of another format, a checkpoint
+            without class names, inputs that name no image, a partial output of another job, another precision.
+    """
+    out = Path(output) if output is not None else None
+    names = _check_request(model, out, topk, embed, inputs, data)
+    cfg = model.pretrained_cfg
+    lines = ".csv" if out is not None and out.suffix == ".csv" else ".jsonl"  # parquet, npy: JSON lines until the end
+    rank, world, dist = processes()
+    index, files = _listing(model, inputs, data, split, world)
+    multi, k = bool(cfg.get("multi_label")), min(topk, len(names))
+    layout = ["image", "error", "embedding"] if embed else columns(names, k, multi)
+    header = ",".join(layout) + "\n"
     partial = out.with_name(out.name + ".partial") if out is not None else None
     device = default_device() if device is None else torch.device(device)
     dtype = autocast_dtype(model, precision, device)
@@ -481,25 +350,13 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                                    if partial is not None and partial.is_file() else (0, 0), world)
     model = model.to(device).eval()
     size = tuple(cfg["input_size"][1:])
-    # tta: each image is 2 (flip) or 5 (crops) inputs
+    # on a CPU, the forward pass in cache-sized chunks; TTA makes each image 2 (flip) or 5 (crops) inputs
     chunk = max(1, cpu_chunk(model, (3, *size)) // {"flip": 2, "crops": 5}.get(tta, 1)) if device.type == "cpu" \
         else 0
     todo = files[done:]
     mine = [i for i in range(len(todo)) if i // batch_size % world == rank]  # my part of every global batch
-    ids = [done + i for i in mine]
-    view = crops_view_size(size, cfg.get("crop_pct")) if tta == "crops" else size  # five-crop TTA's larger view
-    if isinstance(index, ShardIndex):
-        stored = None if cfg.get("crop_pct") else (decode_size(model) or size)
-        dataset: Any = _ShardView(index, ids, batch_size, eval_view(size, stored, cfg.get("crop_pct"), tta), stored,
-                                  (3, *view))
-    else:
-        part_index = _files_index(model, [files[i] for i in ids]) if index is None else \
-            index.subset(torch.tensor(ids, dtype=torch.long), index.where)
-        dataset = _Guarded(_model_view(model, part_index, tta), (3, *view)) if ids else []
-    loader = iter(DataLoader(dataset, batch_size=batch_size, num_workers=num_workers,
-                             pin_memory=device.type == "cuda"))
-    model_input = ModelInput(cfg["mean"], cfg["std"])
-    temperature = cfg.get("temperature", 1.0)
+    loader = iter(DataLoader(_images(model, index, files, [done + i for i in mine], batch_size, tta),
+                             batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda"))
     sink = None
     if partial is not None and rank == 0:
         partial.parent.mkdir(parents=True, exist_ok=True)
@@ -508,7 +365,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
         sink = partial.open("a", newline="")
         if done == 0 and lines == ".csv":
             sink.write(header)
-    chunked = _ChunkedForward(chunk, device, dtype)  # closed below, whatever happens
+    predict = _BatchPredictor(model, device, dtype, chunk, tta, embed, names, k)
     try:
         with Progress(total=len(files), initial=done, desc=f"predicting {len(files):,} images", unit="images",
                       interval=10.0, enabled=rank == 0) as progress:
@@ -516,48 +373,74 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                 if stop_after_batches is not None and b >= stop_after_batches:
                     return {"images": len(files), "unreadable": unreadable, "resumed": done}
                 part = mine[b * batch_size:(b + 1) * batch_size]
-                rows: list[dict[str, Any]] = []
-                if part:
-                    images, errors = next(loader)
-                    x = model_input(images.to(device, non_blocking=True))
-                    if embed:
-                        features = chunked(lambda c: pooled_features(model, c).float().cpu(), x)
-                    else:
-                        logits = chunked(lambda c: tta_logits(model, c, tta, multi, size).float().cpu(), x)
-                    if embed:
-                        rows = [{"image": todo[i], "error": e} if e else {"image": todo[i], "embedding": f.tolist()}
-                                for i, e, f in zip(part, errors, features)]
-                    else:
-                        probs = logits.sigmoid() if multi else (logits / temperature).softmax(-1)
-                        rows = _rows([todo[i] for i in part], list(errors), probs, names, k, thresholds)
+                batch = predict(loader, [todo[i] for i in part]) if part else []
                 if dist is not None:
                     gathered: list[Any] = [None] * world
-                    dist.all_gather_object(gathered, rows)
-                    rows = [r for got in gathered for r in got]  # process order is input order
-                unreadable += sum(1 for r in rows if "error" in r)
-                if rank == 0 and rows:
-                    if sink is None:
-                        print("\n".join(_text_line(r) for r in rows), flush=True)
-                    else:
-                        sink.write("".join(json.dumps(r) + "\n" for r in rows) if lines == ".jsonl" else
-                                   _csv_lines(rows, columns))
-                        sink.flush()
-                progress.update(len(rows))
+                    dist.all_gather_object(gathered, batch)
+                    batch = [r for got in gathered for r in got]  # process order is input order
+                unreadable += sum(1 for r in batch if "error" in r)
+                if rank == 0 and batch:
+                    _write(sink, batch, lines, layout)
+                progress.update(len(batch))
     finally:
-        chunked.close()
+        predict.close()
         if sink is not None:
             sink.close()
     if partial is not None and rank == 0:
-        if out.suffix == ".parquet":
-            _to_parquet(partial, out)
-        elif out.suffix == ".npy":
-            _to_npy(partial, out)
-        else:
-            os.replace(partial, out)
-        _job_file(partial).unlink(missing_ok=True)
+        _finish(partial, out)
     if (unreadable or partial is not None) and rank == 0:
         print(f"{len(files):,} images" + (f" -> {out}" if out is not None else "")
               + (f" ({done:,} rows from the run before)" if done else "")
               + (f"; {unreadable} could not be read (their rows give the error)" if unreadable else ""),
               file=sys.stderr if out is None else sys.stdout)
     return {"images": len(files), "unreadable": unreadable, "resumed": done}
+
+
+class _BatchPredictor:
+    """A batch's rows (:func:`~vitlab.inference.files.rows`): its images read from the loader, made the model's
+    input, run (:class:`~vitlab.inference.forward.ChunkedForward`: in cache-sized chunks on a CPU) for their
+    features (``embed``) or probabilities (softmax at the model's temperature, or sigmoids; ``tta``'s mean)."""
+
+    def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype | None, chunk: int, tta: str,
+                 embed: bool, names: list[str], k: int) -> None:
+        cfg = model.pretrained_cfg
+        self.model, self.device, self.tta, self.embed, self.names, self.k = model, device, tta, embed, names, k
+        self.multi, self.size = bool(cfg.get("multi_label")), tuple(cfg["input_size"][1:])
+        self.thresholds = torch.tensor(cfg.get("thresholds") or [0.5] * len(names)) if self.multi else None
+        self.temperature = cfg.get("temperature", 1.0)
+        self.model_input = ModelInput(cfg["mean"], cfg["std"])
+        self.forward = ChunkedForward(chunk, device, dtype)  # closed by close(), whatever happens
+
+    def __call__(self, loader: Iterator[Any], names: list[str]) -> list[dict[str, Any]]:
+        images, errors = next(loader)
+        x = self.model_input(images.to(self.device, non_blocking=True))
+        if self.embed:
+            features = self.forward(lambda c: pooled_features(self.model, c).float().cpu(), x)
+            return [{"image": n, "error": e} if e else {"image": n, "embedding": f.tolist()}
+                    for n, e, f in zip(names, errors, features)]
+        logits = self.forward(lambda c: tta_logits(self.model, c, self.tta, self.multi, self.size).float().cpu(), x)
+        probs = logits.sigmoid() if self.multi else (logits / self.temperature).softmax(-1)
+        return rows(names, list(errors), probs, self.names, self.k, self.thresholds)
+
+    def close(self) -> None:
+        self.forward.close()
+
+
+def _write(sink: Any, batch: list[dict[str, Any]], lines: str, layout: list[str]) -> None:
+    """A batch's rows to the partial file (flushed: a job stopped later keeps them), or as lines to stdout."""
+    if sink is None:
+        print("\n".join(text_line(r) for r in batch), flush=True)
+        return
+    sink.write("".join(json.dumps(r) + "\n" for r in batch) if lines == ".jsonl" else csv_lines(batch, layout))
+    sink.flush()
+
+
+def _finish(partial: Path, out: Path) -> None:
+    """The finished job's partial file in its final form and place (parquet, npy: converted), its job record gone."""
+    if out.suffix == ".parquet":
+        to_parquet(partial, out)
+    elif out.suffix == ".npy":
+        to_npy(partial, out)
+    else:
+        os.replace(partial, out)
+    _job_file(partial).unlink(missing_ok=True)

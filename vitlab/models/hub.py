@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from ..errors import CheckpointError
 
 __all__ = ["HubMixin", "CONFIG_NAME", "WEIGHTS_NAME", "TOKENIZER_NAME", "read_json", "write_json",
-           "strict_json", "calibration_of", "set_calibration", "load_tensors",
+           "strict_json", "calibration_of", "set_calibration", "update_config", "weights_name", "load_tensors",
            "weights_for_saving", "load_weights", "write_model_files", "load_model_dir",
            "resolve_checkpoint", "OLD_SUFFIX", "image_input_size"]
 
@@ -230,22 +230,37 @@ def calibration_of(meta: dict[str, Any], weights: str) -> dict[str, Any]:
     kept = (meta.get("calibration") or {}).get(weights)
     if kept is not None:
         return dict(kept)
-    legacy = "ema.safetensors" if meta.get("has_ema") else WEIGHTS_NAME
+    legacy = weights_name(meta, True)
     return {k: meta[k] for k in CALIBRATED if meta.get(k) is not None} if weights == legacy else {}
+
+
+def weights_name(meta: dict[str, Any], use_ema: bool) -> str:
+    """The weights file a checkpoint (``config.json``'s ``meta``) is loaded from: the EMA's where asked for and
+    kept, else the model's."""
+    return "ema.safetensors" if use_ema and meta.get("has_ema") else WEIGHTS_NAME
+
+
+def update_config(directory: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite ``directory``'s ``config.json`` after ``change(meta)`` (in place): written whole to a temporary
+    file, then renamed into place, so that a reader never sees half of it."""
+    meta = read_json(directory / CONFIG_NAME)
+    change(meta)
+    tmp = directory / (CONFIG_NAME + ".tmp")
+    write_json(tmp, meta)
+    os.replace(tmp, directory / CONFIG_NAME)
 
 
 def set_calibration(directory: Path, weights: str, **fitted: Any) -> None:
     """Keep ``fitted`` (``temperature=...`` or ``thresholds=[...]``) for the weights file ``weights`` in
-    ``directory``'s ``config.json``, under ``calibration``, written whole and renamed into place."""
-    meta = read_json(directory / CONFIG_NAME)
-    calibration = meta.setdefault("calibration", {})
-    legacy = {k: meta.pop(k) for k in CALIBRATED if k in meta}
-    if legacy:  # a checkpoint of before: what it kept at the top moves under the weights it was fitted on
-        calibration.setdefault("ema.safetensors" if meta.get("has_ema") else WEIGHTS_NAME, legacy)
-    calibration[weights] = {**calibration.get(weights, {}), **fitted}
-    tmp = directory / (CONFIG_NAME + ".tmp")
-    write_json(tmp, meta)
-    os.replace(tmp, directory / CONFIG_NAME)
+    ``directory``'s ``config.json``, under ``calibration`` (:func:`update_config`)."""
+    def change(meta: dict[str, Any]) -> None:
+        calibration = meta.setdefault("calibration", {})
+        legacy = {k: meta.pop(k) for k in CALIBRATED if k in meta}
+        if legacy:  # a checkpoint of before: what it kept at the top moves under the weights it was fitted on
+            calibration.setdefault(weights_name(meta, True), legacy)
+        calibration[weights] = {**calibration.get(weights, {}), **fitted}
+
+    update_config(directory, change)
 
 
 def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], use_ema: bool = False,
@@ -270,7 +285,7 @@ def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], 
         model = cls(**args)
     except (ValueError, TypeError) as e:
         raise CheckpointError(f"{str(config_file)!r} holds invalid model arguments: {e}") from None
-    weights = directory / ("ema.safetensors" if use_ema and meta.get("has_ema") else WEIGHTS_NAME)
+    weights = directory / weights_name(meta, use_ema)
     if meta.get("lora") and before_weights is None:
         raise CheckpointError(f"{str(directory)!r} holds LoRA adapters on a base model: load it with vitlab.load_model")
     load_weights(model, weights, only=before_weights(model) if before_weights is not None else None)

@@ -11,41 +11,17 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from torch import Tensor, nn
 
-from ..runtime import gather_uneven
+from ..inference.forward import gathered, pooled_features
 
-__all__ = ["pooled_features", "collect_features", "knn_predict"]
-
-
-def pooled_features(model: nn.Module, images: Tensor) -> Tensor:
-    """The pooled pre-logits features ``(b, E)`` of a vitlab ViT or a timm classifier (``forward_features``, then
-    ``forward_head(pre_logits=True)``, timm's API; a distilled model's class token)."""
-    inner = getattr(model, "module", model)  # under DDP
-    inner = inner if hasattr(inner, "forward_head") else inner.model  # TimmClassifier holds timm's model
-    pooled = inner.forward_head(inner.forward_features(images), pre_logits=True)
-    return pooled[0] if isinstance(pooled, tuple) else pooled
+__all__ = ["pooled_features", "collect_features", "knn_predict"]  # pooled_features: vitlab.inference's
 
 
-@torch.no_grad()
 def collect_features(model: nn.Module, loader: Any, accelerator: Accelerator,
                      model_input: Callable[[Tensor], Tensor]) -> tuple[Tensor, Tensor]:
     """Every image's pooled features ``(N, E)`` (float32, on the CPU) and its label ``(N,)``, in the loader's order,
-    gathered over the processes (``loader`` prepared by ``accelerator``, or one that shards itself exactly)."""
-    was_training = model.training
-    model.eval()
-    exact = getattr(loader, "exact_shards", False)
-    features, labels = [], []
-    for images, y in loader:
-        with accelerator.autocast():
-            f = pooled_features(model, model_input(images)).float()
-        if not exact:
-            f, y = accelerator.gather_for_metrics((f, y))
-        features.append(f)
-        labels.append(y)
-    model.train(was_training)
-    features, labels = torch.cat(features), torch.cat(labels)
-    if exact:
-        features, labels = gather_uneven(accelerator, features), gather_uneven(accelerator, labels)
-    return features.cpu(), labels.cpu()
+    gathered over the processes (``loader`` prepared by ``accelerator``, or one that shards itself exactly):
+    :func:`~vitlab.inference.forward.gathered` of :func:`~vitlab.inference.forward.pooled_features`."""
+    return gathered(model, loader, accelerator, lambda net, images: pooled_features(net, images).float(), model_input)
 
 
 def knn_predict(train_features: Tensor, train_labels: Tensor, features: Tensor, num_classes: int, k: int = 20,

@@ -1,0 +1,135 @@
+"""The files of predictions and embeddings, their layouts stated once:
+
+- ``vitlab eval --predictions``: every image of a split, its true class (or label set), the prediction and every
+  class's probability (:func:`write_eval_predictions`), a file any metric can be recomputed from;
+- ``vitlab predict``: a row an image, its top ``k`` classes, their indices and probabilities (a multi-label model:
+  the classes at or above its thresholds and every class's probability), or its error, as CSV, JSON lines or
+  parquet (:func:`columns`, :func:`rows`, :func:`csv_lines`, :func:`to_parquet`);
+- ``vitlab embed``: a row an image and its features, or an ``.npy`` array with the paths beside it (:func:`to_npy`).
+
+A set of labels in a CSV cell is a JSON list (:func:`~vitlab.data.table.label_set_cell`), which reads back as
+it was. Every file is written whole, or row by row into ``FILE.partial``, and renamed into place."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from ..data.table import label_set_cell
+from ..errors import ConfigError
+
+__all__ = ["write_eval_predictions", "columns", "rows", "csv_lines", "text_line", "to_parquet", "to_npy"]
+
+
+def write_eval_predictions(path: Path, key: Any, labels: Any, probs: Any, classes: list[str],
+                       thresholds: Any = None) -> None:
+    """``path`` (CSV, written whole, then renamed into place): ``image`` (``key(i)``), ``label``, ``prediction``
+    and a ``prob_<class>`` column for every class, one row an image in the split's order. Multi-label
+    (``labels`` ``(N, K)``): ``labels`` and ``predicted`` (the classes at or above ``thresholds``, else 0.5),
+    each a JSON list of names, and each class's sigmoid."""
+    if key is None or len(labels) != len(probs):
+        raise ConfigError(f"--predictions: the split names {0 if key is None else len(labels)} images and "
+                          f"{len(probs)} were evaluated")
+    multi = labels.ndim == 2
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["image", *(("labels", "predicted") if multi else ("label", "prediction")),
+                         *(f"prob_{c}" for c in classes)])
+        if multi:
+            chosen = probs >= (0.5 if thresholds is None else thresholds)
+            named = lambda row: label_set_cell([c for c, on in zip(classes, row) if on])
+            columns = zip(map(named, labels.bool().tolist()), map(named, chosen.tolist()), probs.tolist())
+        else:
+            columns = zip((classes[k] for k in labels.tolist()), (classes[k] for k in probs.argmax(1).tolist()),
+                          probs.tolist())
+        for i, (label, predicted, row) in enumerate(columns):
+            writer.writerow([key(i), label, predicted, *(f"{p:.9g}" for p in row)])
+    os.replace(tmp, path)
+
+
+def columns(names: list[str], k: int, multi_label: bool) -> list[str]:
+    if multi_label:
+        return ["image", "error", "labels", *(f"prob_{c}" for c in names)]
+    return ["image", "error", *(f"{what}_{r}" for r in range(1, k + 1) for what in ("class", "index", "prob"))]
+
+
+def rows(files: list[str], errors: list[str], probs: Tensor, names: list[str], k: int,
+          thresholds: Tensor | None) -> list[dict[str, Any]]:
+    """An output row of each image: its top ``k`` (single-label), or the classes at or above ``thresholds``
+    and every class's probability (multi-label); an unreadable image's row holds its error only. The batch's
+    top k and thresholds are taken at once (one per row cost more than the forward pass of a small image)."""
+    rows: list[dict[str, Any]] = []
+    if thresholds is not None:
+        for path, error, p, above in zip(files, errors, probs.tolist(), (probs >= thresholds).tolist()):
+            rows.append({"image": path, "error": error} if error else
+                        {"image": path, "labels": [n for n, a in zip(names, above) if a], "probs": dict(zip(names, p))})
+        return rows
+    values, indices = probs.topk(k, dim=1)
+    for path, error, top, index in zip(files, errors, values.tolist(), indices.tolist()):
+        rows.append({"image": path, "error": error} if error else
+                    {"image": path, "classes": [names[i] for i in index], "indices": index, "probs": top})
+    return rows
+
+
+def csv_lines(rows: list[dict[str, Any]], columns: list[str]) -> str:
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    for row in rows:
+        flat: dict[str, Any] = {"image": row["image"], "error": row.get("error", "")}
+        if "labels" in row:
+            flat["labels"] = label_set_cell(row["labels"])
+            flat.update({f"prob_{c}": f"{v:.6g}" for c, v in row["probs"].items()})
+        elif "classes" in row:
+            for r, (c, i, v) in enumerate(zip(row["classes"], row["indices"], row["probs"]), 1):
+                flat.update({f"class_{r}": c, f"index_{r}": i, f"prob_{r}": f"{v:.6g}"})
+        writer.writerow([flat.get(c, "") for c in columns])
+    return text.getvalue()
+
+
+def text_line(row: dict[str, Any]) -> str:
+    """``path: class p, class p, ...`` (the top k, or the classes at or above their thresholds)."""
+    if "error" in row:
+        return f"{row['image']}: error: {row['error']}"
+    if "labels" in row:
+        shown = [f"{c} {row['probs'][c]:.3f}" for c in row["labels"]]
+        return f"{row['image']}: " + (", ".join(shown) if shown else "no class")
+    return f"{row['image']}: " + ", ".join(f"{c} {v:.3f}" for c, v in zip(row["classes"], row["probs"]))
+
+
+def to_parquet(partial: Path, out: Path) -> None:
+    """The finished job's JSON lines as one parquet file (written whole, then renamed into place)."""
+    import pyarrow.json
+    import pyarrow.parquet
+
+    table = pyarrow.json.read_json(partial)
+    tmp = out.with_name(out.name + ".tmp")
+    pyarrow.parquet.write_table(table, tmp)
+    os.replace(tmp, out)
+    partial.unlink()
+
+
+def to_npy(partial: Path, out: Path) -> None:
+    """The finished job's embeddings as one float32 array ``(N, E)`` in ``out`` (a row of NaN for an image that
+    could not be read) and their paths, a line each in the same order, in ``out``'s ``.paths.txt``."""
+    import numpy as np
+
+    rows = [json.loads(line) for line in partial.read_text().splitlines()]
+    width = next((len(r["embedding"]) for r in rows if "embedding" in r), 0)
+    array = np.full((len(rows), width), np.nan, dtype=np.float32)
+    for i, r in enumerate(rows):
+        if "embedding" in r:
+            array[i] = r["embedding"]
+    paths = out.with_suffix(".paths.txt")
+    paths.with_name(paths.name + ".tmp").write_text("".join(r["image"] + "\n" for r in rows))
+    with open(out.with_name(out.name + ".tmp"), "wb") as f:
+        np.save(f, array)
+    os.replace(paths.with_name(paths.name + ".tmp"), paths)
+    os.replace(out.with_name(out.name + ".tmp"), out)
+    partial.unlink()
