@@ -256,8 +256,9 @@ def test_two_processes_read_the_parts_of_the_one_process_global_batches():
 def test_the_sampler_is_refused_where_it_cannot_draw(skewed_folder, tmp_path):
     from vitlab.errors import ConfigError
 
-    for keys, message in ((("data.aug_repeats=3",), r"uniform with data.aug_repeats > 1"),
-                          (("data.dataset=wds",), r"uniform with shards"),
-                          (("data.multi_label=true",), r"uniform with data.multi_label=true")):
-        with pytest.raises(ConfigError, match=r"^data.sampler='sqrt' is invalid; expected " + message):
+    for keys, message in ((("data.aug_repeats=3",), r"is invalid; expected uniform with data.aug_repeats > 1"),
+                          (("data.dataset=wds",), r"is invalid; expected uniform with shards"),
+                          (("data.multi_label=true",), r"balances one class an image, and data.multi_label=true asks "
+                                                       r"for label sets")):
+        with pytest.raises(ConfigError, match=r"^data.sampler='?sqrt'? " + message):
             load_config(None, tiny_overrides(skewed_folder, tmp_path / "x", "data.sampler=sqrt", *keys))

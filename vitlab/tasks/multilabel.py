@@ -5,7 +5,9 @@ multi-hot rows. What is here: the loss (binary cross-entropy with timm's smoothi
 torch's ``pos_weight``), mixup/cutmix of multi-hot targets (timm's ``Mixup`` choosing the mix), and the
 metrics a report asks for, each defined as scikit-learn defines it (tested against it): average
 precision per class and its macro and micro means (mAP), F1 at a threshold (0.5, or one a class chosen
-on the validation split by :func:`choose_thresholds`), label-based (macro, micro) and example-based.
+on the validation split by :func:`choose_thresholds`), label-based (macro, micro) and example-based. And what
+multi-label training cannot take (:func:`multi_label_problem`), which the config checks where
+``data.multi_label=true`` and the classification task where the training labels turn out to be sets.
 """
 from __future__ import annotations
 
@@ -16,8 +18,10 @@ import torch.nn.functional as F
 from timm.data import Mixup
 from torch import Tensor, nn
 
+from ..errors import ConfigError
+
 __all__ = ["MultiLabelLoss", "MultiHotMixup", "average_precision", "f1_scores", "choose_thresholds",
-           "multilabel_metrics", "positive_weights", "SCORES"]
+           "multilabel_metrics", "positive_weights", "SCORES", "multi_label_problem"]
 
 # What each evaluation of a multi-label training run records (val_map, test_micro_f1, ...).
 SCORES = ("map", "micro_map", "loss", "macro_f1", "micro_f1", "example_f1")
@@ -154,3 +158,28 @@ def multilabel_metrics(logits: Tensor, targets: Tensor, thresholds: Tensor | Non
         tuned = f1_scores(probs >= thresholds.to(probs), targets)
         out.update({f"{k}_tuned": v for k, v in tuned.items()})
     return out
+
+
+def multi_label_problem(cfg: Any, said: str) -> ConfigError | None:
+    """The first key of ``cfg`` that multi-label training cannot take (a single-label loss, class weights, sampler,
+    teacher, calibration objective, or the cached-feature probe), as the one-line error that names it and says
+    why (``said``: why the run is multi-label); None when it can train."""
+    d, t = cfg.data, cfg.train
+    if d.sampler != "uniform":
+        return ConfigError(f"data.sampler={d.sampler} balances one class an image, and {said}; weigh the "
+                           f"classes with train.pos_weight=balanced")
+    if t.loss != "ce" or t.class_weights != "none":
+        key, value = ("train.loss", t.loss) if t.loss != "ce" else ("train.class_weights", t.class_weights)
+        return ConfigError(f"{key}={value} is for one class an image, and {said}: multi-label trains the binary "
+                           f"cross-entropy; weigh its classes with train.pos_weight=balanced")
+    if cfg.distill.type != "none":
+        return ConfigError(f"distill.type={cfg.distill.type} distills a teacher's softmax, one class an image, and "
+                           f"{said}")
+    if t.calibrate and t.calibrate_objective != "nll":
+        return ConfigError(f"train.calibrate_objective={t.calibrate_objective} chooses a temperature, for one class "
+                           f"an image, and {said}: a multi-label run's calibration is a threshold a class (each its "
+                           f"best F1 on the validation images); leave it nll")
+    if t.cache_features:
+        return ConfigError(f"train.cache_features=True fits one class an image (a multinomial logistic regression), "
+                           f"and {said}: train the head of this multi-label run with model.freeze=backbone alone")
+    return None

@@ -14,6 +14,7 @@ from torchvision.transforms import v2
 from ...data.balance import ClassSampler
 from ...data.images import DeviceImageLoader, ImageData, TensorImageDataset
 from ...data.repeat import RepeatAugSampler
+from ...data.rules import device_loader_problems
 from ...data.split import SplitIndex
 from ...data.transforms import CIFAR10_MEAN, rrc_train_transform, src_train_transform, train_transform
 from ...errors import ConfigError
@@ -126,8 +127,7 @@ def resolve_loader(loader: str, augment: str, device: torch.device, streamed: bo
                           "data.in_memory=true to keep it in memory anyway")
     if loader != "auto":
         return loader
-    on_device = augment in ("none", "randaugment") and train_crop == "pad" and not streamed and not color_jitter \
-        and aug_repeats == 1
+    on_device = not streamed and not device_loader_problems(augment, train_crop, color_jitter, aug_repeats)
     return "gpu" if device.type == "cuda" and on_device else "torch"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ...data.rules import streamed_in_shards
 from ...data.shard_stream import ShardStream, spread
 from ...data.shards import ShardIndex, index_shards
 from ...data.transforms import CIFAR10_MEAN
@@ -20,12 +21,9 @@ if TYPE_CHECKING:
 __all__ = ["streamed_in_shards", "index_stream", "shard_streams"]
 
 
-def streamed_in_shards(d: DataConfig) -> bool:
-    """Whether the data is read as shards (:func:`shard_streams`): WebDataset, or a streamed Hugging Face split."""
-    return d.dataset == "wds" or (d.dataset == "hf" and d.streaming)
-
-
 def index_stream(d: DataConfig, split: str, classes: list[str] | None) -> ShardIndex:
+    """The listing of ``split`` read as shards: WebDataset tars (their index, or read through), or a streamed
+    Hugging Face split; labels through ``classes`` (the training split's), where given."""
     if d.dataset == "wds":
         return index_shards(d.root, split, classes, d.exif_transpose)
     from ...data.hf import index_hf_stream

@@ -24,7 +24,8 @@ from ..base import TaskSetup, build_model
 from ..distill import DistillationLoss, load_teacher
 from ..knn import collect_features
 from ..linear_probe import probe_head
-from ..multilabel import SCORES as MULTI_LABEL_SCORES, MultiHotMixup, MultiLabelLoss, positive_weights
+from ..multilabel import SCORES as MULTI_LABEL_SCORES, MultiHotMixup, MultiLabelLoss, multi_label_problem, \
+    positive_weights
 from .data import build_loaders, in_memory
 from .losses import classification_criterion
 from .metrics import SCORES, evaluate_classifier
@@ -125,10 +126,6 @@ def _check_listing(cfg: Config, accelerator: Accelerator, train_index: SplitInde
                           f"of each class): {multi_label_reason(train_index)}"
                           + ('; in data.dataset=csv a class name with a space is a JSON list, ["stop sign"]'
                              if d.dataset == "csv" else ""))
-    if multi_label and t.cache_features:
-        raise ConfigError(f"train.cache_features=True fits one class an image (a multinomial logistic regression); "
-                          f"the images under data.root={d.root!r} have sets of labels: train the head of this "
-                          f"multi-label run with model.freeze=backbone alone")
     counts = training_class_counts(d, t.seed, train_index)
     if multi_label:
         _check_multi_label(cfg, train_index.classes, counts)
@@ -211,25 +208,15 @@ def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model:
 
 
 def _check_multi_label(cfg: Config, classes: list[str], counts: Tensor | None) -> None:
-    """What multi-label training data (found so, ``data.multi_label=auto``) cannot take, in one line each,
-    before training: a single-label loss, teacher, sampler or calibration objective, a ``train.pos_weight`` of
-    another length, ``train.pos_weight=balanced`` without ``counts`` (each class's training images, ``(K,)``; None:
-    streamed shards, not counted)."""
+    """What multi-label training data (found so, ``data.multi_label=auto``) cannot take, in one line each, before
+    training: :func:`~vitlab.tasks.multilabel.multi_label_problem`, a ``train.pos_weight`` of another
+    length, ``train.pos_weight=balanced`` without ``counts`` (each class's training images, ``(K,)``; None: streamed
+    shards, not counted)."""
     t = cfg.train
-    said = "the data's labels are sets (data.multi_label=auto found several classes an image)"
-    if cfg.data.sampler != "uniform":
-        raise ConfigError(f"data.sampler={cfg.data.sampler} balances one class an image, and {said}; weigh the "
-                          f"classes with train.pos_weight=balanced")
-    if t.loss != "ce" or t.class_weights != "none":
-        key, value = ("train.loss", t.loss) if t.loss != "ce" else ("train.class_weights", t.class_weights)
-        raise ConfigError(f"{key}={value} is for one class an image, and {said}: multi-label trains the binary "
-                          f"cross-entropy; weigh its classes with train.pos_weight=balanced")
-    if cfg.distill.type != "none":
-        raise ConfigError(f"distill.type={cfg.distill.type} distills a teacher's softmax, one class an image, and {said}")
-    if t.calibrate and t.calibrate_objective != "nll":
-        raise ConfigError(f"train.calibrate_objective={t.calibrate_objective} chooses a temperature, for one class an "
-                          f"image, and {said}: a multi-label run's calibration is a threshold a class (each its best "
-                          f"F1 on the validation images); leave it nll")
+    problem = multi_label_problem(cfg, "the data's labels are sets (data.multi_label=auto found several classes an "
+                                       "image)")
+    if problem is not None:
+        raise problem
     if isinstance(t.pos_weight, list) and len(t.pos_weight) != len(classes):
         raise ConfigError(f"train.pos_weight has {len(t.pos_weight)} numbers for the {len(classes)} classes "
                           f"{classes[:10]}{' ...' if len(classes) > 10 else ''}; give one a class, or balanced")
