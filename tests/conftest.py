@@ -156,7 +156,7 @@ def signal_at_step(monkeypatch: pytest.MonkeyPatch, step: int, signum: int = 15)
     from helpers.signals import signalling_step
     from vitlab import training
 
-    monkeypatch.setattr(training._Loop, "step", signalling_step(step, signum))
+    monkeypatch.setattr(training.Loop, "step", signalling_step(step, signum))
 
 
 def train_until_signal(monkeypatch: pytest.MonkeyPatch, cfg, step: int) -> None:

@@ -18,13 +18,13 @@ def test_an_optimizer_step_never_synchronizes_with_the_host(tiny_imagefolder, tm
     # backward, mixup, clipping, fused AdamW, the schedule, the EMA, the loss sums) run under it.
     from conftest import tiny_overrides
     from vitlab.config import load_config
-    from vitlab.training import _Loop, set_epoch
+    from vitlab.training import Loop, set_epoch
 
     cfg = load_config(None, tiny_overrides(
         tiny_imagefolder, tmp_path / "run", f"data.loader={loader}", "train.mixed_precision=bf16",
         "data.mixup_alpha=0.8", "data.cutmix_alpha=1.0", "train.ema_decay=0.99", "optim.grad_clip=1.0",
         "train.log_every=1000", *extra))
-    loop = _Loop(cfg, tmp_path / "run", None)
+    loop = Loop(cfg, tmp_path / "run", None)
     assert loop.accelerator.device.type == "cuda"
     loop.model.train()
     set_epoch(loop.train_loader, 1)

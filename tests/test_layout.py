@@ -19,6 +19,7 @@ ROOMS: list[tuple[str, set[str]]] = [
     ("tasks", {"tasks"}),
     ("visualize", {"visualize"}),
     ("engine", {"config", "checkpoint", "preemption", "training", "evaluation", "prediction", "interop", "export", "cli",
+                "commands",
                 "__init__"}),
 ]
 ALLOWED_BELOW = {  # models and data are siblings: neither needs the other

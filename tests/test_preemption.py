@@ -196,14 +196,14 @@ def _die_at_step(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
     """The process dies (kill -9, a node failure) as optimizer step ``step`` begins: nothing more is written."""
     from vitlab import training
 
-    original = training._Loop.step
+    original = training.Loop.step
 
     def step_or_die(self, group):
         if self.state["global_step"] + 1 == step:
             raise KeyboardInterrupt  # not an Exception: nothing in the loop handles it
         original(self, group)
 
-    monkeypatch.setattr(training._Loop, "step", step_or_die)
+    monkeypatch.setattr(training.Loop, "step", step_or_die)
 
 
 def test_a_step_checkpoint_due_on_an_epochs_last_step_is_written_whatever_save_every_is(
@@ -452,7 +452,7 @@ def test_dataloader_workers_live_across_epochs_and_augment_each_epoch_anew(tiny_
     # workers, and new draws every epoch.
     from torch.utils.data import DataLoader
 
-    from vitlab.training import _Loop
+    from vitlab.training import Loop
 
     data = ImageData(torch.randint(0, 256, (32, 3, 16, 16), dtype=torch.uint8), torch.arange(32), list("ab"))
     dataset = TensorImageDataset(data, train_transform((16, 16), augment="randaugment"), seed=0)
@@ -471,7 +471,7 @@ def test_dataloader_workers_live_across_epochs_and_augment_each_epoch_anew(tiny_
     assert len(pids[1]) == 2 and pids[1] == pids[2] == pids[3] and os.getpid() not in pids[1]
     assert not any(torch.equal(a, b) for a, b in zip(images[1, 2], images[2, 2]))
     # Training builds its DataLoaders so.
-    loop = _Loop(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "run", "data.num_workers=2",
+    loop = Loop(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "run", "data.num_workers=2",
                                                   "data.loader=torch")), tmp_path / "run", None)
     assert loop.train_loader.persistent_workers and all(v.persistent_workers for v in loop.eval_loaders.values())
 

@@ -45,14 +45,14 @@ def test_progress_reaches_a_log_file_at_least_every_interval(monkeypatch, capsys
 def test_an_interrupted_run_says_what_it_kept_and_what_it_lost(tiny_imagefolder, tmp_path, monkeypatch, capsys):
     from vitlab import training
 
-    original = training._Loop.step
+    original = training.Loop.step
 
     def ctrl_c_in_step_7(self, group):
         if self.state["global_step"] + 1 == 7:
             raise KeyboardInterrupt
         original(self, group)
 
-    monkeypatch.setattr(training._Loop, "step", ctrl_c_in_step_7)
+    monkeypatch.setattr(training.Loop, "step", ctrl_c_in_step_7)
     run_dir = tmp_path / "run"
     with pytest.raises(SystemExit) as stopped:
         main(["train", "--config", "configs/cifar10_cpu_quick.yaml",
@@ -84,7 +84,7 @@ def test_a_run_on_a_busy_machine_says_how_many_threads_to_give_torch(monkeypatch
 
     import torch
 
-    from vitlab.training import _busy_machine_advice
+    from vitlab.training.report import busy_machine_advice as _busy_machine_advice
 
     if (os.cpu_count() or 1) < 2:
         pytest.skip("one core: torch runs one thread, nothing to advise")
@@ -134,7 +134,7 @@ def test_a_run_continued_by_several_commands_reports_the_whole_runs_time(tiny_im
 def test_the_last_line_gives_the_best_validation_value_not_the_last_one():
     """The H100's char LM run (benchmarks/results/gpu_h100_s2/lm.summary.json): best 1.4398 at epoch 5,
     last 1.4794 at epoch 10. The line said 'best validation 1.4794 at epoch 5'."""
-    from vitlab.training import _result_line
+    from vitlab.training.report import result_line as _result_line
 
     result = {"val_loss": 1.4793837870181268, "best_metric": 1.4397721314913534, "best_epoch": 5,
               "epochs_done": 10, "wall_time": 166.46502017974854}

@@ -433,15 +433,15 @@ def test_best_checkpoint_survives_a_resume_whatever_save_every_is(tiny_imagefold
 def test_grad_scaler_state_is_checkpointed_and_restored(tiny_imagefolder, tmp_path, monkeypatch, on_cpu):
     # fp16 runs only on accelerators, but the GradScaler's bookkeeping is device-independent: give the
     # CPU run a real scaler (growing its scale every 2 steps) and check a resume continues its state.
-    from vitlab import training
+    from vitlab.training import loop
 
     def with_scaler(*args, **kwargs):
         accelerator = original(*args, **kwargs)
         accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2)
         return accelerator
 
-    original = training.create_accelerator
-    monkeypatch.setattr(training, "create_accelerator", with_scaler)
+    original = loop.create_accelerator
+    monkeypatch.setattr(loop, "create_accelerator", with_scaler)
     extra = ("train.epochs=3",)
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train(load_config(None, tiny_overrides(tiny_imagefolder, whole, *extra)))
@@ -685,7 +685,7 @@ def test_the_plain_model_of_a_compiled_ddp_model_leaves_ddp_in_the_training_path
 def test_lr_base_scales_the_learning_rate_by_the_global_batch_as_timm_and_deit_do(tiny_imagefolder, tmp_path):
     # lr = lr_base * global batch / lr_base_size (DeiT: 5e-4 * batch / 512), or its square root (timm's
     # rule for Adam-like optimizers), so a recipe keeps its meaning on another number of GPUs.
-    from vitlab.training import _Loop
+    from vitlab.training import Loop
 
     for batch, scale, expected in ((16, "linear", 5e-4 * 16 / 512), (32, "linear", 5e-4 * 32 / 512),
                                    (32, "sqrt", 5e-4 * (32 / 512) ** 0.5)):
@@ -693,7 +693,7 @@ def test_lr_base_scales_the_learning_rate_by_the_global_batch_as_timm_and_deit_d
                                    "optim.lr_base=5e-4", "optim.lr_base_size=512", f"optim.lr_base_scale={scale}",
                                    "optim.min_lr=0")
         cfg = load_config(None, [o for o in overrides if not o.startswith("optim.lr=")])  # an optim.lr would win
-        loop = _Loop(cfg, tmp_path / f"{batch}{scale}", None)
+        loop = Loop(cfg, tmp_path / f"{batch}{scale}", None)
         reset_accelerate()
         peaks = loop.scheduler.scheduler.base_values  # timm's scheduler's: the peak of each group
         assert peaks == pytest.approx([expected] * len(peaks))

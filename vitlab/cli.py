@@ -1,13 +1,13 @@
-"""The ``vitlab`` command: ``train``, ``eval``, ``predict``, ``attention``, ``translate``, ``sample``, ``export``,
-``models``. Thin: each parses its arguments and calls the library; user errors print one line and exit
-non-zero."""
+"""The ``vitlab`` command line: ``train`` (as ``train.py``), and the arguments of ``eval``, ``calibrate``, ``predict``,
+``embed``, ``attention``, ``translate``, ``sample``, ``export``, ``shards`` and ``models``, whose work is in
+:mod:`vitlab.commands`. User errors print one line and exit non-zero."""
 from __future__ import annotations
 
 import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .errors import ConfigError, VitlabError
 
@@ -41,215 +41,6 @@ def _own_message(error: Exception) -> str:
         last = message.strip().splitlines()[-1]
         message = last.split(": ", 1)[1] if last.startswith(type(error).__module__) else last
     return message
-
-
-def _end_processes() -> None:
-    """Under torchrun, wait until every process is done (process 0 writes the files) and close the process
-    group before the command returns: a process that left with the group open could abort in gloo's teardown
-    while another still wrote ("terminate called without an active exception", about 1 run in 10 of a
-    2-process vitlab eval)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def _eval(args: argparse.Namespace) -> None:
-    from .evaluation import evaluate_checkpoint
-
-    evaluate_checkpoint(args.checkpoint, args.split, tuple(args.overrides), use_ema=not args.no_ema,
-                        batch_size=args.batch_size, output=args.output, record=args.record,
-                        predictions=args.predictions, adjust_logits=args.adjust_logits, tta=args.tta, knn=args.knn)
-    _end_processes()
-
-
-def _calibrate(args: argparse.Namespace) -> None:
-    from .evaluation import calibrate_checkpoint
-
-    calibrate_checkpoint(args.checkpoint, "val", tuple(args.overrides), use_ema=not args.no_ema,
-                         batch_size=args.batch_size, objective=args.objective)
-    _end_processes()
-
-
-def _translate(args: argparse.Namespace) -> None:
-    from .checkpoint import load_model
-    from .errors import CheckpointError
-    from .data.text import load_tokenizer
-    from .models import RNNSeq2Seq, Seq2SeqTransformer
-    from .tasks.seq2seq import translate
-
-    model = load_model(args.checkpoint)
-    if not isinstance(model, (Seq2SeqTransformer, RNNSeq2Seq)) or model.pretrained_cfg.get("tokenizer") is None:
-        raise CheckpointError(f"{args.checkpoint!r} is not a translation model with a tokenizer; `vitlab translate` "
-                              f"needs a run trained with data.dataset=parallel")
-    tokenizer = load_tokenizer(model.pretrained_cfg["tokenizer"])
-    if args.attention:
-        _alignment_figure(model, tokenizer, args)
-    for line in translate(model, tokenizer, args.sentences, beam_size=args.beam_size):
-        print(line)
-
-
-def _alignment_figure(model: object, tokenizer: object, args: argparse.Namespace) -> None:
-    """``translate --attention``: the sentence's cross-attention, drawn before anything is printed."""
-    from .tasks.seq2seq import alignment
-    from .visualize import plot_alignment, save_figure
-
-    layers = len(model.transformer.decoder_layers) if hasattr(model, "transformer") else 1
-    if not -layers <= args.layer < layers:
-        raise ConfigError(f"--layer {args.layer} is out of range: the decoder has {layers} attention layer(s) "
-                          f"(0..{layers - 1}, or -1 for the last)")
-    if len(args.sentences) != 1:
-        raise ConfigError(f"--attention draws one sentence's alignment; got {len(args.sentences)} sentences")
-    weights, source, target = alignment(model, tokenizer, args.sentences[0], args.beam_size, args.layer)
-    what = (f"decoder layer {args.layer % layers}, mean over its heads" if hasattr(model, "transformer")
-            else f"{model.config['score']} attention")
-    print(f"wrote {save_figure(plot_alignment(weights, source, target, what), args.attention)}", file=sys.stderr)
-
-
-def _sample(args: argparse.Namespace) -> None:
-    import torch
-
-    from .checkpoint import load_model
-    from .data.corpus import load_lm_tokenizer
-    from .errors import CheckpointError
-
-    model = load_model(args.checkpoint)
-    if model.pretrained_cfg.get("task") != "lm" or model.pretrained_cfg.get("tokenizer") is None:
-        raise CheckpointError(f"{args.checkpoint!r} is not a language model; `vitlab sample` needs a run trained with "
-                              f"task: lm")
-    tokenizer = load_lm_tokenizer(model.pretrained_cfg["tokenizer"])
-    prompt = tokenizer.encode_text(args.prompt) if args.prompt else [0]
-    if args.attention:
-        _attention_pattern(model, tokenizer, prompt, args)
-    generator = torch.Generator().manual_seed(args.seed)
-    out = model.generate(torch.tensor([prompt]), args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                         top_p=args.top_p, generator=generator)
-    print(tokenizer.decode_ids(out[0, 0 if args.prompt else 1:].tolist()))
-
-
-def _attention_pattern(model: object, tokenizer: object, prompt: list[int], args: argparse.Namespace) -> None:
-    """``sample --attention``: the causal attention over the prompt of one block (mean over its heads)."""
-    import torch
-
-    from .visualize import plot_alignment, save_figure
-
-    blocks = len(model.blocks)
-    if not -blocks <= args.layer < blocks:
-        raise ConfigError(f"--layer {args.layer} is out of range: the model has {blocks} blocks (0..{blocks - 1}, "
-                          f"or -1 for the last)")
-    if not args.prompt or len(prompt) > model.block_size:
-        raise ConfigError(f"--attention draws the attention over the prompt: give --prompt with 1 to "
-                          f"{model.block_size} tokens")
-    weights = model.get_attention_maps(torch.tensor([prompt]))[args.layer][0].mean(0)
-    tokens = [tokenizer.decode_ids([i]).replace(" ", "\u2423").replace("\n", "\\n") for i in prompt]  # ␣ for a space
-    fig = plot_alignment(weights, tokens, tokens, f"block {args.layer % blocks}, mean over its heads (rows: queries)")
-    print(f"wrote {save_figure(fig, args.attention)}", file=sys.stderr)
-
-
-def _inputs(given: list[str]) -> tuple[list[str], list[str]]:
-    """predict's and embed's inputs: image files, folders and globs, and ``data.*=`` keys (a data set)."""
-    keys = [g for g in given if g.startswith("data.") and "=" in g]
-    return [g for g in given if g not in keys], keys
-
-
-def _predict(args: argparse.Namespace) -> None:
-    from .checkpoint import load_model
-    from .prediction import predict_images
-
-    images, data = _inputs(args.images)
-    predict_images(load_model(args.checkpoint), images, args.output, args.batch_size, args.num_workers, args.topk,
-                   tta=args.tta, data=data, split=args.split, precision=args.precision)
-    _end_processes()
-
-
-def _embed(args: argparse.Namespace) -> None:
-    from .checkpoint import load_model
-    from .prediction import embed_images
-
-    images, data = _inputs(args.images)
-    embed_images(load_model(args.checkpoint), images, args.output, args.batch_size, args.num_workers, data=data,
-                 split=args.split, precision=args.precision)
-    _end_processes()
-
-
-def _attention(args: argparse.Namespace) -> None:
-    from .checkpoint import load_model
-    from .data.decode import open_image
-    from .data.transforms import decode_size, decode_upright
-    from .errors import CheckpointError
-    from .models import VisionTransformer
-    from .visualize import plot_attention, plot_attention_grid, save_figure
-
-    model = load_model(args.checkpoint)
-    if not isinstance(model, VisionTransformer):
-        raise CheckpointError(f"{args.checkpoint!r} holds a {type(model).__name__}, not a ViT; `vitlab "
-                              f"attention` draws a ViT's attention over images (translations: `vitlab translate "
-                              f"--attention`)")
-    blocks, heads = len(model.blocks), model.blocks[0].attn.num_heads
-    if not -blocks <= args.block < blocks:
-        raise ConfigError(f"--block {args.block} is out of range: the model has {blocks} blocks (0..{blocks - 1}, "
-                          f"or -1 for the last)")
-    head: int | str = args.head if args.head == "mean" else _int_or_fail(args.head, "--head", "a head index or mean")
-    if head != "mean" and not -heads <= head < heads:
-        raise ConfigError(f"--head {head} is out of range: each block has {heads} heads (0..{heads - 1}, or mean)")
-    if not 0 <= args.discard_ratio < 1:
-        raise ConfigError(f"--discard-ratio {args.discard_ratio} must be in [0, 1): the share of each row's weights "
-                          f"to zero")
-    if args.columns < 0:
-        raise ConfigError(f"--columns {args.columns} must be >= 0 (0: one row an image)")
-    if args.grid and len(args.images) != 1:
-        raise ConfigError(f"--grid draws every block x head of one image; got {len(args.images)} images")
-    # All read before anything is written, decoded as training decoded its files.
-    images = [open_image(path, decode_size(model), decode_upright(model)) for path in args.images]
-    if args.grid:
-        fig = plot_attention_grid(model, images[0])
-    else:
-        # The true class, where a file lies in a folder named after one of the model's classes (ImageFolder).
-        classes = set(model.pretrained_cfg.get("label_names") or [])
-        truth = [Path(p).parent.name if Path(p).parent.name in classes else None for p in args.images]
-        fig = plot_attention(model, images, titles=[Path(p).name for p in args.images], method=args.method,
-                             block=args.block, head=head, head_fusion=args.head_fusion,
-                             discard_ratio=args.discard_ratio, true_labels=truth, columns=args.columns)
-    print(f"wrote {save_figure(fig, args.output)}")
-
-
-def _export(args: argparse.Namespace) -> None:
-    from .checkpoint import load_model
-    from .export import export_model
-
-    result = export_model(load_model(args.checkpoint), args.output, args.format, check=not args.no_check)
-    checked = (f"; on a batch of another size it differs from the eager model by at most {result['max_abs_diff']:.2e}"
-               if "max_abs_diff" in result else "")
-    print(f"wrote {result['output']} ({args.format}; inputs {', '.join(result['inputs'])}, dynamic batch){checked}")
-
-
-def _int_or_fail(value: str, flag: str, expected: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise ConfigError(f"{flag} {value!r} is not {expected}") from None
-
-
-def _models(args: argparse.Namespace) -> None:
-    from .models import create_model, list_models
-
-    for name in list_models(args.pattern):
-        if name.startswith("gpt_"):
-            model = create_model(name, vocab_size=65)
-            detail = f"context {model.block_size}, width {model.embed_dim}, {len(model.blocks)} layers (65 characters)"
-        elif name.startswith("rnn_"):
-            model = create_model(name, src_vocab_size=8000, tgt_vocab_size=8000, share_embeddings=True)
-            detail = f"GRU {model.config['hidden_dim']}, {model.config['score']} attention (with a shared 8k vocabulary)"
-        elif name.startswith("transformer_"):
-            model = create_model(name, src_vocab_size=8000, tgt_vocab_size=8000, share_embeddings=True)
-            detail = f"d_model {model.d_model}, {len(model.transformer.encoder_layers)}+" \
-                     f"{len(model.transformer.decoder_layers)} layers (with a shared 8k vocabulary)"
-        else:
-            model = create_model(name)
-            detail = f"img {model.patch_embed.img_size[0]:3d}  tokens {model.pos_embed.shape[1]:3d}"
-        params = sum(p.numel() for p in model.parameters())
-        print(f"{name:28s} {params / 1e6:8.2f}M params  {detail}")
 
 
 def train_main(argv: list[str] | None = None) -> None:
@@ -298,27 +89,40 @@ def train_main(argv: list[str] | None = None) -> None:
     run_command(run)
 
 
-def _shards(args: argparse.Namespace) -> None:
-    from .data.convert import convert_to_shards
-
-    if args.max_size is not None and args.max_size < 1:
-        raise ConfigError(f"--max-size {args.max_size}: give the longest side to write, in px (>= 1), or leave it out "
-                          f"to keep every image as stored")
-    written = convert_to_shards(args.src, args.out, [s for s in args.split.split(",") if s], args.shard_size,
-                                seed=args.seed, image_key=args.image_key, label_key=args.label_key,
-                                max_size=args.max_size or 0, quality=args.quality)
-    for split, paths in written.items():
-        print(f"{split}: {len(paths)} shard(s), {paths[0].name} .. {paths[-1].name}")
-    print(f"wrote {args.out}/classes.txt; train on it: data.dataset=wds data.root={args.out}")
+def _image_job_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments ``vitlab predict`` and ``embed`` share: how the images are read and run, and which."""
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--num-workers", type=int, default=2, help="DataLoader workers reading the images")
+    p.add_argument("--split", default="", help="with data.* keys: the split to read (default data.test_split)")
+    p.add_argument("--precision", choices=("run", "no", "bf16", "fp16"), default="run",
+                   help="autocast: run (default), the checkpoint's training precision, as eval runs it (bf16 on a "
+                        "GPU, float32 on the CPU for a checkpoint that records none); no: float32")
+    p.add_argument("images", nargs="+", metavar="INPUT", help="image files, folders (their images, below them too) "
+                   "and globs; or data.* keys naming a data set as training does (data.dataset=hf data.root=...)")
 
 
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["train"]:  # same arguments as train.py
-        return train_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="vitlab", description="Vision Transformers on one attention core.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("train", help="train (same arguments as train.py: --config FILE [--resume DIR] [key=value ...])")
+def _predict_parsers(sub: Any) -> None:
+    """``vitlab predict`` and ``vitlab embed``."""
+    pr = sub.add_parser("predict", help="the top-k classes of image files, folders and globs: printed, or a row an "
+                                        "image in a .csv, .jsonl or .parquet file (a stopped job continues where it "
+                                        "stopped)")
+    pr.add_argument("--checkpoint", required=True)
+    pr.add_argument("--topk", type=int, default=5)
+    pr.add_argument("--output", help="write the rows to this .csv, .jsonl or .parquet file instead of printing them")
+    pr.add_argument("--tta", choices=("none", "flip", "crops"), default="none",
+                    help="test-time augmentation: flip, the mean of each image's probabilities and its mirror's; "
+                         "crops, of its five crops (corners and center of a view 1/0.875 larger)")
+    _image_job_arguments(pr)
+    em = sub.add_parser("embed", help="the pooled pre-logits features of image files, folders and globs into a "
+                                      ".parquet, .jsonl or .npy file (a stopped job continues where it stopped)")
+    em.add_argument("--checkpoint", required=True)
+    em.add_argument("--output", required=True, help="FILE.parquet or .jsonl (a row an image), or FILE.npy (an array; "
+                                                    "the paths in FILE.paths.txt)")
+    _image_job_arguments(em)
+
+
+def _eval_parsers(sub: Any) -> None:
+    """``vitlab eval`` and ``vitlab calibrate``."""
     ev = sub.add_parser("eval", help="evaluate a checkpoint: top-1/top-5, loss, per-class accuracy, confusion matrix "
                                      "(ViT); exact match or sacreBLEU (text)")
     ev.add_argument("--checkpoint", required=True, help="run directory (its best checkpoint) or checkpoint directory")
@@ -353,36 +157,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="the temperature of the least validation loss (nll, Guo et al. 2017) or of the least "
                          "calibration error (ece, Mukhoti et al. 2020)")
     ca.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. data.root=...")
-    pr = sub.add_parser("predict", help="the top-k classes of image files, folders and globs: printed, or a row an "
-                                        "image in a .csv, .jsonl or .parquet file (a stopped job continues where it "
-                                        "stopped)")
-    pr.add_argument("--checkpoint", required=True)
-    pr.add_argument("--topk", type=int, default=5)
-    pr.add_argument("--output", help="write the rows to this .csv, .jsonl or .parquet file instead of printing them")
-    pr.add_argument("--batch-size", type=int, default=64)
-    pr.add_argument("--num-workers", type=int, default=2, help="DataLoader workers reading the images")
-    pr.add_argument("--tta", choices=("none", "flip", "crops"), default="none",
-                    help="test-time augmentation: flip, the mean of each image's probabilities and its mirror's; "
-                         "crops, of its five crops (corners and center of a view 1/0.875 larger)")
-    pr.add_argument("--split", default="", help="with data.* keys: the split to read (default data.test_split)")
-    pr.add_argument("--precision", choices=("run", "no", "bf16", "fp16"), default="run",
-                    help="autocast: run (default), the checkpoint's training precision, as eval runs it (bf16 on a "
-                         "GPU, float32 on the CPU for a checkpoint that records none); no: float32")
-    pr.add_argument("images", nargs="+", metavar="INPUT", help="image files, folders (their images, below them too) "
-                    "and globs; or data.* keys naming a data set as training does (data.dataset=hf data.root=...)")
-    em = sub.add_parser("embed", help="the pooled pre-logits features of image files, folders and globs into a "
-                                      ".parquet, .jsonl or .npy file (a stopped job continues where it stopped)")
-    em.add_argument("--checkpoint", required=True)
-    em.add_argument("--output", required=True, help="FILE.parquet or .jsonl (a row an image), or FILE.npy (an array; "
-                                                    "the paths in FILE.paths.txt)")
-    em.add_argument("--batch-size", type=int, default=64)
-    em.add_argument("--num-workers", type=int, default=2, help="DataLoader workers reading the images")
-    em.add_argument("--split", default="", help="with data.* keys: the split to read (default data.test_split)")
-    em.add_argument("--precision", choices=("run", "no", "bf16", "fp16"), default="run",
-                    help="autocast: run (default), the checkpoint's training precision, as eval runs it (bf16 on a "
-                         "GPU, float32 on the CPU for a checkpoint that records none); no: float32")
-    em.add_argument("images", nargs="+", metavar="INPUT", help="image files, folders (their images, below them too) "
-                    "and globs; or data.* keys naming a data set as training does (data.dataset=hf data.root=...)")
+
+
+def _attention_parser(sub: Any) -> None:
+    """``vitlab attention``."""
     at = sub.add_parser("attention", help="draw where a ViT looks: attention rollout or one block/head over images")
     at.add_argument("--checkpoint", required=True)
     at.add_argument("--output", required=True, help="the figure (.png, .pdf, .svg)")
@@ -396,6 +174,10 @@ def main(argv: list[str] | None = None) -> None:
     at.add_argument("--columns", type=int, default=0,
                     help="a compact grid of this many images a row, each above its map (0: a row an image)")
     at.add_argument("images", nargs="+")
+
+
+def _text_parsers(sub: Any) -> None:
+    """``vitlab translate`` and ``vitlab sample``."""
     tr = sub.add_parser("translate", help="translate sentences with a trained text model")
     tr.add_argument("--checkpoint", required=True)
     tr.add_argument("--beam-size", type=int, default=4)
@@ -413,6 +195,10 @@ def main(argv: list[str] | None = None) -> None:
     sa.add_argument("--seed", type=int, default=0)
     sa.add_argument("--attention", metavar="PNG", help="also draw the causal attention over the prompt into this file")
     sa.add_argument("--layer", type=int, default=-1, help="--attention: the block (default the last)")
+
+
+def _tool_parsers(sub: Any) -> None:
+    """``vitlab export``, ``vitlab shards`` and ``vitlab models``."""
     ex = sub.add_parser("export", help="export a model for deployment: ONNX or a torch.export program (.pt2), "
                                        "dynamic batch size, checked against the eager model")
     ex.add_argument("--checkpoint", required=True, help="run, checkpoint or save_pretrained directory")
@@ -436,11 +222,21 @@ def main(argv: list[str] | None = None) -> None:
     sh.add_argument("--quality", type=int, default=90, help="--max-size: the JPEG quality (default 90)")
     mo = sub.add_parser("models", help="list the model presets with their sizes")
     mo.add_argument("pattern", nargs="?", default="*")
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:  # same arguments as train.py
+        return train_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="vitlab", description="Vision Transformers on one attention core.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("train", help="train (same arguments as train.py: --config FILE [--resume DIR] [key=value ...])")
+    for add in (_eval_parsers, _predict_parsers, _attention_parser, _text_parsers, _tool_parsers):
+        add(sub)
     args = parser.parse_args(argv)
-    command = {"eval": _eval, "calibrate": _calibrate, "predict": _predict, "embed": _embed, "attention": _attention,
-               "translate": _translate,
-               "sample": _sample, "export": _export, "models": _models, "shards": _shards}[args.command]
-    run_command(lambda: command(args))
+    from .commands import COMMANDS
+
+    run_command(lambda: COMMANDS[args.command](args))
 
 
 if __name__ == "__main__":

@@ -15,10 +15,7 @@ layouts are :mod:`vitlab.inference.files`'.
 """
 from __future__ import annotations
 
-import csv
 import glob
-import hashlib
-import io
 import json
 import os
 import sys
@@ -34,11 +31,11 @@ from .data.shards import ShardIndex
 from .data.split import SplitIndex
 from .data.transforms import ModelInput, decode_size, decode_upright
 from .errors import ConfigError, DataError
-from .inference.files import columns, csv_lines, rows, text_line, to_npy, to_parquet
+from .inference.files import columns, csv_lines, job_file, job_record, open_partial, resume_rows, rows, \
+    text_line, to_npy, to_parquet
 from .inference.forward import ChunkedForward, cpu_chunk, pooled_features
 from .inference.tta import tta_logits
 from .inference.view import crops_view_size, eval_view, model_dataset
-from .models.hub import read_json, write_json
 from .progress import Progress
 from .runtime import autocast_dtype, default_device, listed_once, processes
 from .tasks.classification import streamed_in_shards
@@ -180,73 +177,6 @@ def embed_images(model: nn.Module, inputs: list[str], output: str | Path, batch_
                           precision=precision)
 
 
-def _job(model: nn.Module, k: int, tta: str, dtype: torch.dtype | None, embed: bool) -> dict[str, Any]:
-    """What decides a job's rows besides its inputs: the weights (a digest of every tensor), the checkpoint's
-    record (classes, preprocessing, temperature, thresholds: a digest of ``pretrained_cfg``), what a row holds
-    (embeddings or predictions, top ``k``), the test-time augmentation and the precision."""
-    weights = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        weights.update(name.encode())
-        weights.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    record = json.dumps(getattr(model, "pretrained_cfg", None) or {}, sort_keys=True, default=str)
-    return {"rows": "embeddings" if embed else "predictions", "topk": None if embed else k, "tta": tta,
-            "precision": str(dtype or torch.float32).removeprefix("torch."), "weights": weights.hexdigest(),
-            "checkpoint record": hashlib.sha256(record.encode()).hexdigest()}
-
-
-def _job_file(partial: Path) -> Path:
-    return partial.with_name(partial.name + ".job.json")
-
-
-def _csv_records(text: str) -> tuple[list[list[str]], int]:
-    """The whole records of CSV ``text`` (as ``csv.writer`` writes them: a field holding a newline is quoted, a
-    quote doubled) and the characters they take: a record ends at a newline outside quotes. Lines are not split
-    at the other line breaks Python knows (U+2028, form feeds), which a file name may hold."""
-    records, start, end = [], 0, 0
-    for line in text.split("\n")[:-1]:
-        end += len(line) + 1
-        if text.count('"', start, end) % 2 == 0:  # the quotes balance: the record is whole
-            records.append(next(csv.reader(io.StringIO(text[start:end], newline=""))))
-            start = end
-    return records, start
-
-
-def _resume(partial: Path, header: str, files: list[str], suffix: str, job: dict[str, Any]) -> tuple[int, int]:
-    """How many rows ``partial`` (an earlier run of the same job) holds whole, after cutting a row it was
-    stopped in the middle of, and how many of them are errors; it must have been written by ``job``
-    (:func:`_job`, recorded beside it) and hold ``header`` (CSV) and the rows of the first ``files``, in order.
-
-    Raises:
-        DataError: one line, if it was written by another job, for other inputs or another output format.
-    """
-    said = read_json(_job_file(partial)) if _job_file(partial).is_file() else None
-    if said != job:
-        differ = ["no record of the job that wrote it"] if said is None else \
-            [f"{key} {said.get(key)} there, {value} now" if key not in ("weights", "checkpoint record") else
-             f"another checkpoint ({key})" for key, value in job.items() if said.get(key) != value]
-        raise DataError(f"{partial} holds rows of another job ({'; '.join(differ)}); run the job it was started with "
-                        f"to continue it, or remove it to start again")
-    data = partial.read_bytes()
-    text = data.decode()
-    if suffix == ".csv":
-        records, whole = _csv_records(text)
-        if not records or ",".join(records[0]) + "\n" != header:
-            raise DataError(f"{partial} holds another job's rows (its header differs); remove it to start again")
-        rows = [dict(zip(("image", "error"), r)) for r in records[1:]]
-    else:  # JSON escapes every line break inside a row
-        whole = text.rfind("\n") + 1
-        rows = [json.loads(line) for line in text[:whole].split("\n")[:-1]]
-    images = [row["image"] for row in rows]
-    if images != files[:len(images)]:
-        raise DataError(f"{partial} was written for other inputs (its row {len(images)} is not {files[len(images) - 1]!r}); "
-                        f"give the inputs it was started with, or remove it to start again")
-    kept = len(text[:whole].encode())  # a row stopped mid-write is written again
-    if kept != len(data):
-        with partial.open("r+b") as f:
-            f.truncate(kept)
-    return len(images), sum(1 for row in rows if row.get("error"))
-
-
 def _check_request(model: nn.Module, out: Path | None, topk: int, embed: bool, inputs: list[str],
                    data: Sequence[str]) -> list[str]:
     """What a job asks for, checked before anything is read: the class names a prediction needs (returned), an
@@ -345,8 +275,8 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     partial = out.with_name(out.name + ".partial") if out is not None else None
     device = default_device() if device is None else torch.device(device)
     dtype = autocast_dtype(model, precision, device)
-    job = _job(model, k, tta, dtype, embed) if partial is not None and rank == 0 else {}
-    done, unreadable = listed_once(lambda: _resume(partial, header, files, lines, job)
+    job = job_record(model, k, tta, dtype, embed) if partial is not None and rank == 0 else {}
+    done, unreadable = listed_once(lambda: resume_rows(partial, header, files, lines, job)
                                    if partial is not None and partial.is_file() else (0, 0), world)
     model = model.to(device).eval()
     size = tuple(cfg["input_size"][1:])
@@ -357,14 +287,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     mine = [i for i in range(len(todo)) if i // batch_size % world == rank]  # my part of every global batch
     loader = iter(DataLoader(_images(model, index, files, [done + i for i in mine], batch_size, tta),
                              batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda"))
-    sink = None
-    if partial is not None and rank == 0:
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        if done == 0:  # the job that writes the rows, recorded before the first of them
-            write_json(_job_file(partial), job)
-        sink = partial.open("a", newline="")
-        if done == 0 and lines == ".csv":
-            sink.write(header)
+    sink = open_partial(partial, job, header if lines == ".csv" else "", done) if rank == 0 else None
     predict = _BatchPredictor(model, device, dtype, chunk, tta, embed, names, k)
     try:
         with Progress(total=len(files), initial=done, desc=f"predicting {len(files):,} images", unit="images",
@@ -386,13 +309,8 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
         predict.close()
         if sink is not None:
             sink.close()
-    if partial is not None and rank == 0:
-        _finish(partial, out)
-    if (unreadable or partial is not None) and rank == 0:
-        print(f"{len(files):,} images" + (f" -> {out}" if out is not None else "")
-              + (f" ({done:,} rows from the run before)" if done else "")
-              + (f"; {unreadable} could not be read (their rows give the error)" if unreadable else ""),
-              file=sys.stderr if out is None else sys.stdout)
+    if rank == 0:
+        _finish(partial, out, len(files), done, unreadable)
     return {"images": len(files), "unreadable": unreadable, "resumed": done}
 
 
@@ -435,12 +353,19 @@ def _write(sink: Any, batch: list[dict[str, Any]], lines: str, layout: list[str]
     sink.flush()
 
 
-def _finish(partial: Path, out: Path) -> None:
-    """The finished job's partial file in its final form and place (parquet, npy: converted), its job record gone."""
-    if out.suffix == ".parquet":
-        to_parquet(partial, out)
-    elif out.suffix == ".npy":
-        to_npy(partial, out)
-    else:
-        os.replace(partial, out)
-    _job_file(partial).unlink(missing_ok=True)
+def _finish(partial: Path | None, out: Path | None, images: int, done: int, unreadable: int) -> None:
+    """The finished job's partial file in its final form and place (parquet, npy: converted), its job record gone,
+    and its line: how many images, how many rows came from the run before, how many could not be read."""
+    if partial is not None:
+        if out.suffix == ".parquet":
+            to_parquet(partial, out)
+        elif out.suffix == ".npy":
+            to_npy(partial, out)
+        else:
+            os.replace(partial, out)
+        job_file(partial).unlink(missing_ok=True)
+    if unreadable or partial is not None:
+        print(f"{images:,} images" + (f" -> {out}" if out is not None else "")
+              + (f" ({done:,} rows from the run before)" if done else "")
+              + (f"; {unreadable} could not be read (their rows give the error)" if unreadable else ""),
+              file=sys.stderr if out is None else sys.stdout)

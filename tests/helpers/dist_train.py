@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> None:
         if args.sigterm_at_step and int(os.environ.get("RANK", 0)) == args.sigterm_at_step[0]:
             from signals import signalling_step
 
-            patches.enter_context(patched(training._Loop, "step", signalling_step(args.sigterm_at_step[1])))
+            patches.enter_context(patched(training.Loop, "step", signalling_step(args.sigterm_at_step[1])))
         if args.record:
             patches.enter_context(patched(VisionTransformer, "forward", recording_forward(args.record)))
         training.train(load_config(args.config, args.overrides), stop_after_epoch=args.stop_after_epoch)

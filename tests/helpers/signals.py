@@ -10,9 +10,9 @@ from vitlab import training
 
 
 def signalling_step(step: int, signum: int = 15) -> Callable:
-    """``training._Loop.step``, sending this process ``signum`` as optimizer step ``step`` (1-based, counted
+    """``training.Loop.step``, sending this process ``signum`` as optimizer step ``step`` (1-based, counted
     over the run) begins: the loop is to finish that step, then stop."""
-    original = training._Loop.step
+    original = training.Loop.step
 
     def step_after_a_signal(self, group):
         if self.state["global_step"] + 1 == step:

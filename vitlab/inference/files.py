@@ -8,22 +8,28 @@
 - ``vitlab embed``: a row an image and its features, or an ``.npy`` array with the paths beside it (:func:`to_npy`).
 
 A set of labels in a CSV cell is a JSON list (:func:`~vitlab.data.table.label_set_cell`), which reads back as
-it was. Every file is written whole, or row by row into ``FILE.partial``, and renamed into place."""
+it was. Every file is written whole, or row by row into ``FILE.partial`` and renamed into place; the job that
+writes a partial file is recorded beside it (:func:`job_record`), and only that job continues it
+(:func:`resume_rows`)."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import os
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
+import torch
+from torch import Tensor, nn
 
 from ..data.table import label_set_cell
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
+from ..models.hub import read_json, write_json
 
-__all__ = ["write_eval_predictions", "columns", "rows", "csv_lines", "text_line", "to_parquet", "to_npy"]
+__all__ = ["write_eval_predictions", "columns", "rows", "csv_lines", "text_line", "to_parquet", "to_npy", "job_record",
+           "job_file", "resume_rows", "open_partial"]
 
 
 def write_eval_predictions(path: Path, key: Any, labels: Any, probs: Any, classes: list[str],
@@ -133,3 +139,84 @@ def to_npy(partial: Path, out: Path) -> None:
     os.replace(paths.with_name(paths.name + ".tmp"), paths)
     os.replace(out.with_name(out.name + ".tmp"), out)
     partial.unlink()
+
+
+def job_record(model: nn.Module, k: int, tta: str, dtype: torch.dtype | None, embed: bool) -> dict[str, Any]:
+    """What decides a job's rows besides its inputs: the weights (a digest of every tensor), the checkpoint's
+    record (classes, preprocessing, temperature, thresholds: a digest of ``pretrained_cfg``), what a row holds
+    (embeddings or predictions, top ``k``), the test-time augmentation and the precision."""
+    weights = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        weights.update(name.encode())
+        weights.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    record = json.dumps(getattr(model, "pretrained_cfg", None) or {}, sort_keys=True, default=str)
+    return {"rows": "embeddings" if embed else "predictions", "topk": None if embed else k, "tta": tta,
+            "precision": str(dtype or torch.float32).removeprefix("torch."), "weights": weights.hexdigest(),
+            "checkpoint record": hashlib.sha256(record.encode()).hexdigest()}
+
+
+def job_file(partial: Path) -> Path:
+    return partial.with_name(partial.name + ".job.json")
+
+
+def csv_records(text: str) -> tuple[list[list[str]], int]:
+    """The whole records of CSV ``text`` (as ``csv.writer`` writes them: a field holding a newline is quoted, a
+    quote doubled) and the characters they take: a record ends at a newline outside quotes. Lines are not split
+    at the other line breaks Python knows (U+2028, form feeds), which a file name may hold."""
+    records, start, end = [], 0, 0
+    for line in text.split("\n")[:-1]:
+        end += len(line) + 1
+        if text.count('"', start, end) % 2 == 0:  # the quotes balance: the record is whole
+            records.append(next(csv.reader(io.StringIO(text[start:end], newline=""))))
+            start = end
+    return records, start
+
+
+def resume_rows(partial: Path, header: str, files: list[str], suffix: str, job: dict[str, Any]) -> tuple[int, int]:
+    """How many rows ``partial`` (an earlier run of the same job) holds whole, after cutting a row it was
+    stopped in the middle of, and how many of them are errors; it must have been written by ``job``
+    (:func:`_job`, recorded beside it) and hold ``header`` (CSV) and the rows of the first ``files``, in order.
+
+    Raises:
+        DataError: one line, if it was written by another job, for other inputs or another output format.
+    """
+    said = read_json(job_file(partial)) if job_file(partial).is_file() else None
+    if said != job:
+        differ = ["no record of the job that wrote it"] if said is None else \
+            [f"{key} {said.get(key)} there, {value} now" if key not in ("weights", "checkpoint record") else
+             f"another checkpoint ({key})" for key, value in job.items() if said.get(key) != value]
+        raise DataError(f"{partial} holds rows of another job ({'; '.join(differ)}); run the job it was started with "
+                        f"to continue it, or remove it to start again")
+    data = partial.read_bytes()
+    text = data.decode()
+    if suffix == ".csv":
+        records, whole = csv_records(text)
+        if not records or ",".join(records[0]) + "\n" != header:
+            raise DataError(f"{partial} holds another job's rows (its header differs); remove it to start again")
+        rows = [dict(zip(("image", "error"), r)) for r in records[1:]]
+    else:  # JSON escapes every line break inside a row
+        whole = text.rfind("\n") + 1
+        rows = [json.loads(line) for line in text[:whole].split("\n")[:-1]]
+    images = [row["image"] for row in rows]
+    if images != files[:len(images)]:
+        raise DataError(f"{partial} was written for other inputs (its row {len(images)} is not {files[len(images) - 1]!r}); "
+                        f"give the inputs it was started with, or remove it to start again")
+    kept = len(text[:whole].encode())  # a row stopped mid-write is written again
+    if kept != len(data):
+        with partial.open("r+b") as f:
+            f.truncate(kept)
+    return len(images), sum(1 for row in rows if row.get("error"))
+
+
+def open_partial(partial: Path | None, job: dict[str, Any], header: str, done: int) -> Any:
+    """The partial file the rows are appended to (None: to stdout), its job recorded beside it and its CSV header
+    written when it starts."""
+    if partial is None:
+        return None
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    if done == 0:  # the job that writes the rows, recorded before the first of them
+        write_json(job_file(partial), job)
+    sink = partial.open("a", newline="")
+    if done == 0 and header:
+        sink.write(header)
+    return sink

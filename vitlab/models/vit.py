@@ -67,6 +67,24 @@ class PatchEmbed(nn.Module):
         return rearrange(self.proj(x), "b e h w -> b (h w) e")  # patches in row-major order
 
 
+def _check_arguments(embed_dim: int, num_heads: int, global_pool: str, class_token: bool, fc_norm: bool | None,
+                     pos_embed: str, distilled: bool) -> None:
+    """The :class:`VisionTransformer` arguments that cannot go together, each a ``ValueError`` that says why."""
+    if distilled and (global_pool != "token" or not class_token or fc_norm):
+        raise ValueError("distilled=True reads the CLS and distillation tokens: it needs class_token=True, "
+                         "global_pool='token' and no fc_norm")
+    if global_pool not in ("token", "avg"):
+        raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
+    if not class_token and global_pool == "token":
+        raise ValueError("class_token=False leaves no token to pool; set global_pool='avg'")
+    if pos_embed not in ("learn", "sincos", "none"):
+        raise ValueError(f"unknown pos_embed {pos_embed!r}; expected one of learn, sincos, none")
+    if embed_dim % num_heads != 0:
+        raise ValueError(
+            f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; choose num_heads "
+            f"among the divisors of embed_dim")
+
+
 class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
     """Vision Transformer for image classification.
 
@@ -148,30 +166,11 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         distilled: bool = False,
         norm_eps: float = 1e-6,
     ) -> None:
+        # every argument, as given: what save_pretrained writes and set_input_size / reset_classifier update
+        config: dict[str, Any] = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
-        if distilled and (global_pool != "token" or not class_token or fc_norm):
-            raise ValueError("distilled=True reads the CLS and distillation tokens: it needs class_token=True, "
-                             "global_pool='token' and no fc_norm")
-        if global_pool not in ("token", "avg"):
-            raise ValueError(f"global_pool must be 'token' or 'avg', got {global_pool!r}")
-        if not class_token and global_pool == "token":
-            raise ValueError("class_token=False leaves no token to pool; set global_pool='avg'")
-        if pos_embed not in ("learn", "sincos", "none"):
-            raise ValueError(f"unknown pos_embed {pos_embed!r}; expected one of learn, sincos, none")
-        if embed_dim % num_heads != 0:
-            raise ValueError(
-                f"embed_dim={embed_dim} is not divisible by num_heads={num_heads}; choose num_heads "
-                f"among the divisors of embed_dim")
-        self.config: dict[str, Any] = dict(
-            img_size=img_size, patch_size=patch_size, in_chans=in_chans, num_classes=num_classes,
-            embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio, qkv_bias=qkv_bias,
-            drop_rate=drop_rate, pos_drop_rate=pos_drop_rate, proj_drop_rate=proj_drop_rate,
-            attn_drop_rate=attn_drop_rate, drop_path_rate=drop_path_rate, global_pool=global_pool,
-            fc_norm=fc_norm, class_token=class_token, pos_embed=pos_embed, norm_layer=norm_layer, mlp_layer=mlp_layer,
-            act_layer=act_layer, num_experts=num_experts, moe_top_k=moe_top_k, moe_expert_layer=moe_expert_layer,
-            moe_aux_loss_weight=moe_aux_loss_weight, score=score, kernel=kernel, init_values=init_values,
-            qk_norm=qk_norm, reg_tokens=reg_tokens, no_embed_class=no_embed_class, distilled=distilled,
-            norm_eps=norm_eps)
+        _check_arguments(embed_dim, num_heads, global_pool, class_token, fc_norm, pos_embed, distilled)
+        self.config = config
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         self.num_classes = num_classes
         self.global_pool = global_pool
