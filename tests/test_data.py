@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from vitlab.data import load_split
-from vitlab.data.images import balanced_indices, eval_transform, image_transform, train_transform
+from vitlab.data.images import balanced_indices
+from vitlab.data.transforms import eval_transform, image_transform, train_transform
 from vitlab.errors import DataError
 
 

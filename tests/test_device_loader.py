@@ -83,8 +83,8 @@ def test_checkpoints_of_a_compiled_model_load_into_a_plain_one(tmp_path):
     model = vitlab.create_model("vit_cifar_tiny_patch4_32")
     compiled = torch.compile(model)
     assert all(k.startswith("_orig_mod.") for k in compiled.state_dict())
-    ckpt.save_model(compiled, tmp_path, "vit_cifar_tiny_patch4_32", {"classes": list("abcdefghij"),
-                                                                      "mean": [0.5] * 3, "std": [0.5] * 3})
+    ckpt.write_model_files(compiled, tmp_path, {"classes": list("abcdefghij"), "mean": [0.5] * 3, "std": [0.5] * 3},
+                           "vit_cifar_tiny_patch4_32")
     loaded = vitlab.load_model(tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(loaded.state_dict().values(), model.state_dict().values()))
     again = torch.compile(vitlab.create_model("vit_cifar_tiny_patch4_32"))

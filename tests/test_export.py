@@ -21,12 +21,11 @@ def saved(tmp_path_factory):
     torch.manual_seed(0)
     vit = vitlab.create_model("vit_cifar_tiny_patch4_32")
     (root / "vit").mkdir()
-    ckpt.save_model(vit, root / "vit", "vit_cifar_tiny_patch4_32",
-                    {"task": "classification", "classes": [str(i) for i in range(10)], "mean": [0.5] * 3,
-                     "std": [0.5] * 3})
+    ckpt.write_model_files(vit, root / "vit", {"task": "classification", "classes": [str(i) for i in range(10)],
+                                               "mean": [0.5] * 3, "std": [0.5] * 3}, "vit_cifar_tiny_patch4_32")
     text = vitlab.create_model("transformer_tiny", src_vocab_size=50, tgt_vocab_size=50, share_embeddings=True)
     (root / "text").mkdir()
-    ckpt.save_model(text, root / "text", "transformer_tiny", {"task": "seq2seq"})
+    ckpt.write_model_files(text, root / "text", {"task": "seq2seq"}, "transformer_tiny")
     return root
 
 

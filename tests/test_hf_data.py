@@ -12,11 +12,17 @@ from safetensors.torch import load_file
 
 from conftest import reset_accelerate, same_run_records
 from vitlab.config import load_config
-from vitlab.data.hf import load_hf_split
+from vitlab.data.hf import index_hf_split
 from vitlab.errors import DataError
 from vitlab.training import train
 
 datasets = pytest.importorskip("datasets", reason="the hf extra is not installed: pip install 'vitlab[hf]'")
+
+
+def load_hf_split(root, split, *, size=None, **keys):
+    """A split decoded into memory: the listing's load, as training's."""
+    return index_hf_split(root, split, **keys).load(size)
+
 
 PER_CLASS = {"train": 24, "test": 8}  # of each of CIFAR-10's 10 classes: 240 + 80 real images
 
@@ -273,7 +279,7 @@ def test_hugging_face_runs_keep_their_decode_size_for_predict(tmp_path):
     _run(["data.dataset=hf", f"data.root={root}", "data.val_size=0", "data.decode_size=24", "train.epochs=1",
           "train.batch_size=8"], tmp_path / "run")
     import vitlab
-    from vitlab.data.images import decode_size
+    from vitlab.data.transforms import decode_size
 
     assert decode_size(vitlab.load_model(tmp_path / "run")) == (24, 24)
 

@@ -70,8 +70,8 @@ def test_a_trained_checkpoint_keeps_its_classes_normalization_and_tokenizer_thro
     """The training checkpoint's format and save_pretrained's are one: load_model reads either, and a model
     loaded from a run saves what inference needs (class names, normalization; a text model's tokenizer)."""
     image = vitlab.create_model("vit_cifar_tiny_patch4_32", num_classes=3)
-    ckpt.save_model(image, tmp_path, "vit_cifar_tiny_patch4_32",
-                    {"task": "classification", "classes": ["a", "b", "c"], "mean": [0.5] * 3, "std": [0.25] * 3})
+    ckpt.write_model_files(image, tmp_path, {"task": "classification", "classes": ["a", "b", "c"], "mean": [0.5] * 3,
+                                             "std": [0.25] * 3}, "vit_cifar_tiny_patch4_32")
     loaded = vitlab.load_model(tmp_path)
     loaded.save_pretrained(tmp_path / "hub")
     again = vitlab.load_model(tmp_path / "hub")
@@ -80,7 +80,7 @@ def test_a_trained_checkpoint_keeps_its_classes_normalization_and_tokenizer_thro
 
     text = vitlab.create_model("transformer_tiny", src_vocab_size=30, tgt_vocab_size=30)
     (tmp_path / "t").mkdir()
-    ckpt.save_model(text, tmp_path / "t", "transformer_tiny", {"task": "seq2seq"})
+    ckpt.write_model_files(text, tmp_path / "t", {"task": "seq2seq"}, "transformer_tiny")
     (tmp_path / "t" / "tokenizer.json").write_text('{"stand-in": true}')
     Seq2SeqTransformer.from_pretrained(tmp_path / "t").save_pretrained(tmp_path / "t_hub")
     assert (tmp_path / "t_hub" / "tokenizer.json").read_text() == '{"stand-in": true}'

@@ -8,7 +8,7 @@ from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 
 import vitlab
-from vitlab.checkpoint import load_model, save_model
+from vitlab.checkpoint import load_model, write_model_files
 from vitlab.config import load_config
 from vitlab.errors import ConfigError
 from vitlab.interop import from_timm, to_timm
@@ -245,8 +245,8 @@ VARIANTS = [dict(norm_layer="rmsnorm"), dict(mlp_layer="swiglu"), dict(mlp_layer
 def test_variants_are_saved_in_checkpoints_and_restored(variant, tmp_path):
     torch.manual_seed(0)
     model = vitlab.create_model("vit_cifar_tiny_patch4_32", **variant).eval()
-    save_model(model, tmp_path, "vit_cifar_tiny_patch4_32", {"classes": list("abcdefghij"), "mean": [0.5] * 3,
-                                                             "std": [0.5] * 3})
+    write_model_files(model, tmp_path, {"classes": list("abcdefghij"), "mean": [0.5] * 3, "std": [0.5] * 3},
+                      "vit_cifar_tiny_patch4_32")
     loaded = load_model(tmp_path)
     assert all(loaded.config[k] == v for k, v in variant.items())
     x = torch.randn(2, 3, 32, 32)

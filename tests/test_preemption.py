@@ -20,7 +20,8 @@ from conftest import launch_env, reset_accelerate, same_run_records, signal_at_s
     train_until_signal
 from vitlab import checkpoint as ckpt
 from vitlab.config import load_config
-from vitlab.data.images import ImageData, TensorImageDataset, train_transform
+from vitlab.data.images import ImageData, TensorImageDataset
+from vitlab.data.transforms import train_transform
 from vitlab.errors import ConfigError, Preempted
 from vitlab.preemption import StopSignals
 from vitlab.training import train

@@ -343,7 +343,8 @@ def test_eval_and_predict_preprocess_as_training_did_when_images_are_stored_at_a
     # `vitlab predict` and `attention` read a file as `read_image(path, decode_size(model))`, then
     # `create_transform(model)`: the pixels evaluation gave that image (not those of a direct 48 -> 16).
     from vitlab.data import load_split
-    from vitlab.data.images import create_transform, decode_size, eval_transform, read_image
+    from vitlab.data.decode import read_image
+    from vitlab.data.transforms import create_transform, decode_size, eval_transform
     from vitlab.data.transforms import ModelInput
 
     model = vitlab.load_model(run_dir)
@@ -358,7 +359,8 @@ def test_eval_and_predict_preprocess_as_training_did_when_images_are_stored_at_a
 
 def test_device_loader_resizes_as_the_dataloader_does():
     # One resize rule (bicubic, antialiased, on uint8) for both loaders: the same pixels for the model.
-    from vitlab.data.images import DeviceImageLoader, ImageData, TensorImageDataset, eval_transform
+    from vitlab.data.images import DeviceImageLoader, ImageData, TensorImageDataset
+    from vitlab.data.transforms import eval_transform
 
     g = torch.Generator().manual_seed(0)
     data = ImageData(torch.randint(0, 256, (8, 3, 32, 32), dtype=torch.uint8, generator=g), torch.arange(8), [])

@@ -27,14 +27,14 @@ from typing import Any
 
 import torch
 from safetensors.torch import save_file
-from torch import Tensor, nn
+from torch import Tensor
 
 from .errors import CheckpointError
 from .models.hub import OLD_SUFFIX, load_tensors, load_weights, read_json, resolve_checkpoint, \
     write_json, write_model_files
 from .models.registry import load_model
 
-__all__ = ["resolve_checkpoint", "replace_dir", "keep_step_copy", "save_model", "load_model", "save_optimizer", "load_optimizer",
+__all__ = ["resolve_checkpoint", "replace_dir", "keep_step_copy", "write_model_files", "load_model", "save_optimizer", "load_optimizer",
            "read_json", "write_json", "load_tensors", "load_weights"]
 
 
@@ -68,17 +68,6 @@ def replace_dir(tmp: Path, final: Path) -> None:
     _fsync(final.parent)
     if old.exists():
         shutil.rmtree(old)
-
-
-def save_model(model: nn.Module, directory: Path, preset: str, meta: dict[str, Any],
-               ema: nn.Module | None = None) -> None:
-    """Write the weights (and EMA weights) with ``config.json``: enough to rebuild the model alone
-    (the format of ``save_pretrained``, :mod:`vitlab.models.hub`).
-
-    ``meta`` adds what inference needs besides the architecture (class names and normalization for
-    a ViT; the task for a text model).
-    """
-    write_model_files(model, directory, meta, preset, ema)
 
 
 def save_optimizer(optimizer: torch.optim.Optimizer, directory: Path) -> None:

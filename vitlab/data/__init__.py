@@ -5,7 +5,8 @@ how samples are batched (in memory or streamed by a sampler, :mod:`.images`; sha
 parts to every process and worker, :mod:`.shard_stream`), and text (:mod:`.text`: synthetic pairs,
 parallel text, BPE, token batching). Knows no model."""
 from .decode import pil_to_tensor, read_image
-from .images import CIFAR10_MEAN, CIFAR10_STD, ImageData, create_transform
+from .images import ImageData
+from .transforms import CIFAR10_MEAN, CIFAR10_STD, create_transform
 from .sources import index_split, load_split
 
 __all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "create_transform", "index_split", "load_split",

@@ -15,11 +15,10 @@ from torch import Tensor
 
 from ..errors import DataError
 from .decode import EncodedImage, decode_image, open_image
-from .images import ImageData
 from .shards import ShardIndex
 from .split import SplitIndex, label_indices, label_sets
 
-__all__ = ["IMAGE_KEYS", "LABEL_KEYS", "index_hf_split", "index_hf_stream", "load_hf_split"]
+__all__ = ["IMAGE_KEYS", "LABEL_KEYS", "index_hf_split", "index_hf_stream"]
 
 # The names the usual image-classification data sets give their columns, in order of preference.
 IMAGE_KEYS = ("image", "img")
@@ -240,10 +239,3 @@ def index_hf_stream(root: str, split: str, *, image_key: str = "", label_key: st
     return ShardIndex([f"{root} {split} file {s}" for s in range(shards)], [len(s) for s in per_shard], labels,
                       classes, where, read=_HubShards(root, split, image_key, shards),
                       decode=functools.partial(_decode_row, image_key, exif_transpose), multi_label=multi)
-
-
-def load_hf_split(root: str, split: str, *, image_key: str = "", label_key: str = "", subset: int = 0,
-                  seed: int = 0, size: tuple[int, int] | None = None) -> ImageData:
-    """Decode one split (:func:`index_hf_split`) into memory: ``subset`` images of it, balanced
-    across classes and chosen by ``seed`` (0 = all; only those are decoded), resized to ``size``."""
-    return index_hf_split(root, split, image_key=image_key, label_key=label_key).load(size, subset, seed)

@@ -1,6 +1,7 @@
-"""Images in memory: a decoded split (:class:`ImageData`), the torchvision v2 transforms of training and
-evaluation, and the two in-memory loaders (a per-image ``Dataset`` for a DataLoader, and the
-device-resident :class:`DeviceImageLoader`).
+"""Images in memory: a decoded split (:class:`ImageData`), the rows a run takes of it (:func:`balanced_indices`,
+:func:`stratified_indices`), and the two in-memory loaders (a per-image ``Dataset`` for a DataLoader, whose
+transforms are :mod:`.transforms`', and the device-resident :class:`DeviceImageLoader`, which crops, flips and
+runs RandAugment a batch at a time).
 
 Images are decoded a single time into one ``uint8`` tensor ``(N, C, H, W)`` (:mod:`.sources`); every
 epoch then only indexes and augments it, so decoding never dominates CPU training. This module
@@ -19,13 +20,10 @@ from torchvision.transforms import v2
 
 from ..errors import DataError
 from ..seeding import process_seed
-from .decode import pil_to_tensor, read_image
-from .transforms import CIFAR10_MEAN, CIFAR10_STD, create_transform, decode_size, eval_transform, image_transform, \
-    resize_images, train_transform
+from .transforms import resize_images
 
-__all__ = ["CIFAR10_MEAN", "CIFAR10_STD", "ImageData", "TensorImageDataset", "balanced_indices", "stratified_indices",
-           "train_transform", "eval_transform", "image_transform", "create_transform", "read_image", "DeviceImageLoader",
-           "rand_augment", "seeded_transform", "resize_images", "decode_size", "pil_to_tensor"]
+__all__ = ["ImageData", "TensorImageDataset", "balanced_indices", "stratified_indices", "DeviceImageLoader",
+           "rand_augment", "seeded_transform"]
 
 
 

@@ -1,5 +1,5 @@
 """What the training loop needs from a task. The loop (``vitlab.training``) is the same for every
-task; a task (:mod:`.classification`, :mod:`.seq2seq`) only says how to build, batch and score."""
+task; a task (:mod:`.classification`, :mod:`.seq2seq`, :mod:`.lm`) only says how to build, batch and score."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -3,8 +3,9 @@
 One straight line for every task (image classification, sequence-to-sequence, language modelling) on
 one CPU, one GPU or several processes (``accelerate launch``). ``train.batch_size`` is global:
 Accelerate splits each batch across processes (``split_batches=True``), and gradient accumulation splits
-it further in time. This file is the loop, read top to bottom: :func:`train`, and :class:`_Loop`'s step,
-epoch, epoch's end and checkpoint (:mod:`.loop`). Its other jobs have files of their own:
+it further in time. This file is :func:`train`, the run from its config to its last line; :mod:`.loop` is the
+loop, read top to bottom: :class:`~.loop.Loop`'s step, epoch, epoch's end and checkpoint. Its other jobs have
+files of their own:
 
 - :mod:`.setup`: the task of the config, LoRA, the metric ``best/`` is chosen on, the run's first line;
 - :mod:`.meter`: what an epoch sums as it goes;
@@ -64,7 +65,11 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     last_epoch = state.get("stopped_early") or t.epochs  # a run stopped early is finished
     with StopSignals(t.stop_signals, acc.num_processes) as stop, contextlib.closing(loop):  # closing: its workers
         for epoch in range(state["epoch"] + 1, last_epoch + 1):
-            stopped = not (fit_head(loop) if t.cache_features else loop.train_epoch(epoch, stop))
+            if t.cache_features:  # the head fitted once on the backbone's features, in place of the steps
+                fit_head(loop)
+                stopped = False
+            else:
+                stopped = not loop.train_epoch(epoch, stop)
             if not stopped:
                 summary = loop.end_epoch(epoch, stop_after_epoch)
                 stopped = epoch < t.epochs and epoch != stop_after_epoch and stop.agreed()  # a signal in evaluation

@@ -354,8 +354,8 @@ class Loop:
             ckpt.write_json(tmp / f"process_{acc.process_index}.json", process_state)
         state["wall_time"] = self.wall_time_before + time.time() - self.started
         if acc.is_main_process:
-            ckpt.save_model(self.plain_model, tmp, self.cfg.model.name, {**self.task.meta, "training": self._record()},
-                            self.ema.module if self.ema is not None else None)
+            ckpt.write_model_files(self.plain_model, tmp, {**self.task.meta, "training": self._record()},
+                                   self.cfg.model.name, self.ema.module if self.ema is not None else None)
             self.task.save_files(tmp)
             ckpt.save_optimizer(self.optimizer.optimizer, tmp)
             ckpt.write_json(tmp / "trainer_state.json", {

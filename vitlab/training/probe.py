@@ -15,7 +15,7 @@ from ..config import Config
 from ..tasks.linear_probe import choose_l2, fit_linear_probe, probe_head
 
 if TYPE_CHECKING:
-    from . import _Loop
+    from .loop import Loop
 
 __all__ = ["probe_config", "probe_header", "fit_head"]
 
@@ -37,7 +37,7 @@ def probe_header(train_images: int) -> str:
             f"training image counts once")
 
 
-def fit_head(loop: "_Loop") -> bool:
+def fit_head(loop: "Loop") -> None:
     """Fit the head of ``loop``'s model on its backbone's features of the training images, its L2 strength
     ``train.probe_l2``, or chosen on the validation split, or 1 / N; what the epoch's record reports (the
     training cross-entropy, the time, the strength) goes to the loop's meter and ``probe_record``."""
@@ -67,4 +67,3 @@ def fit_head(loop: "_Loop") -> bool:
     meter.samples = torch.tensor(len(labels), device=acc.device)
     loop.probe_record = {"probe_l2": l2, **({"probe_val_top1_by_l2": {f"{k:g}": v for k, v in scores.items()}}
                                             if scores else {})}
-    return True
