@@ -624,5 +624,6 @@ def test_resume_that_changes_the_optimizer_or_the_best_metric_is_one_line(tiny_i
         train_main(["--resume", str(run_dir), "train.epochs=2", change])
     err = capsys.readouterr().err
     assert exited.value.code == 2 and len(err.strip().splitlines()) == 1
-    assert re.search(rf"^error: --resume {re.escape(str(run_dir))}: {said}: a run continues with the optimizer and the "
-                     rf"validation metric it began with .* model.pretrained={re.escape(str(run_dir))}$", err.strip())
+    assert re.search(rf"^error: --resume {re.escape(str(run_dir))}: {said}: a run continues with the task, the "
+                     rf"optimizer and the validation metric it began with .* model.pretrained={re.escape(str(run_dir))}$",
+                     err.strip())

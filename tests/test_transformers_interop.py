@@ -90,7 +90,7 @@ def test_a_run_starts_from_a_transformers_checkpoint_and_other_architectures_are
     torch.manual_seed(0)
     transformers.ResNetForImageClassification(transformers.ResNetConfig(hidden_sizes=[8, 16], depths=[1, 1],
                                                                         embedding_size=8)).save_pretrained(tmp_path / "rn")
-    with pytest.raises(CheckpointError, match=r"transformers:.*rn is a resnet checkpoint; vitlab reads ViT and DeiT "
+    with pytest.raises(CheckpointError, match=r"transformers:.*rn is a resnet checkpoint; vitlab reads ViT, DeiT and ViTMAE "
                                               r"\(ViTForImageClassification, ViTModel"):
         load_pretrained(model, f"transformers:{tmp_path / 'rn'}")
 

@@ -61,6 +61,7 @@ def train_main(argv: list[str] | None = None) -> None:
 
         from .config import load_config
         from .training import interrupted_message, resolve_resume, summary_of, train
+        from .training.resume import refuse_task_change
 
         if args.resume == "auto":
             args.resume, args.overrides = None, [*args.overrides, "train.resume=auto"]
@@ -73,6 +74,7 @@ def train_main(argv: list[str] | None = None) -> None:
         recorded = args.resume is not None and args.config is None
         if recorded:
             _, checkpoint = resolve_resume(args.resume)  # the config the checkpoint was trained with
+            refuse_task_change(checkpoint, args.overrides, args.resume)
             args.config = str(checkpoint / "run_config.yaml")
         cfg = load_config(args.config, args.overrides, recorded=recorded)
         try:

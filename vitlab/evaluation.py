@@ -41,13 +41,14 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: 
     ``record`` adds the result to the checkpoint (:func:`record_evaluation`) for its model card. ``tta='flip'``: a
     classifier's predictions are the mean of each image's and its mirror's (:func:`~vitlab.tasks.classification.flip_tta`).
     ``knn``: also the top-1 of the ``knn`` nearest training images' vote by the model's pooled features (DINO's
-    protocol, :mod:`vitlab.tasks.knn`), as ``knn_top1``."""
+    protocol, :mod:`vitlab.tasks.knn`), as ``knn_top1``; of a self-supervised run (``task: mae``, ``dino``: no
+    head) that alone, its bank and queries the labelled images of its ``monitor.*`` (changed by ``overrides``)."""
     directory = resolve_checkpoint(checkpoint)
     cfg = load_config(directory / "run_config.yaml", overrides, recorded=True)
     if knn < 0:
         raise ConfigError(f"--knn {knn}: give the number of neighbours, 1 or more (0: no k-NN)")
-    if knn and cfg.task != "classification":
-        raise ConfigError(f"--knn {knn} is for an image classifier; {directory} holds a {cfg.task} run")
+    if knn and cfg.task in ("seq2seq", "lm"):
+        raise ConfigError(f"--knn {knn} is for an image model; {directory} holds a {cfg.task} run")
     if tta != "none" and cfg.task != "classification":
         raise ConfigError(f"--tta {tta} is for an image classifier; {directory} holds a {cfg.task} run")
     if adjust_logits is not None and cfg.task != "classification":
@@ -56,7 +57,10 @@ def evaluate_checkpoint(checkpoint: str | Path, split: str = "test", overrides: 
         raise ConfigError(f"--predictions {predictions}: a .csv file of an image classifier's predictions"
                           + ("" if cfg.task == "classification" else f"; {directory} holds a {cfg.task} run"))
     model = load_model(directory, use_ema=use_ema)
-    if cfg.task == "classification":
+    if cfg.task in ("mae", "dino"):
+        metrics = _evaluate_backbone(directory, cfg, model, split, batch_size, Path(output) if output else None, knn,
+                                     str(checkpoint))
+    elif cfg.task == "classification":
         metrics = _evaluate_classifier(directory, cfg, model, split, batch_size, Path(output) if output else None,
                                        Path(predictions) if predictions else None, adjust_logits, tta, knn)
     else:
@@ -189,6 +193,22 @@ def _evaluate_seq2seq(directory: Path, cfg: Config, model: nn.Module, split: str
         if output:
             write_json(output, {**metrics, "num_pairs": len(dataset), "checkpoint": str(directory), "split": split,
                                 "beam_size": g.beam_size})
+    return metrics
+
+
+def _evaluate_backbone(directory: Path, cfg: Config, model: nn.Module, split: str, batch_size: int,
+                       output: Path | None, knn: int, given: str) -> dict[str, Any]:
+    """A self-supervised run (``task: mae``, ``dino``): the k-NN top-1 of its backbone on its monitor's labelled
+    images (:func:`vitlab.tasks.pretraining.evaluate_backbone`)."""
+    from .tasks.pretraining import evaluate_backbone
+
+    metrics = evaluate_backbone(cfg, model, split, knn, batch_size, given)
+    if PartialState().is_main_process:
+        print(f"{directory} [{split}] ({cfg.task} backbone) k-NN top-1 {100 * metrics['knn_top1']:.2f}% ({knn} "
+              f"neighbours among the {metrics['knn_train_images']} labelled images of monitor.root, "
+              f"{metrics['num_images']} queries)")
+        if output is not None:
+            write_json(output, {**metrics, "checkpoint": str(directory), "split": split})
     return metrics
 
 

@@ -15,21 +15,22 @@ from ..errors import ConfigError
 from ..models import list_models, preset_class
 from ..models.timm_classifier import TIMM_PREFIX, TimmClassifier, timm_problem
 from .rules import check_values, close_matches
-from .sections import Config, DataConfig, DistillConfig, GenerateConfig, LMDataConfig, ModelConfig, OptimConfig, \
-    TextDataConfig, TrainConfig
+from .sections import Config, DataConfig, DINOConfig, DistillConfig, GenerateConfig, LMDataConfig, MAEConfig, \
+    ModelConfig, MonitorConfig, OptimConfig, TextDataConfig, TrainConfig
 
 __all__ = ["load_config", "config_to_dict", "config_to_flat", "save_config"]
 
 
-_SECTIONS = ("model", "data", "optim", "train", "generate", "distill")
-
-
+_SECTIONS = ("model", "data", "optim", "train", "generate", "distill", "mae", "dino", "monitor")
 _SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig,
-                  "generate": GenerateConfig, "distill": DistillConfig}
-
-
-# Set by the data and tokenizer, not by the config.
-_DERIVED_MODEL_ARGS = {"src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "vocab_size", "block_size"}
+                  "generate": GenerateConfig, "distill": DistillConfig, "mae": MAEConfig, "dino": DINOConfig,
+                  "monitor": MonitorConfig}
+# Set by the data and tokenizer, or by the task's own section (mae.mask_ratio), not by the model section.
+# Sections of one kind of run alone: written and read for it, refused in any other.
+_TASK_SECTIONS = {"mae": ("mae", "monitor"), "dino": ("dino", "monitor")}
+_OWNED_SECTIONS = {name: task for task, names in _TASK_SECTIONS.items() for name in names}
+_DERIVED_MODEL_ARGS = {"src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "vocab_size", "block_size",
+                       "mask_ratio", "norm_pix_loss"}
 
 
 def _coerce(key: str, value: Any, annotation: Any) -> Any:
@@ -86,16 +87,12 @@ def _type_name(annotation: Any) -> str:
 
 _MODEL_OPTIONS = ["name", "pretrained", "pretrained_file", "grad_checkpointing", "freeze", "lora_r", "lora_alpha",
                   "lora_dropout", "lora_targets"]
-
-
 _TASK_MODELS = {"classification": ("VisionTransformer",), "seq2seq": ("Seq2SeqTransformer", "RNNSeq2Seq"),
-                "lm": ("GPT",)}
-
-
-_TASK_DEFAULT_MODELS = {"classification": ModelConfig.name, "seq2seq": "transformer_tiny", "lm": "gpt_char_tiny"}
-
-
-_TASK_DATA = {"classification": DataConfig, "seq2seq": TextDataConfig, "lm": LMDataConfig}
+                "lm": ("GPT",), "mae": ("MaskedAutoencoder",), "dino": ("DINO",)}
+_TASK_DEFAULT_MODELS = {"classification": ModelConfig.name, "seq2seq": "transformer_tiny", "lm": "gpt_char_tiny",
+                        "mae": "mae_vit_cifar_tiny_patch4_32", "dino": "dino_vit_cifar_tiny_patch4_32"}
+_TASK_DATA = {"classification": DataConfig, "seq2seq": TextDataConfig, "lm": LMDataConfig, "mae": DataConfig,
+              "dino": DataConfig}
 
 
 def _task_presets(task: str) -> list[str]:
@@ -217,6 +214,11 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
             raise ConfigError(f"unknown section {section!r}{close_matches(section, _SECTIONS)} "
                               f"(sections: task, {', '.join(_SECTIONS)})")
     task = _coerce("task", raw.get("task", "classification"), typing.get_type_hints(Config)["task"])
+    for section in raw:
+        if section in _OWNED_SECTIONS and section not in _TASK_SECTIONS.get(task, ()):
+            owners = " or ".join(t for t, names in _TASK_SECTIONS.items() if section in names)
+            raise ConfigError(f"section {section!r} is read by task: {owners} runs alone, and this is a task: {task} "
+                              f"config; remove it, or set task: {owners.split(' or ')[0]}")
     cfg = Config(task=task, **{name: _build_section(name, raw.get(name), task) for name in _SECTIONS})
     if lr_given or "optim.lr" in {item.split("=", 1)[0].strip() for item in overrides}:
         cfg.optim.lr_base = 0.0
@@ -227,7 +229,8 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
     """The config as plain YAML-able data; the model section in its YAML form (name + arguments)."""
     out: dict[str, Any] = {"task": cfg.task}
-    out.update({name: dataclasses.asdict(getattr(cfg, name)) for name in _SECTIONS})
+    out.update({name: dataclasses.asdict(getattr(cfg, name)) for name in _SECTIONS
+                if name not in _OWNED_SECTIONS or name in _TASK_SECTIONS.get(cfg.task, ())})
     m = cfg.model
     out["model"] = {"name": m.name, **{k: getattr(m, k) for k in _MODEL_OPTIONS[1:] if getattr(m, k)}, **m.args}
     if cfg.optim.lr_base:  # optim.lr would win over it when the file is read again

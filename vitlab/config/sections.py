@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 
 __all__ = ["ModelConfig", "DataConfig", "TextDataConfig", "LMDataConfig", "GenerateConfig", "OptimConfig",
-           "TrainConfig", "DistillConfig", "Config"]
+           "TrainConfig", "DistillConfig", "MAEConfig", "DINOConfig", "MonitorConfig", "Config"]
 
 
 @dataclass
@@ -304,13 +304,62 @@ class DistillConfig:
 
 
 @dataclass
-class Config:
-    """A run: ``task`` picks image classification (a ViT) or sequence-to-sequence (a text Transformer)."""
+class MAEConfig:
+    """``task: mae``, the masked autoencoder (He et al. 2022; :class:`vitlab.models.MaskedAutoencoder`): what its
+    training hides and scores. The encoder and decoder are the model's (``model.decoder_embed_dim``, ...)."""
 
-    task: Literal["classification", "seq2seq", "lm"] = "classification"
+    mask_ratio: float = 0.75          # the share of each image's patches hidden from the encoder, in (0, 1)
+    norm_pix_loss: bool = True        # the loss of each patch's pixels normalized within the patch (MAE's)
+    pictures: int = 8                 # images in the run's reconstructions.png (original, masked, filled in); 0: none
+
+
+@dataclass
+class DINOConfig:
+    """``task: dino``, self-distillation (Caron et al. 2021; :class:`vitlab.models.DINO`): the views of each
+    image and the teacher's schedules. The head is the model's (``model.out_dim``, ...)."""
+
+    global_crops: int = 2                                   # large views, at the model's input size
+    global_crops_scale: tuple[float, float] = (0.4, 1.0)    # their share of the image's area (DINO's)
+    local_crops: int = 6                                    # small views (DINO: 10 at ImageNet's size)
+    local_crops_scale: tuple[float, float] = (0.05, 0.4)
+    local_size: int = 0                                     # the small views' side in px, whole patches; 0: ~3/7 of the input's
+    momentum_teacher: float = 0.996   # the teacher's momentum at the first step; to 1 on a half cosine
+    teacher_temp: float = 0.04        # the teacher's sharpening temperature after its warmup (DINO: 0.04-0.07)
+    warmup_teacher_temp: float = 0.04
+    warmup_teacher_temp_epochs: int = 0
+    student_temp: float = 0.1
+    center_momentum: float = 0.9
+
+
+@dataclass
+class MonitorConfig:
+    """A k-NN monitor of self-supervised training (``task: mae``, ``task: dino``): each evaluated epoch, the top-1 of
+    the vote of the ``k`` nearest labelled images by the backbone's pooled features (DINO's protocol). The labels
+    are read from this data set alone (its class folders, csv or Hugging Face labels), never from the data the
+    run trains on. ``root`` '' is no monitor."""
+
+    dataset: Literal["imagefolder", "csv", "hf", "cifar10"] = "imagefolder"
+    root: str = ""
+    train_split: str = "train"        # the bank of labelled images
+    test_split: str = "test"          # the queries, reported only (``test_knn_top1``)
+    val_size: int = 0                 # > 0: queries held out of the bank, stratified (``val_knn_top1``: picks best/)
+    k: int = 20
+    train_subset: int = 0             # the bank's images, balanced; 0: all
+    test_subset: int = 0
+
+
+@dataclass
+class Config:
+    """A run: ``task`` picks image classification (a ViT), sequence-to-sequence (a text Transformer), a language
+    model, or pretraining a ViT backbone without labels (``mae``, ``dino``)."""
+
+    task: Literal["classification", "seq2seq", "lm", "mae", "dino"] = "classification"
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig | TextDataConfig | LMDataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     generate: GenerateConfig = field(default_factory=GenerateConfig)
     distill: DistillConfig = field(default_factory=DistillConfig)
+    mae: MAEConfig = field(default_factory=MAEConfig)
+    dino: DINOConfig = field(default_factory=DINOConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)

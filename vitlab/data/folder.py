@@ -2,6 +2,7 @@
 each listed as a :class:`~vitlab.data.split.SplitIndex`."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,7 @@ from .split import SplitIndex, label_indices
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["IMAGE_EXTENSIONS", "index_imagefolder", "index_cifar10"]
+__all__ = ["IMAGE_EXTENSIONS", "index_imagefolder", "index_image_tree", "index_cifar10"]
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp", ".ppm", ".tif", ".tiff")
 
@@ -100,6 +101,30 @@ def index_imagefolder(root: Path, split: str, classes: list[str] | None = None,
     reader = FolderFiles(files, exif_transpose, split_dir)
     return SplitIndex(labels, classes, reader.open, where, encoded=reader.encoded, read=reader.read, key=reader.key,
                       upright=exif_transpose, stamp=reader.stamp)
+
+
+def index_image_tree(root: Path, split: str, exif_transpose: bool = True) -> SplitIndex:
+    """Every image under ``root/<split>`` (or under ``root`` itself, where it has no such folder), in folders of any
+    depth or none, sorted by path, without labels (every label 0): the images of self-supervised pretraining,
+    class folders or not. Nothing is decoded.
+
+    Raises:
+        DataError: one line, if the folder does not exist or holds no images.
+    """
+    if not root.is_dir():
+        raise DataError(f"data.root={str(root)!r} does not exist; point it at a folder of images (in folders of any "
+                        f"kind, or none)")
+    top = root / split if (root / split).is_dir() else root
+    files = sorted(Path(folder) / name for folder, _, names in os.walk(top, followlinks=True) for name in names
+                   if Path(name).suffix.lower() in IMAGE_EXTENSIONS)  # through linked folders, as ImageFolder
+    if not files:
+        raise DataError(f"no images ({', '.join(IMAGE_EXTENSIONS)}) under {str(top)!r}, in it or below it: "
+                        f"self-supervised pretraining needs a folder of images (class folders are optional)")
+    reader = FolderFiles(files, exif_transpose, top)
+    where = f"the images under {str(top)!r}"
+    return SplitIndex(torch.zeros(len(files), dtype=torch.long), ["image"], reader.open, where,
+                      encoded=reader.encoded, read=reader.read, key=reader.key, upright=exif_transpose,
+                      stamp=reader.stamp)
 
 
 def index_cifar10(root: Path, split: str, download: bool) -> SplitIndex:

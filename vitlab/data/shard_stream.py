@@ -228,7 +228,21 @@ class ShardLoader:
             chunks = [first, *itertools.islice(items, join - 1)]
             images, labels = chunks[0]
             if join > 1:
-                images, labels = torch.cat([c[0] for c in chunks]), torch.cat([c[1] for c in chunks])
+                images, labels = _join([c[0] for c in chunks]), torch.cat([c[1] for c in chunks])
                 if self.pin_memory:  # joined in pageable memory: pinned again, so the copy does not block
-                    images, labels = images.pin_memory(), labels.pin_memory()
-            yield images.to(self.device, non_blocking=True), labels.to(self.device, non_blocking=True)
+                    images, labels = _apply(images, Tensor.pin_memory), labels.pin_memory()
+            yield _apply(images, lambda x: x.to(self.device, non_blocking=True)), labels.to(self.device,
+                                                                                              non_blocking=True)
+
+
+def _join(parts: list[Any]) -> Any:
+    """Batches of images joined: tensors end to end, or views (a tuple or list of tensors: a self-supervised
+    task's masks, crops) view by view."""
+    if isinstance(parts[0], Tensor):
+        return torch.cat(parts)
+    return type(parts[0])(_join([p[i] for p in parts]) for i in range(len(parts[0])))
+
+
+def _apply(images: Any, fn: Any) -> Any:
+    """``fn`` of a tensor, or of each tensor of a tuple or list of views."""
+    return fn(images) if isinstance(images, Tensor) else type(images)(_apply(x, fn) for x in images)

@@ -67,13 +67,15 @@ def sinusoidal_position_encoding(max_len: int, dim: int) -> Tensor:
     return pe.float()
 
 
-def sincos_2d_position_encoding(grid: tuple[int, int], dim: int, temperature: float = 10000.0) -> Tensor:
+def sincos_2d_position_encoding(grid: tuple[int, int], dim: int, temperature: float = 10000.0,
+                                layout: Literal["timm", "mae"] = "timm") -> Tensor:
     """Fixed 2-D sin-cos positions of a ``(h, w)`` patch grid, ``(h * w, dim)``, float32, row-major.
 
-    A quarter of the channels each: ``[sin(y * f), sin(x * f), cos(y * f), cos(x * f)]`` with
-    ``f_i = temperature^(-i / (dim / 4))``, ``y`` the row and ``x`` the column index; the layout of
-    timm's ``build_sincos2d_pos_embed``. Being a function of the grid, it is recomputed exactly
-    (not interpolated) at any other image size.
+    A quarter of the channels each, with ``f_i = temperature^(-i / (dim / 4))``, ``y`` the row and ``x`` the column
+    index: ``[sin(y * f), sin(x * f), cos(y * f), cos(x * f)]``, the layout of timm's ``build_sincos2d_pos_embed``;
+    ``layout='mae'``: ``[sin(x * f), cos(x * f), sin(y * f), cos(y * f)]``, the masked autoencoder's
+    (``get_2d_sincos_pos_embed`` of He et al.'s code, transformers' ``ViTMAE``). Being a function of the grid, it
+    is recomputed exactly (not interpolated) at any other image size.
     """
     if dim % 4:
         raise ValueError(f"2-D sin-cos positions need a width divisible by 4, got embed_dim={dim}")
@@ -82,4 +84,7 @@ def sincos_2d_position_encoding(grid: tuple[int, int], dim: int, temperature: fl
     y, x = torch.meshgrid(torch.arange(grid[0], dtype=torch.float64), torch.arange(grid[1], dtype=torch.float64),
                           indexing="ij")
     angles = torch.stack([y.flatten(), x.flatten()], dim=1)[:, :, None] * freq  # (N, 2, dim / 4)
+    if layout == "mae":
+        return torch.cat([angles[:, 1].sin(), angles[:, 1].cos(), angles[:, 0].sin(), angles[:, 0].cos()],
+                         dim=1).float()
     return torch.cat([angles.sin(), angles.cos()], dim=1).flatten(1).float()

@@ -1,5 +1,5 @@
-"""Converters between vitlab and the references: timm's ViT, ``torch.nn.MultiheadAttention`` and
-``torch.nn.Transformer``.
+"""Converters between vitlab and the references: timm's ViT, transformers' ViT, DeiT and ViTMAE (the masked
+autoencoder's in :mod:`.mae_interop`), ``torch.nn.MultiheadAttention`` and ``torch.nn.Transformer``.
 
 Conversions copy weights exactly; outputs agree to float32 rounding (tested to 1e-5).
 """
@@ -12,6 +12,8 @@ from torch import nn
 from ..attention import MultiHeadAttention
 from ..layers.pos_embed import resample_pos_embed
 from .lora import merged_copy
+from .hf_names import vit_weights_from_hf, vit_weights_to_hf
+from .mae_interop import mae_from_transformers, mae_to_transformers
 from .transformer import Transformer
 from .vit import VisionTransformer
 
@@ -237,22 +239,6 @@ def transformer_from_torch(module: nn.Transformer) -> Transformer:
     return ours.to(first.linear1.weight.device).train(module.training)
 
 
-# transformers' ViT and DeiT: their parameter names in a layer under the base model (``vit.``, ``deit.`` or
-# none), and vitlab's for each; a layer's query, key and value are vitlab's one qkv projection. transformers 5
-# renamed the modules (its checkpoints' names are converted when read); both are known.
-_HF_NAMES = {  # (a layer's prefix, its query / key / value, the rest)
-    4: ("encoder.layer.{i}.", [f"attention.attention.{p}" for p in ("query", "key", "value")],
-        {"layernorm_before": "norm1", "attention.output.dense": "attn.proj", "layernorm_after": "norm2",
-         "intermediate.dense": "mlp.fc1", "output.dense": "mlp.fc2"}),
-    5: ("layers.{i}.", [f"attention.{p}_proj" for p in "qkv"],
-        {"layernorm_before": "norm1", "attention.o_proj": "attn.proj", "layernorm_after": "norm2",
-         "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}),
-}
-
-
-def _hf_names(base: nn.Module) -> tuple[str, list[str], dict[str, str]]:
-    """The layer names of this transformers release's ViT (``base``: its encoder)."""
-    return _HF_NAMES[5] if hasattr(base, "layers") else _HF_NAMES[4]
 _HF_KINDS = ("ViTForImageClassification", "ViTModel", "DeiTForImageClassificationWithTeacher",
              "DeiTForImageClassification", "DeiTModel")
 
@@ -267,7 +253,7 @@ def _hf_base(model: nn.Module) -> tuple[nn.Module, nn.Module | None, nn.Module |
     return base, head, getattr(model, "distillation_classifier", None)
 
 
-def from_transformers(model: nn.Module, img_size: int | tuple[int, int] | None = None) -> VisionTransformer:
+def from_transformers(model: nn.Module, img_size: int | tuple[int, int] | None = None) -> nn.Module:
     """A vitlab ``VisionTransformer`` with the architecture, weights and label names of a transformers
     ``ViTForImageClassification``, ``ViTModel`` (no head: ``forward`` returns the normed CLS token) or DeiT
     model (``DeiTForImageClassificationWithTeacher``: its distillation token and head, their logits averaged
@@ -278,10 +264,15 @@ def from_transformers(model: nn.Module, img_size: int | tuple[int, int] | None =
     ``img_size``: built for this size instead, its positions resampled as transformers'
     ``interpolate_pos_encoding`` resamples them (plain bicubic; ``set_input_size`` resamples as timm does).
 
+    A masked autoencoder (``ViTMAEForPreTraining``) comes back as a :class:`~vitlab.models.MaskedAutoencoder`, its
+    ``ViTMAEModel`` as the encoder (:func:`~vitlab.models.mae_interop.mae_from_transformers`).
+
     Raises:
         ValueError: for another model, or a config vitlab's ViT cannot reproduce (an activation other than
             GELU, a ViTModel's pooler).
     """
+    if type(model).__name__.startswith("ViTMAE"):
+        return mae_from_transformers(model)
     base, head, head_dist = _hf_base(model)
     c = model.config
     if c.hidden_act != "gelu":
@@ -303,20 +294,9 @@ def from_transformers(model: nn.Module, img_size: int | tuple[int, int] | None =
                             qkv_bias=c.qkv_bias, distilled=distilled, reg_tokens=int(dist_as_register),
                             norm_eps=c.layer_norm_eps)
     state = {k: v for k, v in base.state_dict().items() if not k.startswith("pooler.")}
-    ours = {"cls_token": state.pop("embeddings.cls_token"), "pos_embed": state.pop("embeddings.position_embeddings"),
-            "patch_embed.proj.weight": state.pop("embeddings.patch_embeddings.projection.weight"),
-            "patch_embed.proj.bias": state.pop("embeddings.patch_embeddings.projection.bias"),
-            "norm.weight": state.pop("layernorm.weight"), "norm.bias": state.pop("layernorm.bias")}
+    ours = vit_weights_from_hf(state, base, c.num_hidden_layers)
     if distilled or dist_as_register:
         ours["dist_token" if distilled else "reg_token"] = state.pop("embeddings.distillation_token")
-    prefix, qkv, rest = _hf_names(base)
-    for i in range(c.num_hidden_layers):
-        layer = prefix.format(i=i)
-        for kind in ("weight", "bias"):
-            if kind == "weight" or c.qkv_bias:
-                ours[f"blocks.{i}.attn.qkv.{kind}"] = torch.cat([state.pop(f"{layer}{p}.{kind}") for p in qkv])
-            for theirs, mine in rest.items():
-                ours[f"blocks.{i}.{mine}.{kind}"] = state.pop(f"{layer}{theirs}.{kind}")
     state.pop("embeddings.mask_token", None)  # masked image modelling's token: not used to classify
     if state:
         raise ValueError(f"weights of this {type(model).__name__} vitlab's ViT has no place for: {sorted(state)[:4]}")
@@ -333,16 +313,22 @@ def from_transformers(model: nn.Module, img_size: int | tuple[int, int] | None =
     return vit.train(model.training)
 
 
-def to_transformers(model: VisionTransformer) -> nn.Module:
+def to_transformers(model: nn.Module) -> nn.Module:
     """A transformers ``ViTForImageClassification`` (``DeiTForImageClassificationWithTeacher`` for a distilled
     ViT) with ``model``'s architecture, weights and label names (``pretrained_cfg["label_names"]``), to
     ``save_pretrained`` where transformers users will read it.
+
+    A :class:`~vitlab.models.MaskedAutoencoder` becomes a ``ViTMAEForPreTraining``
+    (:func:`~vitlab.models.mae_interop.mae_to_transformers`).
 
     Raises:
         ValueError: for a ViT transformers' cannot express (average pooling, no class token, registers,
             LayerScale, qk-norm, RMSNorm, SwiGLU or experts, other scores or kernels, fixed positions).
     """
     import transformers
+
+    if type(model).__name__ == "MaskedAutoencoder":
+        return mae_to_transformers(model)
 
     model = merged_copy(model)  # LoRA adapters folded in, on a copy
     cfg = model.config
@@ -370,20 +356,9 @@ def to_transformers(model: VisionTransformer) -> nn.Module:
         hf = transformers.ViTForImageClassification(transformers.ViTConfig(**sizes))
     base, head, head_dist = _hf_base(hf)
     mine = model.state_dict()
-    state = {"embeddings.cls_token": mine["cls_token"], "embeddings.position_embeddings": mine["pos_embed"],
-             "embeddings.patch_embeddings.projection.weight": mine["patch_embed.proj.weight"],
-             "embeddings.patch_embeddings.projection.bias": mine["patch_embed.proj.bias"],
-             "layernorm.weight": mine["norm.weight"], "layernorm.bias": mine["norm.bias"]}
+    state = vit_weights_to_hf(mine, base, cfg["depth"])
     if model.distilled:
         state["embeddings.distillation_token"] = mine["dist_token"]
-    prefix, qkv, rest = _hf_names(base)
-    for i in range(cfg["depth"]):
-        layer = prefix.format(i=i)
-        for kind in ("weight", "bias"):
-            for p, part in zip(qkv, mine[f"blocks.{i}.attn.qkv.{kind}"].chunk(3)):
-                state[f"{layer}{p}.{kind}"] = part
-            for theirs, ours in rest.items():
-                state[f"{layer}{theirs}.{kind}"] = mine[f"blocks.{i}.{ours}.{kind}"]
     missing, unexpected = base.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if k != "embeddings.mask_token"]:
         raise ValueError(f"transformers' ViT does not take these weights: missing {missing[:4]}, unexpected "

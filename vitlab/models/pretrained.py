@@ -8,7 +8,8 @@ size and number of classes) from one of:
   converted with :func:`vitlab.interop.from_timm`;
 - a ``.safetensors``, ``.pth`` or ``.bin`` file of a timm or vitlab ViT (timm's ``load_state_dict``
   reads both, and timm's checkpoint dicts);
-- a vitlab run, checkpoint or ``save_pretrained`` directory.
+- a vitlab run, checkpoint or ``save_pretrained`` directory; of a self-supervised run (``task: mae``, ``task:
+  dino``), its backbone (the MAE encoder, DINO's teacher), the decoder or projection head dropped.
 
 The positional embedding is resampled to the model's patch grid (:func:`checkpoint_filter_fn`), a head
 of another size is reset (:meth:`VisionTransformer.reset_classifier`), and everything else must fit
@@ -25,11 +26,16 @@ from torch import Tensor, nn
 from ..errors import CheckpointError
 from .hub import CONFIG_NAME, load_model_dir, read_json, resolve_checkpoint
 from .interop import from_timm, from_transformers
+from .dino import DINO
+from .mae import MaskedAutoencoder
 from .timm_classifier import TIMM_PREFIX, TimmClassifier
 from .vit import checkpoint_filter_fn
 
 __all__ = ["load_pretrained", "timm_model", "timm_filter"]
 
+# The arguments that shape a ViT's weights: what a classifier must share with the backbone it starts from.
+_BACKBONE_KEYS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "class_token", "reg_tokens",
+                  "mlp_layer", "norm_layer", "qk_norm", "init_values")
 _HEAD = ("head.weight", "head.bias", "head_dist.weight", "head_dist.bias")  # head_dist: a distilled model's
 
 
@@ -126,7 +132,8 @@ def _from_file(path: Path, model_name: str | None) -> tuple[dict[str, Tensor], d
     return state, {"mean": tuple(mean), "std": tuple(std)}
 
 
-_TRANSFORMERS_KINDS = "ViTForImageClassification, ViTModel, DeiTForImageClassificationWithTeacher"
+_TRANSFORMERS_KINDS = "ViTForImageClassification, ViTModel, DeiTForImageClassificationWithTeacher, " \
+                      "ViTMAEForPreTraining"
 
 
 def _from_transformers(source: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
@@ -142,32 +149,47 @@ def _from_transformers(source: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
         config = transformers.AutoConfig.from_pretrained(source)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"model.pretrained=transformers:{source}: {str(e).splitlines()[0]}") from None
-    if config.model_type not in ("vit", "deit"):
+    if config.model_type not in ("vit", "deit", "vit_mae"):
         raise CheckpointError(f"model.pretrained=transformers:{source} is a {config.model_type} checkpoint; vitlab "
-                              f"reads ViT and DeiT ({_TRANSFORMERS_KINDS})")
-    arch = (config.architectures or ["ViTModel" if config.model_type == "vit" else "DeiTModel"])[0]
+                              f"reads ViT, DeiT and ViTMAE ({_TRANSFORMERS_KINDS})")
+    default = {"vit": "ViTModel", "deit": "DeiTModel", "vit_mae": "ViTMAEModel"}[config.model_type]
+    arch = (config.architectures or [default])[0]
     cls = getattr(transformers, arch, None)
-    if cls is None or arch not in _TRANSFORMERS_KINDS + ", DeiTForImageClassification, DeiTModel":
+    if cls is None or arch not in _TRANSFORMERS_KINDS + ", DeiTForImageClassification, DeiTModel, ViTMAEModel":
         raise CheckpointError(f"model.pretrained=transformers:{source} holds a {arch}; vitlab reads "
                               f"{_TRANSFORMERS_KINDS}")
     extra = {"add_pooling_layer": False} if arch in ("ViTModel", "DeiTModel") else {}
     vit = from_transformers(cls.from_pretrained(source, **extra))
+    if isinstance(vit, MaskedAutoencoder):  # the encoder, the decoder dropped
+        vit = vit.backbone()
     try:
         processor = transformers.AutoImageProcessor.from_pretrained(source)
         mean, std = tuple(processor.image_mean), tuple(processor.image_std)
-    except (OSError, ValueError, AttributeError):  # no image processor saved: ViT's own normalization
-        mean, std = (0.5, 0.5, 0.5), (0.5, 0.5, 0.5)
+    except (OSError, ValueError, AttributeError):  # no image processor saved: the model's own normalization
+        mean, std = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)) if config.model_type == "vit_mae" else \
+            ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))  # MAE's ImageNet statistics; ViT's 0.5
     return vit.state_dict(), {"mean": mean, "std": std}
 
 
+# Self-supervised models (task: mae, task: dino): what fine-tuning starts from is their backbone, the rest dropped.
+_PRETRAINING_MODELS = {cls.__name__: cls for cls in (MaskedAutoencoder, DINO)}
+
+
 def _from_vitlab(path: Path, cls: type[nn.Module]) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """A vitlab run's weights; of a self-supervised run (MAE, DINO) its backbone's (the encoder; DINO's teacher),
+    with the backbone's arguments (``"backbone"``) for a message where they do not fit."""
     directory = resolve_checkpoint(path)
-    source = load_model_dir(cls, directory, read_json(directory / CONFIG_NAME))
+    meta = read_json(directory / CONFIG_NAME)
+    pretraining = meta.get("architecture") in _PRETRAINING_MODELS
+    source = load_model_dir(_PRETRAINING_MODELS.get(meta.get("architecture"), cls), directory, meta)
     cfg = source.pretrained_cfg
+    if pretraining:
+        source = source.backbone()
+        cfg = {**cfg, "backbone": {k: v for k, v in source.config.items() if k not in ("num_classes", "img_size")}}
     if "mean" not in cfg:
         raise CheckpointError(f"{str(directory)!r} does not say how its images were normalised (no mean/std in "
                               f"{CONFIG_NAME}); load its weights file instead: {directory / 'model.safetensors'}")
-    return source.state_dict(), {"mean": cfg["mean"], "std": cfg["std"]}
+    return source.state_dict(), {k: cfg[k] for k in ("mean", "std", "backbone") if k in cfg}
 
 
 def load_pretrained(model: nn.Module, source: str, file: str = "", model_name: str | None = None) -> dict[str, Any]:
@@ -215,9 +237,12 @@ def load_pretrained(model: nn.Module, source: str, file: str = "", model_name: s
     if mismatched or missing or unexpected:
         found = "; ".join(f"{what} {names[:4]}" for what, names in
                           (("shapes differ:", mismatched), ("missing", missing), ("unexpected", unexpected)) if names)
-        raise CheckpointError(f"model.pretrained={source!r} does not fit {model_name or 'the model'} ({found}); choose "
-                              f"the model.name of the pretrained architecture")
+        fix = "choose the model.name of the pretrained architecture"
+        if "backbone" in cfg:  # a self-supervised run: the classifier's arguments are its encoder's
+            fix = "give the classifier the backbone's arguments: " + " ".join(
+                f"model.{k}={v}" for k, v in cfg["backbone"].items() if k in _BACKBONE_KEYS)
+        raise CheckpointError(f"model.pretrained={source!r} does not fit {model_name or 'the model'} ({found}); {fix}")
     model.load_state_dict(state, strict=False)
     if reset_head:
         model.reset_classifier(model.num_classes)
-    return {**cfg, "source": source}
+    return {**{k: v for k, v in cfg.items() if k != "backbone"}, "source": source}

@@ -6,7 +6,9 @@ presets run on 32x32 images cut into 4x4 patches (64 patch tokens + CLS = 65 tok
 need ``src_vocab_size`` and ``tgt_vocab_size``, as do the ``rnn_attention_*`` RNN encoder-decoders
 (:class:`vitlab.models.RNNSeq2Seq`). The ``gpt_*`` presets are decoder-only language models
 (:class:`vitlab.models.GPT`); they need ``vocab_size``. ``timm:<name>`` is timm's image classifier
-``<name>`` (:class:`vitlab.models.TimmClassifier`), built without pretrained weights. :func:`load_model`
+``<name>`` (:class:`vitlab.models.TimmClassifier`), built without pretrained weights. ``mae_<preset>`` and
+``dino_<preset>`` pretrain a ViT preset's backbone without labels (:class:`vitlab.models.MaskedAutoencoder`,
+:class:`vitlab.models.DINO`). :func:`load_model`
 builds a saved model from its ``config.json``'s architecture (one of the classes here).
 """
 from __future__ import annotations
@@ -21,8 +23,10 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
+from .dino import DINO
 from .gpt import GPT
 from .hub import load_model_dir, read_json, resolve_checkpoint, trained_names
+from .mae import MaskedAutoencoder
 from .rnn import RNNSeq2Seq
 from .timm_classifier import TIMM_PREFIX, TimmClassifier
 from .transformer import Seq2SeqTransformer
@@ -81,9 +85,28 @@ _LM_PRESETS: dict[str, dict[str, Any]] = {
     # nanoGPT's documented CPU recipe: 4 layers, 4 heads, 128 wide, context 64, no dropout.
     "gpt_char_tiny": dict(block_size=64, embed_dim=128, depth=4, num_heads=4, dropout=0.0),
 }
+# Self-supervised pretraining (task: mae, task: dino) of a ViT preset's backbone: mae_<preset>, dino_<preset>.
+# MAE's decoder is about half the encoder's width (ViT-B: 512 of 768, 8 blocks; smaller encoders fewer blocks).
+_BACKBONE_ARGS = ("img_size", "patch_size", "in_chans", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias",
+                  "drop_path_rate", "norm_eps")
+_MAE_DECODERS = {"vit_base_patch16_224": (512, 8, 16), "vit_small_patch16_224": (256, 4, 8),
+                 "vit_tiny_patch16_224": (128, 4, 4), "vit_cifar_small_patch4_32": (192, 2, 6),
+                 "vit_lite_7_patch4_32": (128, 2, 4), "vit_cifar_tiny_patch4_32": (48, 2, 2)}
+_MAE_PRESETS: dict[str, dict[str, Any]] = {
+    f"mae_{name}": {**{k: v for k, v in _PRESETS[name].items() if k in _BACKBONE_ARGS},
+                    "decoder_embed_dim": width, "decoder_depth": depth, "decoder_num_heads": heads}
+    for name, (width, depth, heads) in _MAE_DECODERS.items()}
+# DINO's head: 65536 outputs for ImageNet; 4096 for the CIFAR-sized backbones (a smaller data set, fewer prototypes).
+_DINO_PRESETS: dict[str, dict[str, Any]] = {
+    f"dino_{name}": {**{k: v for k, v in _PRESETS[name].items() if k in _BACKBONE_ARGS},
+                     "out_dim": 4096 if name.endswith("_32") else 65536,
+                     **({"hidden_dim": 512, "bottleneck_dim": 128} if name.endswith("_32") else {})}
+    for name in _MAE_DECODERS}
 _PRESETS.update(_TEXT_PRESETS)
 _PRESETS.update(_RNN_PRESETS)
 _PRESETS.update(_LM_PRESETS)
+_PRESETS.update(_MAE_PRESETS)
+_PRESETS.update(_DINO_PRESETS)
 
 
 def list_models(pattern: str = "*") -> list[str]:
@@ -92,8 +115,8 @@ def list_models(pattern: str = "*") -> list[str]:
 
 
 def preset_class(name: str) -> type[nn.Module]:
-    """The class preset ``name`` builds: ``VisionTransformer``, ``Seq2SeqTransformer``, ``RNNSeq2Seq`` or ``GPT``
-    (``TimmClassifier`` for ``timm:<name>``)."""
+    """The class preset ``name`` builds: ``VisionTransformer``, ``Seq2SeqTransformer``, ``RNNSeq2Seq``, ``GPT``,
+    ``MaskedAutoencoder`` or ``DINO`` (``TimmClassifier`` for ``timm:<name>``)."""
     if name.startswith(TIMM_PREFIX):
         return TimmClassifier
     if name not in _PRESETS:
@@ -102,11 +125,13 @@ def preset_class(name: str) -> type[nn.Module]:
         raise ValueError(f"unknown model {name!r}; {hint}available: {', '.join(list_models())}")
     if name in _TEXT_PRESETS:
         return Seq2SeqTransformer
+    if name in _MAE_PRESETS or name in _DINO_PRESETS:
+        return MaskedAutoencoder if name in _MAE_PRESETS else DINO
     return RNNSeq2Seq if name in _RNN_PRESETS else GPT if name in _LM_PRESETS else VisionTransformer
 
 
 _CLASSES: dict[str, type[nn.Module]] = {c.__name__: c for c in (VisionTransformer, Seq2SeqTransformer, RNNSeq2Seq, GPT,
-                                                                 TimmClassifier)}
+                                                                 TimmClassifier, MaskedAutoencoder, DINO)}
 
 
 def model_class(architecture: str) -> type[nn.Module]:

@@ -57,13 +57,18 @@ class PatchEmbed(nn.Module):
         self.grid_size = (img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1])
         self.num_patches = self.grid_size[0] * self.grid_size[1]
 
+    dynamic = False  # any image size that is a multiple of the patch size (the model's dynamic_img_size)
+
     def forward(self, x: Tensor) -> Tensor:
         expected = (self.in_chans, *self.img_size)
-        if x.dim() != 4 or tuple(x.shape[1:]) != expected:
+        sizes_ok = tuple(x.shape[1:]) == expected or (
+            self.dynamic and x.shape[1] == self.in_chans and not (x.shape[2] % self.patch_size[0])
+            and not (x.shape[3] % self.patch_size[1]))
+        if x.dim() != 4 or not sizes_ok:
             raise ValueError(
                 f"expected an image batch (batch, {expected[0]}, {expected[1]}, {expected[2]}), got "
                 f"{tuple(x.shape)}; resize the images, or call model.set_input_size(...) to run at "
-                f"another resolution")
+                f"another resolution" + (" (any multiple of the patch size)" if self.dynamic else ""))
         return rearrange(self.proj(x), "b e h w -> b (h w) e")  # patches in row-major order
 
 
@@ -128,6 +133,8 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         distilled: A distillation token after the CLS token and its own head (``dist_token``, ``head_dist``:
             DeiT, timm's ``VisionTransformerDistilled``). The logits are the two heads' average, or both
             ``(head, head_dist)`` in training after :meth:`set_distilled_training` (distillation).
+        dynamic_img_size: Take images of any size that is a multiple of the patch size, the positions resampled
+            to their patch grid on the fly (timm's ``dynamic_img_size``): DINO's small local crops.
     """
 
     def __init__(
@@ -165,6 +172,7 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         no_embed_class: bool = False,
         distilled: bool = False,
         norm_eps: float = 1e-6,
+        dynamic_img_size: bool = False,
     ) -> None:
         # every argument, as given: what save_pretrained writes and set_input_size / reset_classifier update
         config: dict[str, Any] = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
@@ -182,6 +190,7 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
         self.pos_embed_type = pos_embed
 
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
+        self.patch_embed.dynamic = dynamic_img_size
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.dist_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if distilled else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
@@ -295,16 +304,29 @@ class VisionTransformer(nn.Module, HubMixin, GradCheckpointing):
     def _embed(self, x: Tensor) -> Tensor:
         """Patches, then the prefix tokens (CLS, registers) before them and the positions: added after the
         prefix is joined (timm's original ViT, DeiT), or before it with ``no_embed_class`` (DeiT III)."""
+        pos = self._positions(x.shape[-2:])
         x = self.patch_embed(x)  # (B, N, E)
         prefix = [t.expand(x.shape[0], -1, -1) for t in (self.cls_token, self.dist_token, self.reg_token)
                   if t is not None]
-        if self.no_embed_class and self.pos_embed.numel():
-            x = x + self.pos_embed.to(x.dtype)
+        if self.no_embed_class and pos.numel():
+            x = x + pos.to(x.dtype)
         if prefix:
             x = torch.cat([*prefix, x], dim=1)  # (B, prefix + N, E)
-        if not self.no_embed_class and self.pos_embed.numel():
-            x = x + self.pos_embed.to(x.dtype)
+        if not self.no_embed_class and pos.numel():
+            x = x + pos.to(x.dtype)
         return self.pos_drop(x)
+
+    def _positions(self, size: tuple[int, int]) -> Tensor:
+        """The positions of an image of ``size`` ``(H, W)``: ``pos_embed``; with ``dynamic_img_size`` at another
+        patch grid, resampled to it (a learned table, bicubic, as :meth:`set_input_size` and timm's
+        ``dynamic_img_size`` resample it) or recomputed (sin-cos), on every call."""
+        grid = (size[0] // self.patch_embed.patch_size[0], size[1] // self.patch_embed.patch_size[1])
+        if grid == self.patch_embed.grid_size or not self.patch_embed.dynamic or not self.pos_embed.numel():
+            return self.pos_embed
+        if isinstance(self.pos_embed, nn.Parameter):
+            return resample_pos_embed(self.pos_embed, grid, self.patch_embed.grid_size, self._embedded_prefix)
+        table = sincos_2d_position_encoding(grid, self.embed_dim).to(self.pos_embed.device)
+        return torch.cat([table.new_zeros(self._embedded_prefix, self.embed_dim), table])[None]
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images ``(B, C, H, W)`` to normed tokens ``(B, prefix + N, E)``, the CLS token (if any) first."""

@@ -75,6 +75,12 @@ class TaskSetup:
             once (prepared with the evaluation loaders), whose features the head is fitted on.
         features: ``features(model, prepared_loader, accelerator) -> (features (N, E), labels (N,))``: the
             model's pooled pre-logits features of the loader's images, on every process.
+        before_step: ``before_step(step)``: the optimizer step ``step`` (0-based, counted over the run) is about to
+            run (a schedule the loss reads: DINO's teacher temperature), after a resume too.
+        after_step: ``after_step(model, step)``: step ``step`` has updated the weights of ``model`` (the bare
+            model): DINO's teacher follows its student.
+        finish: ``finish(model, run_dir)``: the run is finished; on the main process, what it leaves beside its
+            checkpoints (MAE's picture of reconstructions).
     """
 
     model: nn.Module
@@ -95,3 +101,6 @@ class TaskSetup:
     feature_loader: Any = None
     features: Callable[[nn.Module, Any, Accelerator], tuple[Tensor, Tensor]] | None = None
     final_eval_loaders: dict[str, Any] = field(default_factory=dict)
+    before_step: Callable[[int], None] | None = None
+    after_step: Callable[[nn.Module, int], None] | None = None
+    finish: Callable[[nn.Module, Path], None] | None = None

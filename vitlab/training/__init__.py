@@ -95,6 +95,8 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     finished = state["epoch"] == t.epochs or bool(state.get("stopped_early"))
     if acc.is_main_process and finished:
         plot_curves(loop.metrics_file, run_dir / "curves.png")
+        if loop.task.finish is not None:
+            loop.task.finish(loop.plain_model, run_dir)
     if not summary and finished:
         acc.print(f"{run_dir} holds a finished run ({state['epoch']} epochs"
                   f"{', stopped early' if state.get('stopped_early') else ''}): nothing to train")

@@ -156,6 +156,8 @@ class Loop:
         update of the weights, the schedule and the EMA; the task loss (this process's share of the
         global mean) and the MoE balancing loss go to the meter."""
         acc, model, meter = self.accelerator, self.model, self.meter
+        if self.task.before_step is not None:
+            self.task.before_step(self.state["global_step"])
         # Each micro-batch's mean loss, weighted by its share of the global batch: the step's loss is
         # the mean over the global batch, wherever its examples ran. DDP averages gradients over
         # processes, hence the factor num_processes. Even batches give weights of exactly 1 / k.
@@ -177,6 +179,8 @@ class Loop:
             acc.clip_grad_norm_(model.parameters(), self.cfg.optim.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.task.after_step is not None:
+            self.task.after_step(self.plain_model, self.state["global_step"])
         self.scheduler.step()
         meter.window_steps += 1
         meter.steps += 1

@@ -41,7 +41,7 @@ def summary_of(result: dict[str, Any]) -> dict[str, Any]:
         "best_metric", "best_epoch", "epochs_done", "stopped_early", "wall_time", "run_dir")}
 
 
-_FRACTIONS = ("top1", "top5", "exact_match", "balanced_top1", "macro_f1", "map", "micro_map", "micro_f1",
+_FRACTIONS = ("top1", "top5", "knn_top1", "exact_match", "balanced_top1", "macro_f1", "map", "micro_map", "micro_f1",
               "example_f1")  # metrics in [0, 1], said in percent
 
 
@@ -52,7 +52,7 @@ def result_line(result: dict[str, Any], select: str, has_val: bool, run_dir: Pat
             return "not evaluated"
         name = {"top1": "top-1", "exact_match": "exact match", "balanced_top1": "balanced top-1",
                 "macro_f1": "macro F1", "map": "mAP", "micro_map": "micro mAP", "micro_f1": "micro F1",
-                "example_f1": "example-based F1"}.get(select, select)
+                "example_f1": "example-based F1", "knn_top1": "k-NN top-1"}.get(select, select)
         return f"{name} {100 * value:.2f}%" if select in _FRACTIONS else f"{name} {value:.4f}"
 
     prefix = "ema_" if "ema_test_" + select in result else ""
@@ -64,6 +64,9 @@ def result_line(result: dict[str, Any], select: str, has_val: bool, run_dir: Pat
         done += f", best validation {said(result['best_metric'])} at epoch {result['best_epoch']} ({model})"
     else:
         model = run_dir / "checkpoints" / "last"
+    if select == "knn_top1":  # a self-supervised backbone: no head to evaluate
+        return f"{done} | model: {model} | next: train.py --config CONFIG task=classification " \
+               f"model.pretrained={run_dir} (fine-tune), or vitlab eval --checkpoint {run_dir} --knn 20"
     return f"{done} | model: {model} | next: vitlab eval --checkpoint {run_dir}"
 
 
@@ -118,6 +121,9 @@ def plot_curves(metrics_file: Path, path: Path) -> None:
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
     axes[0].legend()
-    axes[1].legend()
+    if metric_keys:
+        axes[1].legend()
+    else:  # a run without evaluation (a self-supervised one without monitor.root): say so, not an empty key
+        axes[1].text(0.5, 0.5, "not evaluated", ha="center", va="center", transform=axes[1].transAxes)
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -90,11 +90,12 @@ def refuse_other_samples(cfg: Config, checkpoint: Path) -> None:
                           f"finish epoch {epoch} as it was (--resume {checkpoint} train.epochs={epoch}), then change it")
 
 
-# Keys a continued run keeps: the optimizer's state is of its kind (AdamW's moments are not SGD's momentum, nor
+# Keys a continued run keeps: its task (a masked autoencoder's checkpoint is no DINO's); the optimizer's state is of
+# its kind (AdamW's moments are not SGD's momentum, nor
 # Adafactor's factored statistics), and best/, a plateau schedule and early stopping compare every epoch with the
 # best value of one validation metric. The optimizer's other settings (optim.lr, weight_decay, betas, eps,
 # momentum) may change: the state is kept and they apply from the next step (checkpoint.load_optimizer).
-FIXED_KEYS = ("optim.opt", "train.best_metric", "train.greater_is_better")
+FIXED_KEYS = ("task", "optim.opt", "train.best_metric", "train.greater_is_better")
 
 
 def refuse_fixed_keys(cfg: Config, checkpoint: Path, run_dir: Path) -> None:
@@ -104,10 +105,23 @@ def refuse_fixed_keys(cfg: Config, checkpoint: Path, run_dir: Path) -> None:
     saved, wanted = config_to_flat(load_config(checkpoint / "run_config.yaml", recorded=True)), config_to_flat(cfg)
     changed = [f"{k} {saved.get(k)!r} -> {wanted.get(k)!r}" for k in FIXED_KEYS if saved.get(k) != wanted.get(k)]
     if changed:
-        raise ConfigError(f"--resume {run_dir}: {', '.join(changed)}: a run continues with the optimizer and the "
-                          f"validation metric it began with (the optimizer's state is of its kind; best/ and early "
-                          f"stopping compare with the best value of one metric); keep them, or start a new run from "
-                          f"its weights: model.pretrained={run_dir}")
+        raise ConfigError(_fixed_keys_refusal(changed, run_dir))
+
+
+def refuse_task_change(checkpoint: Path, overrides: list[str], run_dir: str | Path) -> None:
+    """Refuse ``--resume RUN task=OTHER`` in the line :func:`refuse_fixed_keys` gives, before the run's own config is
+    read as another task's (whose sections it has not)."""
+    wanted = [item.split("=", 1)[1].strip() for item in overrides if item.startswith("task=")]
+    saved = load_config(checkpoint / "run_config.yaml", recorded=True).task
+    if wanted and wanted[-1] != saved:
+        raise ConfigError(_fixed_keys_refusal([f"task {saved!r} -> {wanted[-1]!r}"], run_dir))
+
+
+def _fixed_keys_refusal(changed: list[str], run_dir: str | Path) -> str:
+    return (f"--resume {run_dir}: {', '.join(changed)}: a run continues with the task, the optimizer and the "
+            f"validation metric it began with (the optimizer's state is of its kind; best/ and early stopping compare "
+            f"with the best value of one metric); keep them, or start a new run from its weights: "
+            f"model.pretrained={run_dir}")
 
 
 def find_resume_point(cfg: Config, resume: str | Path | None) -> tuple[Path, Path | None, str]:

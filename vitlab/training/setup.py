@@ -26,6 +26,14 @@ def setup_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir:
         from ..tasks.lm import lm_task
 
         return lm_task(cfg, accelerator, micro_batch, run_dir, resume_from)
+    if cfg.task == "mae":
+        from ..tasks.mae import mae_task
+
+        return mae_task(cfg, accelerator, micro_batch, resume_from)
+    if cfg.task == "dino":
+        from ..tasks.dino import dino_task
+
+        return dino_task(cfg, accelerator, micro_batch, resume_from)
     from ..tasks.classification import image_classification_task
 
     return image_classification_task(cfg, accelerator, micro_batch, resume_from)

@@ -22,8 +22,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = ["attention_heatmaps", "plot_attention", "plot_attention_grid", "plot_alignment", "plot_mistakes",
-           "plot_reliability",
-           "plot_confusion_matrix", "save_figure"]
+           "plot_reliability", "plot_reconstructions", "plot_confusion_matrix", "save_figure"]
 
 Method = Literal["rollout", "block"]
 
@@ -200,6 +199,24 @@ def plot_mistakes(images: Tensor, labels: Tensor, probs: Tensor, classes: Sequen
         ax.imshow(images[i].permute(1, 2, 0).numpy())
         ax.set_title(f"true {classes[labels[i]]}\npred {classes[predicted[i]]} {confidence[i]:.2f}", fontsize=8)
     fig.suptitle(f"the {len(order)} most confident of {len(wrong)} mistakes", fontsize=9)
+    return fig
+
+
+def plot_reconstructions(*rows: Tensor, titles: Sequence[str] = ()) -> "Figure":
+    """Images side by side, a row a kind (each ``(B, 3, H, W)`` floats in [0, 1]; a masked autoencoder's images,
+    what it saw and what it filled in), a column an image, each row titled at its left."""
+    plt = _pyplot()
+    count = len(rows[0])
+    fig, axes = plt.subplots(len(rows), count, figsize=(1.3 * count + 0.6, 1.4 * len(rows)), squeeze=False,
+                             layout="constrained")
+    for r, images in enumerate(rows):
+        for c in range(count):
+            ax = axes[r][c]
+            ax.imshow(images[c].permute(1, 2, 0).numpy())
+            ax.set_xticks([])
+            ax.set_yticks([])
+        if r < len(titles):
+            axes[r][0].set_ylabel(titles[r], fontsize=8)
     return fig
 
 

@@ -3,7 +3,7 @@ their listing, made once and shared by the processes, and the streams of the tra
 images, each process and worker reading its part of every global batch."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...data.rules import streamed_in_shards
 from ...data.shard_stream import ShardStream, spread
@@ -35,12 +35,15 @@ def index_stream(d: DataConfig, split: str, classes: list[str] | None) -> ShardI
 def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: int, num_processes: int = 1,
                   process_index: int = 0,
                   classes: list[str] | None = None, splits: tuple[str, ...] = ("train", "val", "test"),
-                  partitions: int = 0, mean: tuple[float, ...] = CIFAR10_MEAN) -> tuple[dict[str, ShardStream], list[str]]:
+                  partitions: int = 0, mean: tuple[float, ...] = CIFAR10_MEAN, train_view: Any = None,
+                  ) -> tuple[dict[str, ShardStream], list[str]]:
     """``data.dataset=wds`` or a streamed ``hf``: the streams of the ``splits`` asked for, and the class names. The
     validation images (``data.val_size``) are the heads of the training shards (:func:`spread`), read
     in order for evaluation and passed over by training; ``data.train_subset`` / ``test_subset`` take
     the next ones likewise. Shards are listed (labels checked) before any image is decoded. ``batch_size``
-    is this process's; ``partitions``: the training plan's (0: ``data.partitions``, else processes x workers)."""
+    is this process's; ``partitions``: the training plan's (0: ``data.partitions``, else processes x workers).
+    ``train_view``: the training samples' view instead of the data's training transform (a self-supervised task's:
+    its images decoded first, then viewed)."""
     stored = decode_size_of(d, size, keep_in_memory=False)
     common = dict(seed=seed, num_processes=num_processes, process_index=process_index, num_workers=d.num_workers)
     streams: dict[str, ShardStream] = {}
@@ -54,10 +57,11 @@ def shard_streams(d: DataConfig, seed: int, size: tuple[int, int], batch_size: i
     evaluation = eval_view(size, stored, crop_pct)
     lazy_eval = d.scaled_decode and crop_pct is not None  # the center crop decodes each file at the scale it needs
     if "train" in splits:
+        view = train_view if train_view is not None else train_transform_of(d, size, stored, mean)
         streams["train"] = ShardStream(train, [(s, k, k + u) for s, (k, u) in enumerate(zip(held, used))],
-                                       train_transform_of(d, size, stored, mean), batch_size, True, stored,
+                                       view, batch_size, True, stored,
                                        shuffle_buffer=d.shuffle_buffer, partitions=partitions or d.partitions,
-                                       lazy=d.scaled_decode and d.train_crop == "rrc", **common)
+                                       lazy=d.scaled_decode and d.train_crop == "rrc" and train_view is None, **common)
     if "val" in splits and d.val_size:
         streams["val"] = ShardStream(train, [(s, 0, k) for s, k in enumerate(held)], evaluation, batch_size, False,
                                      stored, lazy=lazy_eval, **common)

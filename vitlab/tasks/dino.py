@@ -1,0 +1,121 @@
+"""Self-distillation (DINO, Caron et al. 2021) as a training task: images without labels, each seen as
+``dino.global_crops`` large and ``dino.local_crops`` small views (DINO's crops, flips, colour jitter, grey, blur
+and solarization, drawn from the run's seed, the epoch and the image); the student (:class:`~vitlab.models.DINO`)
+learns every view's distribution from the teacher's of the large ones (:func:`~vitlab.models.dino.dino_loss`), the
+teacher following the student after every step on a momentum going to 1 on a half cosine, its temperature warming
+up over ``dino.warmup_teacher_temp_epochs``. Evaluated, where ``monitor.root`` names labelled images, by the k-NN
+top-1 of the teacher's features.
+
+Not taken from lightly, whose ``DINOLoss``, ``DINOProjectionHead`` and ``DINOTransform`` are these: it depends on
+PyTorch Lightning, and its views draw from Python's global generator, not one seeded by the sample, which a run
+resumed inside an epoch, or on other processes, must redraw alike."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from accelerate import Accelerator
+from torch import Tensor, nn
+from torchvision.transforms import v2
+
+from ..data.transforms import ModelInput
+from ..errors import ConfigError
+from ..models.dino import cosine_momentum, dino_loss, teacher_temperature, update_center
+from ..models.hub import image_input_size
+from ..runtime import bare_model
+from .base import TaskSetup, build_model
+from .pretraining import backbone_of, knn_monitor, monitor_loaders, normalization, pretraining_loader
+
+if TYPE_CHECKING:
+    from ..config import Config, DINOConfig
+
+__all__ = ["dino_task", "MultiCropView", "dino_views", "local_view_size"]
+
+
+class MultiCropView:
+    """An image's views: ``global_crops`` of the large view transforms (in turn) and ``local_crops`` of the small
+    one, a tuple of uint8 tensors. Pickles."""
+
+    def __init__(self, large: list[v2.Transform], small: v2.Transform, global_crops: int, local_crops: int) -> None:
+        self.large, self.small, self.global_crops, self.local_crops = large, small, global_crops, local_crops
+
+    def __call__(self, image: Tensor) -> tuple[Tensor, ...]:
+        views = [self.large[i % len(self.large)](image) for i in range(self.global_crops)]
+        return tuple(views + [self.small(image) for _ in range(self.local_crops)])
+
+
+def _blur(size: int, probability: float) -> v2.Transform:
+    """DINO's Gaussian blur (radius 0.1-2 px at 224 px), scaled to an image of ``size`` px."""
+    top = 2.0 * size / 224
+    kernel = 2 * max(1, math.ceil(3 * top)) + 1
+    return v2.RandomApply([v2.GaussianBlur(kernel, sigma=(0.1 * size / 224, top))], p=probability)
+
+
+def local_view_size(size: tuple[int, int], patch: int, s: DINOConfig) -> int:
+    """The small views' side: ``dino.local_size``, or the multiple of the patch nearest 3/7 of the input's height
+    (DINO's 96 px of 224 at patch 16; 12 px of 32 at patch 4). Raises ``ConfigError`` where it is no multiple of
+    the patch (the backbone takes whole patches)."""
+    if s.local_size and s.local_size % patch:
+        raise ConfigError(f"dino.local_size={s.local_size} is not a multiple of the model's patch size {patch}; "
+                          f"use e.g. {max(patch, round(s.local_size / patch) * patch)}")
+    return s.local_size or max(patch, round(size[0] * 3 / 7 / patch) * patch)
+
+
+def dino_views(size: tuple[int, int], local: int, s: DINOConfig) -> MultiCropView:
+    """DINO's views (``DataAugmentationDINO``) of uint8 images, for a model of input ``size``: random resized crops
+    (bicubic) of ``dino.global_crops_scale`` at ``size`` and of ``dino.local_crops_scale`` at ``local`` px
+    (:func:`local_view_size`), each flipped, colour-jittered (0.4, 0.4, 0.2, 0.1; p 0.8), made grey
+    (p 0.2) and blurred (p 1.0, 0.1 and 0.5 for the first large, the second large and the small views), the second
+    large one solarized (p 0.2)."""
+    jitter = [v2.RandomHorizontalFlip(), v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+              v2.RandomGrayscale(p=0.2)]
+    crop = lambda side, scale: v2.RandomResizedCrop(side, scale=scale, interpolation=v2.InterpolationMode.BICUBIC,
+                                                    antialias=True)
+    first = v2.Compose([crop(size, s.global_crops_scale), *jitter, _blur(size[0], 1.0)])
+    second = v2.Compose([crop(size, s.global_crops_scale), *jitter, _blur(size[0], 0.1),
+                         v2.RandomSolarize(128, p=0.2)])
+    small = v2.Compose([crop((local, local), s.local_crops_scale), *jitter, _blur(local, 0.5)])
+    return MultiCropView([first, second], small, s.global_crops, s.local_crops)
+
+
+def dino_task(cfg: Config, accelerator: Accelerator, micro_batch: int, resume_from: Path | None = None) -> TaskSetup:
+    """DINO of ``model.name`` (``dino_<preset>``): its views, loss, teacher schedules and k-NN monitor."""
+    d, t, s = cfg.data, cfg.train, cfg.dino
+    model = build_model(cfg)
+    mean, std = normalization(cfg, resume_from)
+    size = image_input_size(model)[1:]
+    views = dino_views(size, local_view_size(size, model.student_backbone.patch_embed.patch_size[0], s), s)
+    train_loader, prepare, train_size, data_state = pretraining_loader(
+        cfg, accelerator, micro_batch, size, lambda stored: views, resume_from)
+    monitors = monitor_loaders(cfg, accelerator, size, micro_batch)
+    model_input = ModelInput(mean, std)
+    steps_per_epoch = len(train_loader) // t.grad_accum_steps
+    now = {"temp": s.warmup_teacher_temp}  # the teacher's temperature of the step being run
+
+    def before_step(step: int) -> None:
+        now["temp"] = teacher_temperature(step // steps_per_epoch, s.warmup_teacher_temp_epochs, s.warmup_teacher_temp,
+                                          s.teacher_temp)
+
+    def after_step(net: nn.Module, step: int) -> None:
+        net.update_teacher(cosine_momentum(step, steps_per_epoch * t.epochs, s.momentum_teacher))
+
+    def loss(net: nn.Module, batch: Any) -> Tensor:
+        crops = [model_input(c, train=True) for c in batch[0]]
+        bare = bare_model(net, accelerator)
+        with accelerator.autocast():  # the student's forward is under it (Accelerate's prepared model)
+            teacher = bare.teacher_forward(crops[:s.global_crops])
+        value = dino_loss(net(crops), teacher, bare.center, s.global_crops, s.student_temp, now["temp"])
+        update_center(bare.center, teacher, s.center_momentum)
+        return value
+
+    def score(net: nn.Module, monitor: Any, acc: Accelerator) -> dict[str, float]:
+        return knn_monitor(backbone_of(net, acc), monitor, acc, model_input, cfg.monitor.k)
+
+    meta = {"task": "dino", "mean": list(mean), "std": list(std),
+            **({"decode_size": d.decode_size} if d.decode_size and d.dataset != "cifar10" else {}),
+            **({"exif_transpose": False} if not d.exif_transpose else {})}
+    return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=prepare, eval_loaders=monitors,
+                     prepare_eval_loaders=False, loss=loss, count=lambda batch: len(batch[1]), evaluate=score,
+                     select="knn_top1", meta=meta, train_size=train_size, data_state=data_state, metrics=("knn_top1",),
+                     before_step=before_step, after_step=after_step)

@@ -1,0 +1,209 @@
+"""What the self-supervised tasks (:mod:`.mae`, :mod:`.dino`) share: their images without labels, their views,
+and the k-NN monitor, the only place labels enter.
+
+- :func:`unlabelled_images`: the images a run pretrains on: a folder of images in folders of any kind (class
+  folders or none), a Hugging Face split with or without a label column, a csv table, CIFAR-10, or shards
+  (``data.dataset=wds``, a streamed Hugging Face split); labels, where the source has them, are not read.
+- :func:`pretraining_loader`: those images through a task's view (each sample's a function of the run's seed, the
+  epoch and the sample: the crops, flips and masks are the same on any processes and workers, and after a resume).
+- :func:`monitor_loaders`, :func:`knn_monitor`: a labelled data set of its own (``monitor.*``), whose images vote
+  by the backbone's pooled features (DINO's weighted k-NN) each evaluated epoch.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+from accelerate import Accelerator
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+from ..data.images import TensorImageDataset
+from ..data.rules import streamed_in_shards
+from ..data.shard_stream import ShardLoader
+from ..data.transforms import CIFAR10_MEAN, CIFAR10_STD
+from ..errors import ConfigError
+from ..inference.forward import gathered, pooled_features
+from ..inference.view import eval_dataset
+from ..models.hub import read_json
+from ..runtime import bare_model
+from .classification.data import in_memory
+from .classification.shards import shard_streams
+from .classification.splits import decode_size_of, index_splits, load_test_data, load_train_val_data
+from .knn import knn_predict
+
+if TYPE_CHECKING:
+    from ..config import Config, DataConfig
+    from ..data.split import SplitIndex
+
+__all__ = ["unlabelled_images", "pretraining_loader", "normalization", "MaskedView", "KNNMonitor", "monitor_loaders",
+           "knn_monitor", "backbone_of", "evaluate_backbone"]
+
+
+def unlabelled_images(d: DataConfig) -> SplitIndex:
+    """The training split of ``d`` listed without its labels (every label 0): for ``imagefolder`` every image under
+    ``data.root/<data.train_split>`` (or ``data.root``), in folders of any kind; a Hugging Face split with no label
+    column too."""
+    from ..data.folder import index_image_tree
+    from ..data.sources import index_split
+
+    if d.dataset == "imagefolder":
+        return index_image_tree(Path(d.root).expanduser(), d.train_split, d.exif_transpose)
+    index = index_split(d.dataset, d.root, d.train_split, download=d.download, image_key=d.image_key,
+                        label_key=d.label_key, exif_transpose=d.exif_transpose, labelled=False)
+    index.labels = torch.zeros(len(index), dtype=torch.long)  # not read: pretraining sees no labels
+    return index
+
+
+def normalization(cfg: Config, resume_from: Path | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The images' normalization: a resumed run's own; else ``data.mean`` / ``data.std`` where set, else CIFAR-10's.
+
+    Raises:
+        ConfigError: one line, if a resumed run is given other statistics than it started with.
+    """
+    d = cfg.data
+    if resume_from is not None:
+        meta = read_json(resume_from / "config.json")
+        for key in ("mean", "std"):
+            given = getattr(d, key)
+            if given is not None and tuple(given) != tuple(meta[key]):
+                raise ConfigError(f"data.{key}={list(given)} differs from the run's {list(meta[key])} (its checkpoint "
+                                  f"{resume_from}); resume with the run's statistics, or start a new run")
+        return tuple(meta["mean"]), tuple(meta["std"])
+    return tuple(d.mean or CIFAR10_MEAN), tuple(d.std or CIFAR10_STD)
+
+
+def pretraining_loader(cfg: Config, accelerator: Accelerator, micro_batch: int, size: tuple[int, int],
+                       make_view: Callable[[tuple[int, int] | None], Callable[[Any], Any]], resume_from: Path | None,
+                       lazy: bool = False) -> tuple[Any, bool, int, dict[str, Any]]:
+    """The training loader of a self-supervised run: its images (:func:`unlabelled_images`, or shards) through
+    the view ``make_view(stored)`` makes for images stored at a size (None: each its own; each sample's view drawn
+    from the run's seed, the epoch and the sample); whether Accelerate shards it; the images an epoch; what a resumed
+    run keeps (the shards' partitions). ``lazy``: the view decodes each streamed file itself (random resized crops
+    at the scale they need)."""
+    d, t = cfg.data, cfg.train
+    if streamed_in_shards(d):
+        view = make_view(decode_size_of(d, size, keep_in_memory=False))
+        kept = read_json(resume_from / "trainer_state.json").get("data", {}) if resume_from is not None else {}
+        streams, _ = shard_streams(d, t.seed, size, micro_batch // accelerator.num_processes,
+                                   accelerator.num_processes, accelerator.process_index, splits=("train",),
+                                   partitions=kept.get("partitions", 0), train_view=view)
+        train = streams["train"]
+        accelerator.print(f"data: {train.total:,} images in {len(train.segments)} shards, without labels")
+        return ShardLoader(train, accelerator.device, accelerator.device.type == "cuda"), False, \
+            train.samples_per_epoch, {"partitions": train.plan.partitions}
+    index = unlabelled_images(d)
+    keep, where = in_memory(d, index, index.subset(torch.zeros(0, dtype=torch.long), ""), size)
+    accelerator.print(f"{where}; {len(index):,} images, without labels ({index.where})")
+    data = index.load(decode_size_of(d, size, keep), d.train_subset, t.seed, keep, d.scaled_decode,
+                      d.cache_dir or None)
+    view = make_view(tuple(data.images.shape[-2:]) if d.train_crop == "pad" else None)
+    dataset = TensorImageDataset(data, view, seed=t.seed, lazy=lazy)
+    loader = DataLoader(dataset, batch_size=micro_batch, shuffle=True, drop_last=True, num_workers=d.num_workers,
+                        pin_memory=accelerator.device.type == "cuda", persistent_workers=d.num_workers > 0)
+    if len(loader) == 0:
+        raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(dataset)} training images")
+    return loader, True, len(dataset), {}
+
+
+class MaskedView:
+    """A view and its masking noise: ``(view(image), uniform noise (num_patches,))``, both drawn where the sample's
+    generator is (:func:`~vitlab.data.images.seeded_transform`): each image's mask is a function of the run's seed,
+    the epoch and the image, as MAE's argsort of noise turns it into kept and hidden patches. Pickles."""
+
+    def __init__(self, view: Callable[[Any], Tensor], num_patches: int) -> None:
+        self.view, self.num_patches = view, num_patches
+
+    def __call__(self, image: Any) -> tuple[Tensor, Tensor]:
+        return self.view(image), torch.rand(self.num_patches)
+
+
+@dataclasses.dataclass
+class KNNMonitor:
+    """A labelled bank and its queries, prepared loaders of evaluation's view: what :func:`knn_monitor` scores."""
+
+    bank: Any
+    queries: Any
+    num_classes: int
+    num_workers: int = 0  # the loop's worker handling leaves it alone
+
+    def shutdown_workers(self) -> None:
+        """Nothing to end: the monitor reads decoded images in the main process."""
+
+
+def monitor_loaders(cfg: Config, accelerator: Accelerator, size: tuple[int, int], batch_size: int,
+                    k: int = 0) -> dict[str, KNNMonitor]:
+    """The k-NN monitor's loaders (``monitor.*``; none without ``monitor.root``): its training split is the bank,
+    its queries are ``monitor.val_size`` images held out of it (``'val'``, which picks ``best/``) and its test split
+    (``'test'``, reported only), decoded into memory at the size training stores its images. ``k``: the neighbours
+    that will vote, for the line that says so (0: ``monitor.k``)."""
+    m, d = cfg.monitor, cfg.data
+    if not m.root:
+        return {}
+    labelled = dataclasses.replace(d, dataset=m.dataset, root=m.root, train_split=m.train_split,
+                                   test_split=m.test_split, val_size=m.val_size, train_subset=m.train_subset,
+                                   test_subset=m.test_subset, test_size=0, streaming=False, in_memory=True,
+                                   multi_label=False, download=False)
+    train_index, test_index = index_splits(labelled, seed=cfg.train.seed)
+    bank, val = load_train_val_data(labelled, cfg.train.seed, size, train_index)
+    test = load_test_data(labelled, cfg.train.seed, size, test_index)
+    crop_pct = d.crop_pct if d.train_crop != "pad" else None
+    prepare = lambda data: accelerator.prepare(DataLoader(eval_dataset(data, size, crop_pct), batch_size=batch_size))
+    monitors = {"test": KNNMonitor(prepare(bank), prepare(test), len(bank.classes))}
+    if val is not None:
+        monitors["val"] = KNNMonitor(prepare(bank), prepare(val), len(bank.classes))
+    accelerator.print(f"monitor: k-NN (k={k or m.k}) of the {len(bank.labels):,} labelled images of {train_index.where} "
+                      + (f"for {len(val.labels):,} held out of them (val) and " if val is not None else "for ")
+                      + f"{len(test.labels):,} of {test_index.where} (test), by the backbone's pooled features")
+    return monitors
+
+
+def backbone_of(net: nn.Module, accelerator: Accelerator) -> nn.Module:
+    """The backbone whose features a self-supervised model is worth (:meth:`backbone`), under its wrappers."""
+    return bare_model(net, accelerator).backbone()
+
+
+def knn_monitor(backbone: nn.Module, monitor: KNNMonitor, accelerator: Accelerator,
+                model_input: Callable[[Tensor], Tensor], k: int) -> dict[str, float]:
+    """The top-1 of the queries by the vote of their ``k`` nearest bank images (cosine similarity of the pooled
+    features, votes weighted by ``exp(similarity / 0.07)``: :func:`~vitlab.tasks.knn.knn_predict`)."""
+    compute = lambda net, images: pooled_features(net, images).float()
+    bank, bank_labels = gathered(backbone, monitor.bank, accelerator, compute, model_input)
+    queries, labels = gathered(backbone, monitor.queries, accelerator, compute, model_input)
+    predicted = knn_predict(bank, bank_labels, queries, monitor.num_classes, k)
+    return {"knn_top1": (predicted == labels).double().mean().item()}
+
+
+def evaluate_backbone(cfg: Config, model: nn.Module, split: str, k: int, batch_size: int,
+                      where: str) -> dict[str, Any]:
+    """``vitlab eval --knn K`` of a self-supervised run (``model``, loaded, from ``where``): the k-NN top-1 of its
+    backbone's pooled features on ``split`` of the run's ``monitor.*`` labelled data (``test``: its test split;
+    ``val``: the ``monitor.val_size`` images held out of the bank), the bank its training split.
+
+    Raises:
+        ConfigError: one line, before any image is read: no ``--knn`` (the model has no head), no
+            ``monitor.root``, ``split`` 'train' (the bank itself), 'val' without ``monitor.val_size``.
+    """
+    from ..data.transforms import ModelInput
+    from ..runtime import create_accelerator
+
+    if not k:
+        raise ConfigError(f"{where} holds a task: {cfg.task} run, a backbone without a head: score its features with "
+                          f"--knn K (the vote of the K nearest of monitor.root's labelled images, e.g. --knn 20), or "
+                          f"fine-tune it: train.py task=classification model.pretrained={where}")
+    if not cfg.monitor.root:
+        raise ConfigError(f"--knn {k}: {where} was trained without labels, and its run names no labelled images to "
+                          f"vote: add monitor.root=DIR (a folder of class folders with {cfg.monitor.train_split}/ and "
+                          f"{cfg.monitor.test_split}/, or monitor.dataset=hf|cifar10|csv)")
+    if split == "train" or (split == "val" and not cfg.monitor.val_size):
+        raise ConfigError(f"--split {split}: a self-supervised run's k-NN votes with its monitor's training split (the "
+                          f"bank); score --split test, or --split val with monitor.val_size=N (images held out of it)")
+    accelerator = create_accelerator(cfg.train.mixed_precision)
+    info = model.pretrained_cfg
+    monitors = monitor_loaders(cfg, accelerator, tuple(info["input_size"][1:]), batch_size, k)
+    backbone = accelerator.prepare(model.backbone())
+    metrics = knn_monitor(backbone, monitors[split], accelerator, ModelInput(info["mean"], info["std"]), k)
+    return {**metrics, "knn_k": k, "knn_train_images": len(monitors[split].bank.dataset),
+            "num_images": len(monitors[split].queries.dataset)}
