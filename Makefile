@@ -25,8 +25,8 @@ docs: $(VENV)/.installed-dev
 
 # The suite against the lowest version of every direct dependency pyproject.toml admits (uv's
 # lowest-direct resolution: direct dependencies at their lower bounds, the others at their newest),
-# in a virtual environment of its own, without the export extra (its floor needs a newer torch; the
-# ONNX tests skip there). Not part of CI (see the README for its time).
+# in a virtual environment of its own, with the test extra alone (what needs another extra skips). Not part
+# of CI (docs/development.md has its time).
 LOWEST := .venv-lowest
 test-lowest: $(LOWEST)/.installed
 	$(LOWEST)/bin/python -m pytest -n auto --dist loadfile $(ARGS)

@@ -270,6 +270,31 @@ def test_the_teacher_runs_without_drop_path_in_training_mode():
     assert not torch.equal(model([images]), model([images]))  # the student's drop path draws anew
 
 
+def test_dino_views_are_two_large_and_n_small_of_whole_patches_drawn_from_the_samples_generator():
+    from torchvision.transforms import v2
+
+    from vitlab.config.sections import DINOConfig
+    from vitlab.data.images import seeded_transform
+    from vitlab.tasks.dino import dino_views, local_view_size
+
+    s = DINOConfig(local_crops=3)
+    assert local_view_size((32, 32), 4, s) == 12 and local_view_size((224, 224), 16, s) == 96  # DINO's 96 of 224
+    image = torch.randint(0, 256, (3, 40, 40), dtype=torch.uint8)
+    views = dino_views((32, 32), 12, s)(image)
+    assert [tuple(v.shape) for v in views] == [(3, 32, 32)] * 2 + [(3, 12, 12)] * 3
+    assert all(v.dtype == torch.uint8 for v in views)
+    blurs = lambda view: [t for t in view.transforms if isinstance(t, v2.RandomApply)
+                          and isinstance(t.transforms[0], v2.GaussianBlur)]
+    made = dino_views((32, 32), 12, s)
+    assert [len(blurs(t)) for t in (*made.large, made.small)] == [1, 1, 1]
+    unblurred = dino_views((32, 32), 12, DINOConfig(blur=False))
+    assert [len(blurs(t)) for t in (*unblurred.large, unblurred.small)] == [0, 0, 0]
+    # the same sample, epoch and seed: the same views, wherever and whenever they are drawn
+    draw = lambda epoch: seeded_transform(made, image, 0, epoch, 7)
+    assert all(torch.equal(a, b) for a, b in zip(draw(1), draw(1))) and not all(
+        torch.equal(a, b) for a, b in zip(draw(1), draw(2)))
+
+
 # ---- training runs -----------------------------------------------------------------------------------------------
 
 def ssl_overrides(kind: str, data: Path, output_dir: Path, *extra: str, monitor: Path | None = None) -> list[str]:

@@ -323,6 +323,7 @@ class DINOConfig:
     local_crops: int = 6                                    # small views (DINO: 10 at ImageNet's size)
     local_crops_scale: tuple[float, float] = (0.05, 0.4)
     local_size: int = 0                                     # the small views' side in px, whole patches; 0: ~3/7 of the input's
+    blur: bool = True                 # DINO's Gaussian blur of the views; false for tiny images (SimCLR's CIFAR views)
     momentum_teacher: float = 0.996   # the teacher's momentum at the first step; to 1 on a half cosine
     teacher_temp: float = 0.04        # the teacher's sharpening temperature after its warmup (DINO: 0.04-0.07)
     warmup_teacher_temp: float = 0.04

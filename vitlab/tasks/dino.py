@@ -66,16 +66,17 @@ def dino_views(size: tuple[int, int], local: int, s: DINOConfig) -> MultiCropVie
     """DINO's views (``DataAugmentationDINO``) of uint8 images, for a model of input ``size``: random resized crops
     (bicubic) of ``dino.global_crops_scale`` at ``size`` and of ``dino.local_crops_scale`` at ``local`` px
     (:func:`local_view_size`), each flipped, colour-jittered (0.4, 0.4, 0.2, 0.1; p 0.8), made grey
-    (p 0.2) and blurred (p 1.0, 0.1 and 0.5 for the first large, the second large and the small views), the second
-    large one solarized (p 0.2)."""
+    (p 0.2) and blurred (p 1.0, 0.1 and 0.5 for the first large, the second large and the small views; not with
+    ``dino.blur`` false), the second large one solarized (p 0.2)."""
     jitter = [v2.RandomHorizontalFlip(), v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
               v2.RandomGrayscale(p=0.2)]
     crop = lambda side, scale: v2.RandomResizedCrop(side, scale=scale, interpolation=v2.InterpolationMode.BICUBIC,
                                                     antialias=True)
-    first = v2.Compose([crop(size, s.global_crops_scale), *jitter, _blur(size[0], 1.0)])
-    second = v2.Compose([crop(size, s.global_crops_scale), *jitter, _blur(size[0], 0.1),
+    blur = (lambda side, p: [_blur(side, p)]) if s.blur else (lambda side, p: [])
+    first = v2.Compose([crop(size, s.global_crops_scale), *jitter, *blur(size[0], 1.0)])
+    second = v2.Compose([crop(size, s.global_crops_scale), *jitter, *blur(size[0], 0.1),
                          v2.RandomSolarize(128, p=0.2)])
-    small = v2.Compose([crop((local, local), s.local_crops_scale), *jitter, _blur(local, 0.5)])
+    small = v2.Compose([crop((local, local), s.local_crops_scale), *jitter, *blur(local, 0.5)])
     return MultiCropView([first, second], small, s.global_crops, s.local_crops)
 
 
