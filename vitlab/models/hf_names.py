@@ -3,6 +3,8 @@ transformers), used by every converter of a transformers ViT, DeiT or ViTMAE (:m
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor, nn
 
@@ -27,21 +29,29 @@ def _hf_names(base: nn.Module) -> tuple[str, list[str], dict[str, str]]:
     return _HF_NAMES[5] if hasattr(base, "layers") else _HF_NAMES[4]
 
 
+def _block_names(base: nn.Module, depth: int, theirs: str | None,
+                 ours: str) -> Iterator[tuple[list[str], str, dict[str, str]]]:
+    """For each of ``depth`` layers and each of weight and bias: transformers' query, key and value names, vitlab's
+    ``qkv`` name, and the other parameters' names (theirs: ours), as :func:`hf_blocks_to_vitlab` reads them."""
+    prefix, qkv, rest = _hf_names(base)
+    prefix = theirs or prefix
+    for i in range(depth):
+        layer = prefix.format(i=i)
+        for kind in ("weight", "bias"):
+            yield ([f"{layer}{p}.{kind}" for p in qkv], f"{ours}.{i}.attn.qkv.{kind}",
+                   {f"{layer}{name}.{kind}": f"{ours}.{i}.{mine}.{kind}" for name, mine in rest.items()})
+
+
 def hf_blocks_to_vitlab(state: dict[str, Tensor], base: nn.Module, depth: int, theirs: str | None = None,
                         ours: str = "blocks") -> dict[str, Tensor]:
     """``depth`` transformers ViT layers taken out of ``state`` (a release's names, read from ``base``; under
     ``theirs``, e.g. ``'decoder_layers.{i}.'``, instead of its encoder's prefix) as vitlab :class:`Block` weights
     under ``ours``: query, key and value concatenated into one ``qkv`` (their biases where there are any)."""
-    prefix, qkv, rest = _hf_names(base)
-    prefix = theirs or prefix
     out = {}
-    for i in range(depth):
-        layer = prefix.format(i=i)
-        for kind in ("weight", "bias"):
-            if f"{layer}{qkv[0]}.{kind}" in state:
-                out[f"{ours}.{i}.attn.qkv.{kind}"] = torch.cat([state.pop(f"{layer}{p}.{kind}") for p in qkv])
-            for name, mine in rest.items():
-                out[f"{ours}.{i}.{mine}.{kind}"] = state.pop(f"{layer}{name}.{kind}")
+    for their_qkv, our_qkv, others in _block_names(base, depth, theirs, ours):
+        if their_qkv[0] in state:
+            out[our_qkv] = torch.cat([state.pop(name) for name in their_qkv])
+        out.update({mine: state.pop(name) for name, mine in others.items()})
     return out
 
 
@@ -49,17 +59,11 @@ def vitlab_blocks_to_hf(mine: dict[str, Tensor], base: nn.Module, depth: int, th
                         ours: str = "blocks") -> dict[str, Tensor]:
     """The inverse of :func:`hf_blocks_to_vitlab`: vitlab's ``depth`` blocks under ``ours`` as transformers'
     layers (``base``'s release's names, under ``theirs`` or its encoder's prefix)."""
-    prefix, qkv, rest = _hf_names(base)
-    prefix = theirs or prefix
     out = {}
-    for i in range(depth):
-        layer = prefix.format(i=i)
-        for kind in ("weight", "bias"):
-            if f"{ours}.{i}.attn.qkv.{kind}" in mine:
-                for p, part in zip(qkv, mine[f"{ours}.{i}.attn.qkv.{kind}"].chunk(3)):
-                    out[f"{layer}{p}.{kind}"] = part
-            for name, own in rest.items():
-                out[f"{layer}{name}.{kind}"] = mine[f"{ours}.{i}.{own}.{kind}"]
+    for their_qkv, our_qkv, others in _block_names(base, depth, theirs, ours):
+        if our_qkv in mine:
+            out.update(zip(their_qkv, mine[our_qkv].chunk(3)))
+        out.update({name: mine[own] for name, own in others.items()})
     return out
 
 
