@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> None:
         sys.stderr.write(done.stderr[-3000:])
         raise SystemExit(done.returncode)
     if args.arm == "dino_knn":
-        result = json.loads((Path(args.out) / f"dino_knn_s{args.seed}.json").read_text())
+        result = json.loads(Path(cmd[cmd.index("--output") + 1]).read_text())
     else:
         result = json.loads(done.stdout.strip().splitlines()[-1])
     record = {"arm": args.arm + args.tag, "seed": args.seed, "seconds": round(seconds, 1), "command": shlex.join(cmd),

@@ -165,19 +165,17 @@ def _shortened(args: list[str], cwd: Path, shared: Path) -> list[str]:
     task, data = _config_task(args, cwd)
     task = next((a.split("=", 1)[1] for a in args if a.startswith("task=")), task)
     extra = ["train.epochs=1"]
+    if (task in ("classification", "mae", "dino") and "data.dataset" not in given
+            and data.get("dataset", "cifar10") == "cifar10" and "--config" in args):  # the shared copy, not a download
+        copy = shared / "cifar10" if (shared / "cifar10").is_dir() else shared / "standin"
+        extra += ["data.dataset=imagefolder", f"data.root={copy}"]
     if task == "classification":
         extra += ["data.train_subset=40", "data.test_subset=20", "train.batch_size=20", "data.num_workers=0"]
         if "data.val_size" in given or data.get("val_size"):
             extra.append("data.val_size=10")
-        if "data.dataset" not in given and data.get("dataset", "cifar10") == "cifar10" and "--config" in args:
-            copy = shared / "cifar10" if (shared / "cifar10").is_dir() else shared / "standin"
-            extra += ["data.dataset=imagefolder", f"data.root={copy}"]
     elif task in ("mae", "dino"):  # pretraining: tiny subsets of its images and of its k-NN monitor's
         extra += ["data.train_subset=40", "train.batch_size=20", "data.num_workers=0", "monitor.train_subset=40",
                   "monitor.test_subset=20"]
-        if "data.dataset" not in given and data.get("dataset", "cifar10") == "cifar10" and "--config" in args:
-            copy = shared / "cifar10" if (shared / "cifar10").is_dir() else shared / "standin"
-            extra += ["data.dataset=imagefolder", f"data.root={copy}"]
     elif task == "seq2seq":
         extra += ["generate.eval_subset=8"]
         if data.get("dataset") != "parallel":
