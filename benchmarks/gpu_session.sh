@@ -20,6 +20,11 @@
 #   collect5  wait for that run (at most $1 s), vitlab eval --tta flip of it, vitlab predict's images/s at bf16
 #             on the 10,000 test images; $2 = bench: then bench_model (vit_small_patch16_224, batch 256, bf16,
 #             compiled) against timm
+# Session 6 (issue 63), one call: backbone6 unpacks .gpu/c10_backbone.webp.0 (benchmarks/inspect_cifar10.py
+#   backbone-list, then pack_cifar10_webp.py pack --exclude OUT/subset.txt --quality 95: the 40,000 training images
+#   outside the inspect subset and the 10,000 test images, 39 MB), trains configs/vit_cifar10_fast.yaml on them
+#   (train.epochs=$1) with the GPU tests side by side, and sends back the last checkpoint, its weights in float16 in
+#   three parts (the device's files come back at most 16 MiB each).
 # Logs: /tmp/w/logs, copied to $OUT. Python packages the image lacks come as wheels in .whl/.
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -175,6 +180,28 @@ step_collect5() {
     2>/dev/null | cut -c1-300
 }
 
+step_backbone6() {  # [epochs]
+  python3 benchmarks/pack_cifar10_webp.py unpack .gpu/c10_backbone.webp.0 --out $W/c10bb | tee "$LOGS/unpack.log"
+  grep -q a0ba1b96bc878fc109fbda5641c3e65024dfc2c25ab365818241ba583ff8816e "$LOGS/unpack.log" \
+    || { echo "pixel digest differs"; exit 1; }
+  step_tests &
+  local tests=$! start=$(date +%s)
+  timeout 480 python3 train.py --config configs/vit_cifar10_fast.yaml data.dataset=imagefolder data.root=$W/c10bb \
+    data.download=false train.epochs=${1:-200} train.save_every=50 train.output_dir=$W/runs/backbone \
+    > "$LOGS/backbone.log" 2>&1
+  echo "backbone exit $? wall $(( $(date +%s) - start )) s" >> "$LOGS/backbone.log"
+  wait $tests
+  local last=$W/runs/backbone/checkpoints/last
+  python3 -c "import sys, torch; from safetensors.torch import load_file, save_file
+t = {k: v.half() for k, v in load_file(sys.argv[1]).items()}; save_file(t, sys.argv[2])" \
+    $last/model.safetensors $W/model.fp16.safetensors
+  split -n 3 -d $W/model.fp16.safetensors "$OUT/model.fp16.safetensors."
+  cp $last/config.json $last/run_config.yaml $last/trainer_state.json $W/runs/backbone/metrics.jsonl \
+    $W/runs/backbone/summary.json "$LOGS/" 2>/dev/null
+  tar czf "$OUT/logs.tgz" -C $W logs
+  tail -n 5 "$LOGS/backbone.log" | cut -c1-300; tail -n 8 "$LOGS/tests.log" | cut -c1-300
+}
+
 step_collect() {
   local limit=${1:-540} waited=0
   while [ ! -e "$LOGS/done" ] && [ $waited -lt $limit ]; do sleep 10; waited=$((waited + 10)); done
@@ -202,6 +229,7 @@ case "${1:-}" in
           setsid nohup bash $W/gpu_session.sh tests-fg > /dev/null 2>&1 < /dev/null &
           echo "tests started"; head -n 20 "$LOGS/env.txt" ;;
   tests-fg) install_wheels; step_tests ;;
+  backbone6) shift; install_wheels; step_backbone6 "$@" ;;
   stage1) python3 benchmarks/pack_cifar10_webp.py unpack $W/cifar10.webp.0 .gpu/cifar10.webp.1 --out $W/cifar10 \
             | tee "$LOGS/unpack.log"
           grep -q "$CIFAR_DIGEST" "$LOGS/unpack.log" || { echo "pixel digest differs"; exit 1; }

@@ -1,5 +1,5 @@
 """The ``vitlab`` command line: ``train`` (as ``train.py``), and the arguments of ``eval``, ``calibrate``, ``predict``,
-``embed``, ``attention``, ``translate``, ``sample``, ``export``, ``shards`` and ``models``, whose work is in
+``embed``, ``inspect``, ``attention``, ``translate``, ``sample``, ``export``, ``shards`` and ``models``, whose work is in
 :mod:`vitlab.commands`. User errors print one line and exit non-zero."""
 from __future__ import annotations
 
@@ -123,6 +123,41 @@ def _predict_parsers(sub: Any) -> None:
     _image_job_arguments(em)
 
 
+def _inspect_parser(sub: Any) -> None:
+    """``vitlab inspect``."""
+    ins = sub.add_parser("inspect", help="find wrong labels, near-duplicates within a split and between splits "
+                                         "(leaks), outliers and the class balance of a data set (cleanlab on a "
+                                         "checkpoint's features; pip install 'vitlab[inspect]')")
+    ins.add_argument("--checkpoint", required=True, help="whose pooled features to use: a run, a self-supervised "
+                                                         "run, a pretrained or save_pretrained directory")
+    ins.add_argument("--output", required=True, help="the folder to write issues.csv, the picture grids and the "
+                                                     "features into (reused by the next inspection)")
+    ins.add_argument("--knn", type=int, default=0, metavar="K",
+                     help="out-of-sample probabilities from the votes of the K nearest other images of the split "
+                          "(cosine, DINO's weights); the default, with K = 20")
+    ins.add_argument("--folds", type=int, default=0, metavar="K",
+                     help="out-of-sample probabilities from K cross-fitted linear heads on the features (each image's "
+                          "from the head fitted on the other folds)")
+    ins.add_argument("--seed", type=int, default=0, help="--folds: how the images are dealt to the folds")
+    ins.add_argument("--splits", default="", help="the splits to inspect, comma-separated (default: data.train_split "
+                                                  "and data.test_split); leaks are looked for between each pair")
+    ins.add_argument("--duplicate-threshold", type=float, default=None, metavar="R",
+                     help="near-duplicates: the correlation of the aligned 32 x 32 thumbnails at or above which two "
+                          "images are reported (default 0.90)")
+    ins.add_argument("--write-clean", metavar="FILE.csv", help="also write the first split's images without those "
+                                                               "flagged, as a list data.dataset=csv reads")
+    ins.add_argument("--other-classes", action="store_true", help="the checkpoint was trained on other classes "
+                                                                  "than the data's (a pretrained backbone): use its "
+                                                                  "features alone")
+    ins.add_argument("--grid", type=int, default=16, help="images in each kind's picture grid (0: none)")
+    ins.add_argument("--batch-size", type=int, default=64)
+    ins.add_argument("--num-workers", type=int, default=2, help="DataLoader workers reading the images")
+    ins.add_argument("--precision", choices=("run", "no", "bf16", "fp16"), default="run",
+                     help="autocast of the features' forward pass, as vitlab embed's")
+    ins.add_argument("data", nargs="+", metavar="data.key=value", help="the data set, as training names it "
+                                                                       "(data.dataset=csv data.root=DIR ...)")
+
+
 def _eval_parsers(sub: Any) -> None:
     """``vitlab eval`` and ``vitlab calibrate``."""
     ev = sub.add_parser("eval", help="evaluate a checkpoint: top-1/top-5, loss, per-class accuracy, confusion matrix "
@@ -233,7 +268,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vitlab", description="Vision Transformers on one attention core.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("train", help="train (same arguments as train.py: --config FILE [--resume DIR] [key=value ...])")
-    for add in (_eval_parsers, _predict_parsers, _attention_parser, _text_parsers, _tool_parsers):
+    for add in (_eval_parsers, _predict_parsers, _inspect_parser, _attention_parser, _text_parsers,
+                _tool_parsers):
         add(sub)
     args = parser.parse_args(argv)
     from .commands import COMMANDS

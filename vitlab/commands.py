@@ -1,5 +1,5 @@
 """What each ``vitlab`` command does, its arguments parsed (:mod:`vitlab.cli`): ``eval``, ``calibrate``,
-``predict``, ``embed``, ``attention``, ``translate``, ``sample``, ``export``, ``models``, ``shards``. Thin: each
+``predict``, ``embed``, ``inspect``, ``attention``, ``translate``, ``sample``, ``export``, ``models``, ``shards``. Thin: each
 calls the library."""
 from __future__ import annotations
 
@@ -142,6 +142,18 @@ def _embed(args: argparse.Namespace) -> None:
     _end_processes()
 
 
+def _inspect(args: argparse.Namespace) -> None:
+    from .checkpoint import load_model
+    from .inspection import inspect_data
+    from .inspection.duplicates import DUPLICATE_THRESHOLD
+
+    threshold = DUPLICATE_THRESHOLD if args.duplicate_threshold is None else args.duplicate_threshold
+    inspect_data(load_model(args.checkpoint), args.data, args.output, splits=[s for s in args.splits.split(",") if s],
+                 knn=args.knn, folds=args.folds, seed=args.seed, duplicate_threshold=threshold,
+                 write_clean_to=args.write_clean, other_classes=args.other_classes, batch_size=args.batch_size,
+                 num_workers=args.num_workers, precision=args.precision, grid=args.grid)
+
+
 def _attention(args: argparse.Namespace) -> None:
     from .checkpoint import load_model
     from .data.decode import open_image
@@ -236,5 +248,6 @@ def _shards(args: argparse.Namespace) -> None:
 
 
 # The command of each name (``vitlab <name>``; ``train`` is :func:`vitlab.cli.train_main`).
-COMMANDS = {"eval": _eval, "calibrate": _calibrate, "predict": _predict, "embed": _embed, "attention": _attention,
+COMMANDS = {"eval": _eval, "calibrate": _calibrate, "predict": _predict, "embed": _embed, "inspect": _inspect,
+            "attention": _attention,
             "translate": _translate, "sample": _sample, "export": _export, "models": _models, "shards": _shards}

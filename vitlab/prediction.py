@@ -40,7 +40,8 @@ from .progress import Progress
 from .runtime import autocast_dtype, default_device, listed_once, processes
 from .tasks.classification import streamed_in_shards
 
-__all__ = ["list_images", "data_split", "predict_images", "embed_images", "default_device", "autocast_dtype",
+__all__ = ["list_images", "data_split", "image_dataset", "predict_images", "embed_images", "default_device",
+           "autocast_dtype",
            "FORMATS", "EMBED_FORMATS"]
 
 FORMATS = (".csv", ".jsonl", ".parquet")
@@ -164,14 +165,15 @@ class _Guarded(Dataset):
 
 def embed_images(model: nn.Module, inputs: list[str], output: str | Path, batch_size: int = 64,
                  num_workers: int = 2, device: str | torch.device | None = None,
-                 stop_after_batches: int | None = None, data: Sequence[str] = (), split: str = "",
-                 precision: str = "run") -> dict[str, int]:
+                 stop_after_batches: int | None = None, data: Sequence[str] | SplitIndex | ShardIndex = (),
+                 split: str = "", precision: str = "run") -> dict[str, int]:
     """The pooled pre-logits features (:func:`~vitlab.tasks.knn.pooled_features`: what a backbone is used for
     besides its head, search, clustering, deduplication) of every image ``inputs`` name, as
     :func:`predict_images` reads and batches them (eval's preprocessing, any number of processes, a stopped job
     continued), into ``output``: ``.parquet`` or ``.jsonl`` rows (``image``, ``embedding``; or ``error``), or a
     ``.npy`` float32 array ``(N, E)`` (NaN rows for unreadable images) with the paths in ``<name>.paths.txt``.
-    ``data``, ``split``: a data set's split instead, as :func:`predict_images` reads one."""
+    ``data``, ``split``: a data set's split instead, as :func:`predict_images` reads one (or ``data``: a split
+    already listed)."""
     return predict_images(model, inputs, output, batch_size, num_workers, device=device,
                           stop_after_batches=stop_after_batches, embed=True, data=data, split=split,
                           precision=precision)
@@ -206,11 +208,12 @@ def _check_request(model: nn.Module, out: Path | None, topk: int, embed: bool, i
     return list(names)
 
 
-def _listing(model: nn.Module, inputs: list[str], data: Sequence[str], split: str,
+def _listing(model: nn.Module, inputs: list[str], data: Sequence[str] | SplitIndex | ShardIndex, split: str,
              world: int) -> tuple[SplitIndex | ShardIndex | None, list[str]]:
     """The data set's listing (None for files) and every image's name, in the job's order. A data set's split is
     listed by every process (its listing holds readers, which do not travel); files by process 0 alone."""
-    index = data_split(model, list(data), split) if data else None
+    index = data if isinstance(data, (SplitIndex, ShardIndex)) else data_split(model, list(data), split) if data \
+        else None
     if isinstance(index, ShardIndex):  # a sample of shards is named by its shard and its position in it
         return index, [f"{Path(url).name}:{i}" for url, count in zip(index.urls, index.counts) for i in range(count)]
     if index is not None:
@@ -218,7 +221,7 @@ def _listing(model: nn.Module, inputs: list[str], data: Sequence[str], split: st
     return None, listed_once(lambda: list_images(inputs), world)
 
 
-def _images(model: nn.Module, index: SplitIndex | ShardIndex | None, files: list[str], ids: list[int],
+def image_dataset(model: nn.Module, index: SplitIndex | ShardIndex | None, files: list[str], ids: list[int],
             batch_size: int, tta: str) -> Any:
     """This process's images ``ids`` (positions in ``files``) as evaluation shows them (:mod:`vitlab.inference.view`;
     five-crop TTA's larger view), an unreadable one as zeros and its error."""
@@ -237,7 +240,8 @@ def _images(model: nn.Module, index: SplitIndex | ShardIndex | None, files: list
 def predict_images(model: nn.Module, inputs: list[str], output: str | Path | None = None, batch_size: int = 64,
                    num_workers: int = 2, topk: int = 5, device: str | torch.device | None = None,
                    stop_after_batches: int | None = None, tta: str = "none", embed: bool = False,
-                   data: Sequence[str] = (), split: str = "", precision: str = "run") -> dict[str, int]:
+                   data: Sequence[str] | SplitIndex | ShardIndex = (), split: str = "",
+                   precision: str = "run") -> dict[str, int]:
     """Predict every image ``inputs`` name (:func:`list_images`), or, with ``data`` (``data.*`` keys as in
     training), every image of that data set's ``split`` (:func:`data_split`), with ``model`` (from
     :func:`vitlab.load_model`), ``batch_size`` at a time, read by ``num_workers`` DataLoader workers, on ``device``
@@ -285,7 +289,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
         else 0
     todo = files[done:]
     mine = [i for i in range(len(todo)) if i // batch_size % world == rank]  # my part of every global batch
-    loader = iter(DataLoader(_images(model, index, files, [done + i for i in mine], batch_size, tta),
+    loader = iter(DataLoader(image_dataset(model, index, files, [done + i for i in mine], batch_size, tta),
                              batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda"))
     sink = open_partial(partial, job, header if lines == ".csv" else "", done) if rank == 0 else None
     predict = _BatchPredictor(model, device, dtype, chunk, tta, embed, names, k)

@@ -36,6 +36,10 @@ class FolderFiles:
     def open(self, i: int) -> Image.Image:
         return open_image(self.files[i], exif_transpose=self.exif_transpose)
 
+    def path(self, i: int) -> Path:
+        """File ``i`` as the listing found it."""
+        return self.files[i]
+
     def encoded(self, i: int) -> bytes:
         return self.files[i].read_bytes()
 
@@ -100,7 +104,7 @@ def index_imagefolder(root: Path, split: str, classes: list[str] | None = None,
     labels, classes = label_indices(names, classes if classes is not None else folders, where)
     reader = FolderFiles(files, exif_transpose, split_dir)
     return SplitIndex(labels, classes, reader.open, where, encoded=reader.encoded, read=reader.read, key=reader.key,
-                      upright=exif_transpose, stamp=reader.stamp)
+                      upright=exif_transpose, stamp=reader.stamp, path=reader.path)
 
 
 def index_image_tree(root: Path, split: str, exif_transpose: bool = True) -> SplitIndex:
@@ -124,7 +128,7 @@ def index_image_tree(root: Path, split: str, exif_transpose: bool = True) -> Spl
     where = f"the images under {str(top)!r}"
     return SplitIndex(torch.zeros(len(files), dtype=torch.long), ["image"], reader.open, where,
                       encoded=reader.encoded, read=reader.read, key=reader.key, upright=exif_transpose,
-                      stamp=reader.stamp)
+                      stamp=reader.stamp, path=reader.path)
 
 
 def index_cifar10(root: Path, split: str, download: bool) -> SplitIndex:

@@ -51,6 +51,8 @@ class SplitIndex:
         upright: Whether its image files are read upright by their EXIF orientation (``data.exif_transpose``).
         stamp: ``stamp(i)`` -> what changes when sample ``i``'s file does (its size and modification time),
             where the source has files: what a decode cache (``data.cache_dir``) is checked against.
+        path: ``path(i)`` -> sample ``i``'s file, where the source has files (what ``vitlab inspect
+            --write-clean`` lists).
     """
 
     labels: Tensor
@@ -64,6 +66,7 @@ class SplitIndex:
     held_out: dict[str, Any] | None = None
     upright: bool = True
     stamp: Callable[[int], str] | None = None
+    path: Callable[[int], Path] | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -74,7 +77,8 @@ class SplitIndex:
         pick = [None if f is None else Picked(f, ids) for f in (self.encoded, self.read)]
         return SplitIndex(self.labels[ids], self.classes, Picked(self.open, ids), where,
                           None if self.pixels is None else self.pixels[ids], *pick, Picked(self.key, ids),
-                          upright=self.upright, stamp=None if self.stamp is None else Picked(self.stamp, ids))
+                          upright=self.upright, stamp=None if self.stamp is None else Picked(self.stamp, ids),
+                          path=None if self.path is None else Picked(self.path, ids))
 
     def decode(self, i: int, size: tuple[int, int] | None, scaled: bool = False) -> Tensor:
         """Sample ``i`` as uint8 RGB ``(3, H, W)``, resized (PIL's bicubic) to ``size`` if given (a source

@@ -103,7 +103,7 @@ def index_csv(root: Path, split: str, classes: list[str] | None = None, exif_tra
         labels, classes = label_indices([labels[0] for labels in label_lists], classes, where)
     reader_ = FolderFiles(files, exif_transpose, root)
     return SplitIndex(labels, classes, reader_.open, where, encoded=reader_.encoded, read=reader_.read,
-                      key=reader_.key, upright=exif_transpose, stamp=reader_.stamp)
+                      key=reader_.key, upright=exif_transpose, stamp=reader_.stamp, path=reader_.path)
 
 
 def one_hot_index(index: SplitIndex) -> SplitIndex:

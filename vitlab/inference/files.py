@@ -123,21 +123,28 @@ def to_parquet(partial: Path, out: Path) -> None:
 
 def to_npy(partial: Path, out: Path) -> None:
     """The finished job's embeddings as one float32 array ``(N, E)`` in ``out`` (a row of NaN for an image that
-    could not be read) and their paths, a line each in the same order, in ``out``'s ``.paths.txt``."""
+    could not be read) and their paths, a line each in the same order, in ``out``'s ``.paths.txt``. Read a row at
+    a time, twice (the shape, then the rows into the file), so the memory it takes is a row's, not the array's."""
     import numpy as np
 
-    rows = [json.loads(line) for line in partial.read_text().splitlines()]
-    width = next((len(r["embedding"]) for r in rows if "embedding" in r), 0)
-    array = np.full((len(rows), width), np.nan, dtype=np.float32)
-    for i, r in enumerate(rows):
-        if "embedding" in r:
-            array[i] = r["embedding"]
+    rows, width = 0, 0
+    with open(partial) as f:
+        for line in f:
+            rows += 1
+            if not width and '"embedding"' in line:
+                width = len(json.loads(line)["embedding"])
     paths = out.with_suffix(".paths.txt")
-    paths.with_name(paths.name + ".tmp").write_text("".join(r["image"] + "\n" for r in rows))
-    with open(out.with_name(out.name + ".tmp"), "wb") as f:
-        np.save(f, array)
+    tmp = out.with_name(out.name + ".tmp")
+    array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(rows, width))
+    with open(partial) as f, open(paths.with_name(paths.name + ".tmp"), "w") as names:
+        for i, line in enumerate(f):
+            row = json.loads(line)
+            array[i] = row["embedding"] if "embedding" in row else np.nan
+            names.write(row["image"] + "\n")
+    array.flush()
+    del array
     os.replace(paths.with_name(paths.name + ".tmp"), paths)
-    os.replace(out.with_name(out.name + ".tmp"), out)
+    os.replace(tmp, out)
     partial.unlink()
 
 

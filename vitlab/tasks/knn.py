@@ -1,7 +1,10 @@
 """k-nearest-neighbour classification by a backbone's features (DINO's protocol, Caron et al. 2021): what a
 model's pooled pre-logits features are worth without its head. Each evaluated image votes among the ``k``
 training images most like it (cosine similarity of L2-normalized features), each neighbour's vote weighted by
-``exp(similarity / T)`` (``T = 0.07``), for its class; the class with the most weight wins."""
+``exp(similarity / T)`` (``T = 0.07``), for its class; the class with the most weight wins. The share of the
+weight each class gets is the vote's class probabilities (:func:`knn_probabilities`; of a multi-label bank, the
+share of the weight of the neighbours showing each class), out of sample when each image leaves itself out of the
+vote (``leave_one_out``): what ``vitlab inspect --knn`` gives cleanlab."""
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -13,7 +16,8 @@ from torch import Tensor, nn
 
 from ..inference.forward import gathered, pooled_features
 
-__all__ = ["pooled_features", "collect_features", "knn_predict"]  # pooled_features: vitlab.inference's
+# pooled_features: vitlab.inference's
+__all__ = ["pooled_features", "collect_features", "knn_predict", "knn_probabilities"]
 
 
 def collect_features(model: nn.Module, loader: Any, accelerator: Accelerator,
@@ -24,16 +28,32 @@ def collect_features(model: nn.Module, loader: Any, accelerator: Accelerator,
     return gathered(model, loader, accelerator, lambda net, images: pooled_features(net, images).float(), model_input)
 
 
+def knn_probabilities(train_features: Tensor, train_labels: Tensor, features: Tensor, num_classes: int, k: int = 20,
+                      temperature: float = 0.07, chunk: int = 1024, leave_one_out: bool = False) -> Tensor:
+    """Each row of ``features`` ``(M, E)`` voted on by its ``k`` nearest ``train_features`` ``(N, E)`` (cosine
+    similarity), each vote weighted by ``exp(similarity / temperature)``: the share of the weight for each class,
+    float32 ``(M, num_classes)``, rows summing to 1. ``train_labels``: class indices ``(N,)``, or multi-hot
+    ``(N, num_classes)`` (then a class's share is that of the neighbours showing it, and rows need not sum to 1).
+    ``leave_one_out``: ``features`` are ``train_features`` themselves, and row ``i`` is voted on without image
+    ``i`` (an out-of-sample probability for every image of the bank)."""
+    train = F.normalize(train_features.float(), dim=1)
+    onehot = train_labels.float() if train_labels.dim() == 2 else F.one_hot(train_labels.long(), num_classes).float()
+    k = min(k, len(train) - int(leave_one_out))
+    shares = []
+    for start in range(0, len(features), chunk):
+        sims = F.normalize(features[start:start + chunk].float(), dim=1) @ train.T
+        if leave_one_out:
+            rows = torch.arange(len(sims))
+            sims[rows, rows + start] = -float("inf")
+        top, index = sims.topk(k, dim=1)
+        weights = ((top - top[:, :1]) / temperature).exp()  # shifted by the nearest: the shares alike, no overflow
+        shares.append(torch.einsum("mk,mkc->mc", weights, onehot[index]) / weights.sum(1, keepdim=True))
+    return torch.cat(shares)
+
+
 def knn_predict(train_features: Tensor, train_labels: Tensor, features: Tensor, num_classes: int, k: int = 20,
                 temperature: float = 0.07, chunk: int = 1024) -> Tensor:
     """Each row of ``features`` ``(M, E)`` classified by its ``k`` nearest ``train_features`` ``(N, E)`` (cosine
-    similarity), their votes for ``train_labels`` weighted by ``exp(similarity / temperature)``: class indices ``(M,)``."""
-    train = F.normalize(train_features.float(), dim=1)
-    votes = []
-    for start in range(0, len(features), chunk):
-        sims = F.normalize(features[start:start + chunk].float(), dim=1) @ train.T
-        top, index = sims.topk(min(k, len(train)), dim=1)
-        weights = (top / temperature).exp()
-        scores = torch.zeros(len(top), num_classes).scatter_add_(1, train_labels[index], weights)
-        votes.append(scores.argmax(1))
-    return torch.cat(votes)
+    similarity), their votes for ``train_labels`` weighted by ``exp(similarity / temperature)``: class indices
+    ``(M,)``, the argmax of :func:`knn_probabilities`."""
+    return knn_probabilities(train_features, train_labels, features, num_classes, k, temperature, chunk).argmax(1)

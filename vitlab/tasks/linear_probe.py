@@ -3,7 +3,8 @@ fitted on the features of a frozen backbone, computed once for every image, as a
 by L-BFGS. The objective is scikit-learn's ``LogisticRegression``'s: the mean cross-entropy plus
 ``l2 / 2 * |W|^2``, the bias not penalised (scikit-learn's ``C = 1 / (l2 N)``), solved in float64 to its optimum,
 so the head is the same whatever the batch size or the number of processes. The L2 strength is chosen on a
-validation split from :data:`L2_GRID` (CLIP sweeps its C alike), or given."""
+validation split from :data:`L2_GRID` (CLIP sweeps its C alike), or given. Multi-hot labels ``(N, K)`` make it
+scikit-learn's one-vs-rest logistic regression instead: each class's binary cross-entropy, summed over the classes."""
 from __future__ import annotations
 
 import torch
@@ -19,16 +20,22 @@ L2_GRID = tuple(float(f"{10 ** (e / 2):.3g}") for e in range(-12, 3))
 
 
 def probe_loss(features: Tensor, labels: Tensor, weight: Tensor, bias: Tensor, l2: float) -> Tensor:
-    """The objective: mean cross-entropy of ``features @ weight.T + bias`` plus ``l2 / 2 * |weight|^2``."""
-    return F.cross_entropy(features @ weight.T + bias, labels) + 0.5 * l2 * weight.square().sum()
+    """The objective: mean cross-entropy of ``features @ weight.T + bias`` plus ``l2 / 2 * |weight|^2``; for
+    multi-hot ``labels`` ``(N, K)``, the mean over the images of the summed binary cross-entropies of the classes."""
+    logits = features @ weight.T + bias
+    if labels.dim() == 2:
+        data = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction="sum") / len(labels)
+    else:
+        data = F.cross_entropy(logits, labels)
+    return data + 0.5 * l2 * weight.square().sum()
 
 
 def fit_linear_probe(features: Tensor, labels: Tensor, num_classes: int, l2: float,
                      init: tuple[Tensor, Tensor] | None = None, max_iter: int = 1000) -> tuple[Tensor, Tensor]:
     """The head ``weight (K, E)``, ``bias (K,)`` (float32) of the multinomial logistic regression of ``features``
-    ``(N, E)`` on ``labels`` ``(N,)`` with L2 strength ``l2`` (see the module), by full-batch L-BFGS with a
-    strong-Wolfe line search in float64; ``init`` (a previous solution) starts it nearer."""
-    x, y = features.double().cpu(), labels.long().cpu()
+    ``(N, E)`` on ``labels`` ``(N,)`` (multi-hot ``(N, K)``: one-vs-rest) with L2 strength ``l2`` (see the module),
+    by full-batch L-BFGS with a strong-Wolfe line search in float64; ``init`` (a previous solution) starts it nearer."""
+    x, y = features.double().cpu(), (labels.double() if labels.dim() == 2 else labels.long()).cpu()
     weight = torch.zeros(num_classes, x.shape[1], dtype=torch.float64)
     bias = torch.zeros(num_classes, dtype=torch.float64)
     if init is not None:

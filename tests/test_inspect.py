@@ -1,0 +1,298 @@
+"""``vitlab inspect``: out-of-sample probabilities against scikit-learn, the pixel comparison against NumPy, and the
+whole command on a small image set with planted wrong labels, copies across splits and an outlier."""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import make_imagefolder, reset_accelerate, tiny_overrides
+
+pytest.importorskip("cleanlab.datalab.datalab", reason="vitlab[inspect] (cleanlab's Datalab) is not installed")
+
+
+# -- out-of-sample probabilities ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("k", [1, 5])
+def test_knn_probabilities_are_scikit_learns_weighted_vote_and_leave_each_image_out(k):
+    from sklearn.neighbors import KNeighborsClassifier
+
+    from vitlab.tasks.knn import knn_probabilities
+
+    g = torch.Generator().manual_seed(k)
+    bank, labels = torch.randn(60, 6, generator=g), torch.randint(0, 4, (60,), generator=g)
+    weights = lambda d: np.exp((1 - d) / 0.07)  # noqa: E731 (DINO's weights, by cosine distance)
+    reference = KNeighborsClassifier(k, metric="cosine", weights=weights).fit(bank.numpy(), labels.numpy())
+    queries = torch.randn(9, 6, generator=g)
+    mine = knn_probabilities(bank, labels, queries, 4, k, chunk=4)
+    assert np.allclose(mine.numpy(), reference.predict_proba(queries.numpy()), atol=1e-5)
+    # leave one out: image i voted on by a vote fitted without it
+    loo = knn_probabilities(bank, labels, bank, 4, k, chunk=7, leave_one_out=True)
+    for i in (0, 17, 59):
+        others = torch.arange(60) != i
+        alone = KNeighborsClassifier(k, metric="cosine", weights=weights).fit(bank[others].numpy(),
+                                                                               labels[others].numpy())
+        assert np.allclose(loo[i].numpy(), alone.predict_proba(bank[i:i + 1].numpy())[0], atol=1e-5)
+    # multi-label: each class's share is a binary weighted vote for that class
+    sets = torch.rand(60, 3, generator=g) < 0.4
+    shares = knn_probabilities(bank, sets, queries, 3, k)
+    for c in range(3):
+        binary = KNeighborsClassifier(k, metric="cosine", weights=weights).fit(bank.numpy(), sets[:, c].numpy())
+        expected = binary.predict_proba(queries.numpy())
+        expected = expected[:, list(binary.classes_).index(True)] if True in binary.classes_ else np.zeros(9)
+        assert np.allclose(shares[:, c].numpy(), expected, atol=1e-5)
+
+
+def test_cross_fitted_probabilities_never_depend_on_the_images_own_labels():
+    from sklearn.linear_model import LogisticRegression
+
+    from vitlab.inspection.probabilities import cross_fitted, fold_of
+
+    g = torch.Generator().manual_seed(0)
+    labels = torch.cat([torch.zeros(5), torch.ones(17), torch.full((8,), 2)]).long()  # a rare class of 5
+    features = torch.randn(30, 4, generator=g) + 2 * torch.nn.functional.one_hot(labels, 4).float()
+    fold = fold_of(labels, 5, seed=0)
+    for f in range(5):  # stratified: each class dealt evenly over the folds
+        counts = torch.bincount(labels[fold == f], minlength=3)
+        assert counts.tolist() in ([1, 3, 1], [1, 3, 2], [1, 4, 1], [1, 4, 2])
+    probs = cross_fitted(features, labels, 3, fold)
+    flipped = labels.clone()
+    flipped[fold == 0] = (flipped[fold == 0] + 1) % 3  # other labels in fold 0 alone
+    again = cross_fitted(features, flipped, 3, fold)
+    assert torch.allclose(probs[fold == 0], again[fold == 0], atol=1e-6)
+    assert not torch.allclose(probs[fold != 0], again[fold != 0], atol=1e-3)
+    # each fold's head is scikit-learn's logistic regression (C = 1) fitted on the other folds
+    rest = fold != 2
+    reference = LogisticRegression(C=1.0, tol=1e-10, max_iter=10000).fit(features[rest].numpy(), labels[rest].numpy())
+    assert np.allclose(probs[fold == 2].numpy(), reference.predict_proba(features[fold == 2].numpy()), atol=2e-4)
+
+
+# -- near-duplicates by the pixels ------------------------------------------------------------------------------------
+
+
+def test_the_aligned_correlation_is_numpys_at_the_best_shift():
+    from vitlab.inspection.duplicates import aligned_correlation
+
+    rng = np.random.default_rng(0)
+    image = rng.integers(0, 256, (3, 32, 32)).astype(np.float32)
+    shifted = np.pad(image, ((0, 0), (3, 3), (3, 3)), mode="edge")[:, 3 + 2:3 + 2 + 32, 3 - 1:3 - 1 + 32]
+    other = rng.integers(0, 256, (3, 32, 32)).astype(np.float32)
+    found = aligned_correlation(torch.from_numpy(image)[None], torch.from_numpy(np.stack([shifted, other]))[None])
+    assert found[0, 0].item() == pytest.approx(1.0, abs=1e-5)  # a shifted copy: exactly itself at the right offset
+    def channel_centred(a):
+        return (a - a.mean(axis=(1, 2), keepdims=True)).ravel()
+
+    best = max(np.dot(u := channel_centred(image[:, 3:29, 3:29]), v := channel_centred(
+        other[:, 3 + dy:29 + dy, 3 + dx:29 + dx])) / np.linalg.norm(u) / np.linalg.norm(v)
+        for dy in range(-3, 4) for dx in range(-3, 4))
+    # a flat colour and the same colour with noise on it: not alike, however alike their colour
+    flat = np.zeros((3, 32, 32), np.float32)
+    flat[0] = 200
+    noisy = flat + rng.normal(0, 40, flat.shape).astype(np.float32)
+    pair = aligned_correlation(torch.from_numpy(noisy)[None], torch.from_numpy(noisy[None, :, ::-1].copy())[None])
+    assert abs(pair.item()) < 0.3
+    assert found[0, 1].item() == pytest.approx(best, abs=1e-5)
+
+
+# -- the command ----------------------------------------------------------------------------------------------------
+
+
+def _shifted_jpeg(source: Path, dest: Path, dy: int, dx: int) -> None:
+    """A near-duplicate: shifted (edge padding) and re-encoded as a JPEG (its colours kept at full resolution: these
+    images are noise, which chroma subsampling would blur away)."""
+    a = np.asarray(Image.open(source).convert("RGB"))
+    a = np.pad(a, ((3, 3), (3, 3), (0, 0)), mode="edge")[3 - dy:3 - dy + a.shape[0], 3 - dx:3 - dx + a.shape[1]]
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, "JPEG", quality=95, subsampling=0)
+    dest.write_bytes(buf.getvalue())
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    """3 colour classes (40 training, 12 test images each), with: an image of each class filed under the next class,
+    2 test images (a white box drawn on each) copied (shifted, as JPEGs) into the training split, and a grey image
+    filed under class_2."""
+    root = make_imagefolder(tmp_path_factory.mktemp("planted") / "my data", {"train": 40, "test": 12}, seed=3)
+    for i in range(3):
+        (root / "train" / f"class_{i}" / "0000.png").rename(root / "train" / f"class_{(i + 1) % 3}" / f"moved {i}.png")
+    for name, (y, x) in (("class_1/0005.png", (4, 9)), ("class_2/0007.png", (15, 3))):  # a photo has shapes
+        pixels = np.asarray(Image.open(root / "test" / name)).copy()
+        pixels[y:y + 12, x:x + 14] = 255
+        Image.fromarray(pixels).save(root / "test" / name)
+    _shifted_jpeg(root / "test" / "class_1" / "0005.png", root / "train" / "class_1" / "copy a.jpg", 2, -1)
+    _shifted_jpeg(root / "test" / "class_2" / "0007.png", root / "train" / "class_2" / "copy b.jpg", -3, 3)
+    Image.new("RGB", (32, 32), (120, 120, 120)).save(root / "train" / "class_2" / "grey.png")
+    return root
+
+
+@pytest.fixture(scope="module")
+def backbone(planted, tmp_path_factory):
+    from vitlab.config import load_config
+    from vitlab.training import train
+
+    run = tmp_path_factory.mktemp("inspect") / "run"
+    train(load_config(None, tiny_overrides(planted, run, "train.epochs=2", "data.loader=torch")))
+    reset_accelerate()
+    return run
+
+
+def _digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        h.update(str(p.relative_to(root)).encode())
+        if p.is_file():
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def _issues(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_inspect_finds_the_planted_labels_and_leaks_and_changes_no_file(planted, backbone, tmp_path, capsys,
+                                                                               monkeypatch, on_cpu):
+    from vitlab.cli import main
+    from vitlab.data.sources import index_split
+
+    before = _digest(planted)
+    out = tmp_path / "report"
+    main(["inspect", "--checkpoint", str(backbone), "--output", str(out), "--num-workers", "0", "--write-clean",
+          str(tmp_path / "clean" / "train.csv"), "data.dataset=imagefolder", f"data.root={planted}"])
+    printed = capsys.readouterr().out
+    assert _digest(planted) == before  # nothing in the data set was changed
+    rows = _issues(out / "issues.csv")
+    assert list(rows[0]) == ["split", "image", "issue", "score", "given_label", "suggested_label", "duplicate_of"]
+    labels = [r for r in rows if r["issue"] == "label"]
+    moved = {f"class_{(i + 1) % 3}/moved {i}.png": f"class_{i}" for i in range(3)}
+    assert set(moved) <= {r["image"] for r in labels[:4]}  # the three filed under another class, among the surest 4
+    assert all(r["suggested_label"] == moved[r["image"]] for r in labels if r["image"] in moved)
+    leaks = {(r["image"], r["duplicate_of"]) for r in rows if r["issue"] == "leak"}
+    assert leaks == {("class_1/0005.png", "train:class_1/copy a.jpg"), ("class_2/0007.png", "train:class_2/copy b.jpg")}
+    for kind in ("label", "leak", "outlier"):
+        scores = [float(r["score"]) for r in rows if r["issue"] == kind]
+        assert scores == sorted(scores, reverse=True)  # each kind worst first
+    assert (out / "label.png").stat().st_size > 0 and (out / "leak.png").stat().st_size > 0
+    summary = {line.split(":")[0]: line for line in printed.splitlines() if line.startswith(("train:", "test:"))}
+    assert summary["train"].startswith("train: 123 images; 3 label issues") and "2 leaks" in summary["test"]
+    assert "classes from 40 (class_0) to 42 (class_2) images" in printed  # 40, 41 and 42
+    # the clean list: what data.dataset=csv reads, without the flagged images
+    clean = index_split("csv", tmp_path / "clean", "train")
+    kept = {Path(clean.path(i)).resolve() for i in range(len(clean))}
+    flagged = {planted / "train" / r["image"] for r in rows if r["split"] == "train"}
+    flagged |= {planted / "train" / r["duplicate_of"].split(":", 1)[1] for r in rows if r["issue"] == "leak"}
+    assert kept == {p.resolve() for p in (planted / "train").rglob("*.*")} - {p.resolve() for p in flagged}
+    assert len(kept) < 123 and not any("moved" in str(p) or "copy" in str(p) for p in kept)
+    whole = index_split("csv", tmp_path / "clean", "test")  # the test split beside it, whole
+    assert sorted(Path(whole.path(i)).resolve() for i in range(len(whole))) == sorted(
+        p.resolve() for p in (planted / "test").rglob("*.png"))
+    # a second inspection reads the features it computed (no image decoded for them again)
+    import vitlab.prediction
+
+    monkeypatch.setattr(vitlab.prediction, "embed_images", lambda *a, **k: pytest.fail("features computed again"))
+    main(["inspect", "--checkpoint", str(backbone), "--output", str(out), "--num-workers", "0", "--folds", "3",
+          "data.dataset=imagefolder", f"data.root={planted}"])
+    again = _issues(out / "issues.csv")
+    assert set(moved) <= {r["image"] for r in again if r["issue"] == "label"}
+    assert {(r["image"], r["duplicate_of"]) for r in again if r["issue"] == "leak"} == leaks
+
+
+def test_inspect_reads_streamed_shards_and_finds_what_it_finds_in_the_folders(planted, backbone, tmp_path, on_cpu):
+    pytest.importorskip("webdataset")
+    from vitlab.cli import main
+
+    main(["shards", str(planted), str(tmp_path / "shards"), "--shard-size", "50"])
+    main(["inspect", "--checkpoint", str(backbone), "--output", str(tmp_path / "s"), "--num-workers", "0",
+          "data.dataset=wds", f"data.root={tmp_path / 'shards'}"])
+    rows = _issues(tmp_path / "s" / "issues.csv")
+    assert sum(r["issue"] == "leak" for r in rows) == 2
+    assert sum(r["issue"] == "label" for r in rows) >= 3
+    assert all(":" in r["image"] for r in rows)  # a shard's sample: <shard>:<position>
+    assert (tmp_path / "s" / "leak.png").is_file()
+
+
+def test_inspect_multi_label_data(tmp_path, backbone, planted, on_cpu):
+    """Label sets (a csv of JSON lists): cleanlab's multi-label rule; an image missing one of its two colours'
+    classes is flagged, the suggestion showing both."""
+    from vitlab.cli import main
+
+    root = tmp_path / "ml"
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(240):
+        a, b = int(rng.integers(3)), int(rng.integers(3))
+        pixels = np.zeros((32, 32, 3))
+        pixels[:, :16, a] = 200
+        pixels[:, 16:, b] = 200
+        Image.fromarray(np.clip(pixels + rng.normal(0, 30, pixels.shape), 0, 255).astype(np.uint8)).save(
+            root / f"{i}.png")
+        names = sorted({f"class_{a}", f"class_{b}"})
+        rows.append((f"{i}.png", names[:1] if i < 24 and len(names) == 2 else names))  # a class left out
+    for split in ("train", "test"):
+        with open(root / f"{split}.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["image", "labels"])
+            w.writerows((p, json.dumps(n)) for p, n in (rows if split == "train" else rows[160:]))
+    main(["inspect", "--checkpoint", str(backbone), "--output", str(tmp_path / "o"), "--num-workers", "0",
+          "--other-classes", "--splits", "train", "data.dataset=csv", f"data.root={root}"])
+    found = _issues(tmp_path / "o" / "issues.csv")
+    labels = {r["image"]: r for r in found if r["issue"] == "label"}
+    missing = {p: n for p, n in rows[:24] if len(n) == 1 and p in labels}  # flagged among those left short
+    assert len(missing) >= 3 and len(missing) >= len(labels) - 1
+    for image in missing:
+        given, suggested = (json.loads(labels[image][k]) for k in ("given_label", "suggested_label"))
+        assert len(given) == 1 and given[0] in suggested and len(suggested) == 2
+
+
+@pytest.mark.parametrize("case", ["one class", "other classes", "folds", "suffix", "cleanlab"])
+def test_bad_requests_are_one_line_before_any_image_is_read(case, planted, backbone, tmp_path, monkeypatch, on_cpu):
+    import vitlab.prediction
+    from vitlab.errors import ConfigError
+    from vitlab.inspection import inspect_data
+    from vitlab.models.registry import load_model
+
+    monkeypatch.setattr(vitlab.prediction, "embed_images", lambda *a, **k: pytest.fail("an image was read"))
+    model = load_model(backbone)
+    data = ["data.dataset=imagefolder", f"data.root={planted}"]
+    kwargs: dict = {}
+    if case == "one class":
+        one = tmp_path / "one"
+        shutil.copytree(planted / "test" / "class_0", one / "test" / "class_0")
+        shutil.copytree(planted / "train", one / "train")
+        data = ["data.dataset=imagefolder", f"data.root={one}"]
+        expected = "split 'test' holds one class (class_0)"
+    elif case == "other classes":
+        model.pretrained_cfg["label_names"] = ["cat", "dog", "class_2"]
+        expected = "the checkpoint's 3 classes are not the data's 3 (class_0, class_1 in one and not the other)"
+    elif case == "folds":
+        kwargs = {"folds": 200}
+        expected = "--folds 200: split 'train' has 123 images, fewer than the folds"
+    elif case == "suffix":
+        kwargs = {"write_clean_to": tmp_path / "clean.txt"}
+        expected = "--write-clean"
+    else:
+        import builtins
+
+        real = builtins.__import__
+
+        def no_cleanlab(name, *a, **k):
+            if name.startswith("cleanlab"):
+                raise ImportError("No module named 'cleanlab'")
+            return real(name, *a, **k)
+
+        monkeypatch.setattr(builtins, "__import__", no_cleanlab)
+        expected = "pip install 'vitlab[inspect]'"
+    with pytest.raises(ConfigError) as e:
+        inspect_data(model, data, tmp_path / "out", num_workers=0, **kwargs)
+    assert expected in str(e.value) and "\n" not in str(e.value)
+    assert not (tmp_path / "out").exists()
