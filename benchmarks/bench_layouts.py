@@ -16,7 +16,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -81,3 +81,70 @@ def test_export_refuses_what_it_cannot_do_and_writes_nothing(saved, tmp_path, ca
         main(["export", "--checkpoint", str(saved / "vit"), "--format", "torch-export", "--output", str(tmp_path / "x.pt")])
     assert "a torch.export program is a .pt2 file" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rnn"]
+
+
+@pytest.fixture(scope="module")
+def calibrated(saved, tmp_path_factory):
+    """The tiny ViT with a temperature (what vitlab calibrate keeps) and class names with a space."""
+    root = tmp_path_factory.mktemp("calibrated")
+    vit = vitlab.load_model(saved / "vit")
+    (root / "vit").mkdir()
+    names = ["stop sign", *(f"class {i}" for i in range(1, 10))]
+    ckpt.write_model_files(vit, root / "vit", {"task": "classification", "classes": names, "mean": [0.4, 0.5, 0.6],
+                                               "std": [0.2, 0.25, 0.3], "temperature": 1.7}, "vit_cifar_tiny_patch4_32")
+    assert vitlab.load_model(root / "vit").pretrained_cfg["temperature"] == 1.7
+    return root / "vit"
+
+
+def test_with_preprocess_takes_uint8_images_and_gives_vitlab_predicts_probabilities(calibrated, tmp_path):
+    import json
+
+    from PIL import Image
+
+    model = vitlab.load_model(calibrated)
+    rng = np.random.default_rng(0)
+    files = []
+    for i in range(5):
+        files.append(tmp_path / f"image {i}.png")
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(files[-1])
+    main(["predict", "--checkpoint", str(calibrated), "--output", str(tmp_path / "p.jsonl"), "--topk", "10",
+          "--num-workers", "0", "--precision", "no", *map(str, files)])
+    predicted = [json.loads(line) for line in open(tmp_path / "p.jsonl")]
+    path = tmp_path / "vit.onnx"
+    main(["export", "--checkpoint", str(calibrated), "--output", str(path), "--with-preprocess"])
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    inputs = session.get_inputs()[0]
+    assert (inputs.name, inputs.type, inputs.shape[1:]) == ("images", "tensor(uint8)", [32, 32, 3])
+    pixels = np.stack([np.asarray(Image.open(f)) for f in files])
+    probs = session.run(None, {"images": pixels})[0]
+    for row, p in zip(predicted, probs):
+        order = np.argsort(-p)
+        assert [model.pretrained_cfg["label_names"][k] for k in order] == row["classes"]
+        assert np.allclose(p[order], row["probs"], atol=1e-6)  # the temperature applied inside
+    import onnx
+
+    meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+    assert json.loads(meta["vitlab.label_names"])[0] == "stop sign" and meta["vitlab.temperature"] == "1.7"
+    assert meta["vitlab.input"] == "uint8 RGB (batch, 32, 32, 3)"
+    # int8: the matrix products' weights quantized, the norms, adds and softmax in float
+    quantized = tmp_path / "vit.int8.onnx"
+    main(["export", "--checkpoint", str(calibrated), "--output", str(quantized), "--with-preprocess", "--quantize",
+          "int8"])
+    ops = {n.op_type for n in onnx.load(str(quantized)).graph.node}
+    assert {"MatMulInteger", "DynamicQuantizeLinear", "LayerNormalization", "Add", "Softmax"} <= ops
+    assert quantized.stat().st_size < 0.5 * path.stat().st_size
+    int8 = onnxruntime.InferenceSession(str(quantized), providers=["CPUExecutionProvider"])
+    assert np.abs(int8.run(None, {"images": pixels})[0] - probs).max() < 0.05
+    meta = {p.key: p.value for p in onnx.load(str(quantized)).metadata_props}
+    assert "vitlab.label_names" in meta
+
+
+def test_with_preprocess_and_quantize_refuse_what_they_cannot_do(saved, tmp_path):
+    from vitlab.errors import ConfigError
+
+    text = vitlab.load_model(saved / "text")
+    with pytest.raises(ConfigError, match="--with-preprocess puts an image classifier's preprocessing"):
+        export_model(text, tmp_path / "t.onnx", with_preprocess=True)
+    with pytest.raises(ConfigError, match="--quantize int8 quantizes an ONNX file"):
+        export_model(vitlab.load_model(saved / "vit"), tmp_path / "v.pt2", "torch-export", quantize="int8")
+    assert list(tmp_path.iterdir()) == []

@@ -1,5 +1,5 @@
 """The ``vitlab`` command line: ``train`` (as ``train.py``), and the arguments of ``eval``, ``calibrate``, ``predict``,
-``embed``, ``inspect``, ``attention``, ``translate``, ``sample``, ``export``, ``shards`` and ``models``, whose work is in
+``embed``, ``inspect``, ``serve``, ``attention``, ``translate``, ``sample``, ``export``, ``shards`` and ``models``, whose work is in
 :mod:`vitlab.commands`. User errors print one line and exit non-zero."""
 from __future__ import annotations
 
@@ -158,6 +158,27 @@ def _inspect_parser(sub: Any) -> None:
                                                                        "(data.dataset=csv data.root=DIR ...)")
 
 
+def _serve_parser(sub: Any) -> None:
+    """``vitlab serve``."""
+    se = sub.add_parser("serve", help="serve a classifier over HTTP: an API with dynamic batching and a page to try "
+                                      "it (pip install 'vitlab[serve]')")
+    se.add_argument("--checkpoint", required=True)
+    se.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only; "
+                                                        "0.0.0.0: every interface)")
+    se.add_argument("--port", type=int, default=8000)
+    se.add_argument("--max-batch-size", type=int, default=32, help="images a forward pass at most (1: no batching)")
+    se.add_argument("--max-wait-ms", type=float, default=5.0,
+                    help="how long a forward pass waits for more images to batch (default 5 ms)")
+    se.add_argument("--max-upload-mb", type=float, default=20.0, help="a larger request is refused (413)")
+    se.add_argument("--api-key-env", metavar="VAR", help="every route but /health asks for the key in this "
+                                                         "environment variable (Authorization: Bearer <key>)")
+    se.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                    help="an origin whose pages may call the API (repeat for more; none by default)")
+    se.add_argument("--device", help="cuda, cpu (default: a GPU if there is one)")
+    se.add_argument("--precision", choices=("run", "no", "bf16", "fp16"), default="run",
+                    help="autocast, as vitlab predict's (run: the checkpoint's training precision)")
+
+
 def _eval_parsers(sub: Any) -> None:
     """``vitlab eval`` and ``vitlab calibrate``."""
     ev = sub.add_parser("eval", help="evaluate a checkpoint: top-1/top-5, loss, per-class accuracy, confusion matrix "
@@ -242,6 +263,12 @@ def _tool_parsers(sub: Any) -> None:
     ex.add_argument("--format", choices=("onnx", "torch-export"), default="onnx")
     ex.add_argument("--output", required=True, help="the file to write (model.onnx, model.pt2)")
     ex.add_argument("--no-check", action="store_true", help="do not run the exported file against the eager model")
+    ex.add_argument("--with-preprocess", action="store_true",
+                    help="an image classifier's file takes uint8 RGB images (batch, H, W, 3) at the training size and "
+                         "returns probabilities (normalization and temperature inside; label names, thresholds in "
+                         "its metadata)")
+    ex.add_argument("--quantize", choices=("int8",), help="ONNX: onnxruntime's dynamic int8 quantization of the "
+                                                          "matrix products' weights (norms and adds kept in float)")
     sh = sub.add_parser("shards", help="write an ImageFolder or a Hugging Face data set as WebDataset shards "
                                        "(data.dataset=wds streams them)")
     sh.add_argument("src", help="an ImageFolder root (SRC/<split>/<class>/<image>), a save_to_disk directory, a "
@@ -268,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="vitlab", description="Vision Transformers on one attention core.")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("train", help="train (same arguments as train.py: --config FILE [--resume DIR] [key=value ...])")
-    for add in (_eval_parsers, _predict_parsers, _inspect_parser, _attention_parser, _text_parsers,
+    for add in (_eval_parsers, _predict_parsers, _inspect_parser, _serve_parser, _attention_parser, _text_parsers,
                 _tool_parsers):
         add(sub)
     args = parser.parse_args(argv)

@@ -1,5 +1,5 @@
 """What each ``vitlab`` command does, its arguments parsed (:mod:`vitlab.cli`): ``eval``, ``calibrate``,
-``predict``, ``embed``, ``inspect``, ``attention``, ``translate``, ``sample``, ``export``, ``models``, ``shards``. Thin: each
+``predict``, ``embed``, ``inspect``, ``serve``, ``attention``, ``translate``, ``sample``, ``export``, ``models``, ``shards``. Thin: each
 calls the library."""
 from __future__ import annotations
 
@@ -154,6 +154,14 @@ def _inspect(args: argparse.Namespace) -> None:
                  num_workers=args.num_workers, precision=args.precision, grid=args.grid)
 
 
+def _serve(args: argparse.Namespace) -> None:
+    from .serving import serve
+
+    serve(args.checkpoint, args.host, args.port, max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
+          max_upload_mb=args.max_upload_mb, api_key_env=args.api_key_env, cors_origins=tuple(args.cors_origin),
+          device=args.device, precision=args.precision)
+
+
 def _attention(args: argparse.Namespace) -> None:
     from .checkpoint import load_model
     from .data.decode import open_image
@@ -199,10 +207,14 @@ def _export(args: argparse.Namespace) -> None:
     from .checkpoint import load_model
     from .export import export_model
 
-    result = export_model(load_model(args.checkpoint), args.output, args.format, check=not args.no_check)
+    result = export_model(load_model(args.checkpoint), args.output, args.format, check=not args.no_check,
+                          with_preprocess=args.with_preprocess, quantize=args.quantize)
     checked = (f"; on a batch of another size it differs from the eager model by at most {result['max_abs_diff']:.2e}"
                if "max_abs_diff" in result else "")
-    print(f"wrote {result['output']} ({args.format}; inputs {', '.join(result['inputs'])}, dynamic batch){checked}")
+    what = (", uint8 (batch, H, W, 3) -> probabilities" if args.with_preprocess else "") + \
+        (", int8 weights" if args.quantize else "")
+    print(f"wrote {result['output']} ({args.format}{what}; inputs {', '.join(result['inputs'])}, dynamic batch)"
+          f"{checked}")
 
 
 def _int_or_fail(value: str, flag: str, expected: str) -> int:
@@ -248,6 +260,6 @@ def _shards(args: argparse.Namespace) -> None:
 
 
 # The command of each name (``vitlab <name>``; ``train`` is :func:`vitlab.cli.train_main`).
-COMMANDS = {"eval": _eval, "calibrate": _calibrate, "predict": _predict, "embed": _embed, "inspect": _inspect,
+COMMANDS = {"eval": _eval, "calibrate": _calibrate, "predict": _predict, "embed": _embed, "inspect": _inspect, "serve": _serve,
             "attention": _attention,
             "translate": _translate, "sample": _sample, "export": _export, "models": _models, "shards": _shards}

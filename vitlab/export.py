@@ -17,9 +17,17 @@ GPT                ``idx`` int64 ``(batch, len <= block_size)``  ``logits`` ``(b
 
 The RNN encoder-decoder is not exportable: its packed GRU and its step loop depend on the sentence
 lengths, which ``torch.export`` cannot trace symbolically.
+
+``with_preprocess`` (an image classifier): the file takes what a deployment has, ``images`` uint8 RGB
+``(batch, H, W, 3)`` at the training size, normalizes them inside as training did, and returns ``probabilities``
+(softmax at the run's temperature; a multi-label run's sigmoids); its metadata (ONNX ``metadata_props``; a ``.pt2``'s
+``vitlab.json``) carries the label names, the thresholds, the temperature, the input layout. ``quantize='int8'``
+(ONNX): onnxruntime's dynamic quantization of the matrix products' weights (``MatMul``, ``Gemm``), the norms, residual
+adds, softmax and the patch embedding's convolution kept in float32.
 """
 from __future__ import annotations
 
+import json
 import os
 import warnings
 from pathlib import Path
@@ -33,15 +41,46 @@ from .errors import CheckpointError, ConfigError
 from .models import GPT, RNNSeq2Seq, Seq2SeqTransformer
 from .models.hub import image_input_size
 
-__all__ = ["export_model", "example_inputs", "FORMATS"]
+__all__ = ["export_model", "example_inputs", "PreprocessedClassifier", "FORMATS"]
 
 FORMATS = ("onnx", "torch-export")
+
+
+class PreprocessedClassifier(nn.Module):
+    """``model`` (an image classifier) behind its preprocessing: uint8 RGB ``(B, H, W, 3)`` -> probabilities
+    ``(B, classes)``, normalized as :func:`vitlab.data.transforms.normalize` does (the same operations), at the
+    temperature of ``model.pretrained_cfg``; sigmoids for a multi-label model."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        cfg = model.pretrained_cfg
+        self.model, self.multi_label = model, bool(cfg.get("multi_label"))
+        self.temperature = float(cfg.get("temperature", 1.0))
+        self.register_buffer("mean", torch.tensor([v * 255 for v in cfg["mean"]]).view(-1, 1, 1), persistent=False)
+        self.register_buffer("std", torch.tensor([v * 255 for v in cfg["std"]]).view(-1, 1, 1), persistent=False)
+
+    def forward(self, images: Tensor) -> Tensor:
+        x = (images.permute(0, 3, 1, 2).to(torch.float32) - self.mean) / self.std
+        logits = self.model(x).float()
+        return logits.sigmoid() if self.multi_label else (logits / self.temperature).softmax(-1)
+
+    def metadata(self) -> dict[str, str]:
+        """What a deployment reads beside the file, as strings (JSON for lists)."""
+        cfg = self.model.pretrained_cfg
+        return {"vitlab.label_names": json.dumps(list(cfg.get("label_names") or [])),
+                "vitlab.thresholds": json.dumps(cfg.get("thresholds")), "vitlab.temperature": str(self.temperature),
+                "vitlab.multi_label": json.dumps(self.multi_label),
+                "vitlab.input": f"uint8 RGB (batch, {cfg['input_size'][1]}, {cfg['input_size'][2]}, 3)",
+                "vitlab.output": "sigmoids" if self.multi_label else "softmax probabilities at the temperature"}
 
 
 def example_inputs(model: nn.Module) -> tuple[tuple[Tensor, ...], tuple[dict[int, Dim], ...], list[str]]:
     """Example inputs of ``model.forward``, their dynamic dimensions and names (batch 2)."""
     batch = Dim("batch", min=1, max=65536)
     device = next(model.parameters()).device
+    if isinstance(model, PreprocessedClassifier):
+        c, h, w = image_input_size(model.model)
+        return (torch.randint(0, 256, (2, h, w, c), dtype=torch.uint8, device=device),), ({0: batch},), ["images"]
     if image_input_size(model) is not None:
         c, h, w = image_input_size(model)
         return (torch.randn(2, c, h, w, device=device),), ({0: batch},), ["images"]
@@ -65,6 +104,8 @@ def example_inputs(model: nn.Module) -> tuple[tuple[Tensor, ...], tuple[dict[int
 
 def _check_inputs(model: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, ...]:
     """Inputs of another batch size (and lengths) than the example's, with padding for a text model."""
+    if isinstance(model, PreprocessedClassifier):
+        return (torch.randint(0, 256, (3, *args[0].shape[1:]), dtype=torch.uint8, device=args[0].device),)
     if image_input_size(model) is not None:
         return (torch.randn(3, *args[0].shape[1:], device=args[0].device),)
     grown = tuple(torch.cat([a, a[:1]], 0) for a in args)
@@ -76,7 +117,7 @@ def _check_inputs(model: nn.Module, args: tuple[Tensor, ...]) -> tuple[Tensor, .
 
 
 def export_model(model: nn.Module, output: str | Path, format: Literal["onnx", "torch-export"] = "onnx",
-                 check: bool = True) -> dict[str, Any]:
+                 check: bool = True, with_preprocess: bool = False, quantize: str | None = None) -> dict[str, Any]:
     """Export ``model`` (in eval mode) to ``output``; returns what was written and how closely it agrees.
 
     With ``check`` the exported file is loaded again (``onnxruntime`` for ONNX, ``torch.export.load``)
@@ -84,7 +125,7 @@ def export_model(model: nn.Module, output: str | Path, format: Literal["onnx", "
     difference from the eager model. The file is written under a temporary name and renamed into
     place, so a failed export leaves nothing behind. A model with LoRA adapters is exported merged
     (:func:`~vitlab.models.lora.merged_copy`: plain linear layers, the same outputs; the model given keeps its
-    adapters).
+    adapters). ``with_preprocess``, ``quantize``: see the module.
     """
     if format not in FORMATS:
         raise ConfigError(f"--format {format!r} is not one of {', '.join(FORMATS)}")
@@ -94,26 +135,67 @@ def export_model(model: nn.Module, output: str | Path, format: Literal["onnx", "
     if format == "torch-export" and output.suffix != ".pt2":
         raise ConfigError(f"--output {str(output)!r}: a torch.export program is a .pt2 file (torch.export.load "
                           f"expects the suffix); name it {output.stem}.pt2")
+    if quantize not in (None, "int8"):
+        raise ConfigError(f"--quantize {quantize!r}: int8 is the one quantization vitlab export makes")
+    if quantize and format != "onnx":
+        raise ConfigError("--quantize int8 quantizes an ONNX file (onnxruntime's dynamic quantization): add "
+                          "--format onnx")
+    if with_preprocess and (image_input_size(model) is None or not model.pretrained_cfg.get("label_names")):
+        raise ConfigError(f"--with-preprocess puts an image classifier's preprocessing in the file; "
+                          f"{type(model).__name__} is not one with class names")
     from .models.lora import merged_copy
 
     model = merged_copy(model).eval()  # LoRA adapters folded in, on a copy
+    if with_preprocess:
+        model = PreprocessedClassifier(model).eval()
     args, dynamic, names = example_inputs(model)
+    outputs = ["probabilities" if with_preprocess else "logits"]
     tmp = output.with_name(f".{output.stem}.tmp{'.pt2' if format == 'torch-export' else output.suffix}")
     try:
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the exporters' deprecation and tracing chatter
             if format == "onnx":
-                torch.onnx.export(model, args, str(tmp), input_names=names, output_names=["logits"],
+                torch.onnx.export(model, args, str(tmp), input_names=names, output_names=outputs,
                                   dynamic_shapes=dynamic, dynamo=True, external_data=False, verbose=False)
+                if with_preprocess or quantize:
+                    _finish_onnx(tmp, model.metadata() if with_preprocess else {}, quantize)
             else:
-                torch.export.save(torch.export.export(model, args, dynamic_shapes=dynamic), str(tmp))
-        result: dict[str, Any] = {"output": str(output), "format": format, "inputs": names}
+                extra = {"vitlab.json": json.dumps(model.metadata())} if with_preprocess else None
+                torch.export.save(torch.export.export(model, args, dynamic_shapes=dynamic), str(tmp),
+                                  extra_files=extra)
+        result: dict[str, Any] = {"output": str(output), "format": format, "inputs": names, "outputs": outputs}
         if check:
             result["max_abs_diff"] = _max_abs_diff(model, tmp, format, _check_inputs(model, args), names)
         os.replace(tmp, output)
     finally:
         tmp.unlink(missing_ok=True)
     return result
+
+
+def _finish_onnx(path: Path, metadata: dict[str, str], quantize: str | None) -> None:
+    """The ONNX file at ``path`` with ``metadata`` in its ``metadata_props``, and quantized (see the module)."""
+    import onnx
+
+    if quantize:
+        try:
+            from onnxruntime.quantization import QuantType, quant_pre_process, quantize_dynamic
+        except ImportError:
+            raise ConfigError("--quantize int8 needs onnxruntime: pip install 'vitlab[export]'") from None
+        prepared, quantized = (path.with_name(path.stem + suffix + path.suffix) for suffix in (".pre", ".int8"))
+        try:
+            quant_pre_process(str(path), str(prepared))  # shapes inferred and the graph optimized, as onnxruntime asks
+            quantize_dynamic(str(prepared), str(quantized), weight_type=QuantType.QInt8,
+                             op_types_to_quantize=["MatMul", "Gemm"])
+            os.replace(quantized, path)
+        finally:
+            prepared.unlink(missing_ok=True)
+            quantized.unlink(missing_ok=True)
+    if metadata:
+        proto = onnx.load(str(path))
+        for key, value in metadata.items():
+            entry = proto.metadata_props.add()
+            entry.key, entry.value = key, value
+        onnx.save(proto, str(path))
 
 
 def _max_abs_diff(model: nn.Module, path: Path, format: str, inputs: tuple[Tensor, ...], names: list[str]) -> float:

@@ -40,7 +40,8 @@ from .progress import Progress
 from .runtime import autocast_dtype, default_device, listed_once, processes
 from .tasks.classification import streamed_in_shards
 
-__all__ = ["list_images", "data_split", "image_dataset", "predict_images", "embed_images", "default_device",
+__all__ = ["list_images", "data_split", "image_dataset", "predict_images", "embed_images", "BatchPredictor",
+           "default_device",
            "autocast_dtype",
            "FORMATS", "EMBED_FORMATS"]
 
@@ -292,7 +293,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     loader = iter(DataLoader(image_dataset(model, index, files, [done + i for i in mine], batch_size, tta),
                              batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda"))
     sink = open_partial(partial, job, header if lines == ".csv" else "", done) if rank == 0 else None
-    predict = _BatchPredictor(model, device, dtype, chunk, tta, embed, names, k)
+    predict = BatchPredictor(model, device, dtype, chunk, tta, embed, names, k)
     try:
         with Progress(total=len(files), initial=done, desc=f"predicting {len(files):,} images", unit="images",
                       interval=10.0, enabled=rank == 0) as progress:
@@ -318,7 +319,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     return {"images": len(files), "unreadable": unreadable, "resumed": done}
 
 
-class _BatchPredictor:
+class BatchPredictor:
     """A batch's rows (:func:`~vitlab.inference.files.rows`): its images read from the loader, made the model's
     input, run (:class:`~vitlab.inference.forward.ChunkedForward`: in cache-sized chunks on a CPU) for their
     features (``embed``) or probabilities (softmax at the model's temperature, or sigmoids; ``tta``'s mean)."""
@@ -335,14 +336,23 @@ class _BatchPredictor:
 
     def __call__(self, loader: Iterator[Any], names: list[str]) -> list[dict[str, Any]]:
         images, errors = next(loader)
-        x = self.model_input(images.to(self.device, non_blocking=True))
         if self.embed:
-            features = self.forward(lambda c: pooled_features(self.model, c).float().cpu(), x)
+            features = self.features(images)
             return [{"image": n, "error": e} if e else {"image": n, "embedding": f.tolist()}
                     for n, e, f in zip(names, errors, features)]
+        return rows(names, list(errors), self.probabilities(images), self.names, self.k, self.thresholds)
+
+    def features(self, images: Tensor) -> Tensor:
+        """The pooled features, float32 ``(B, E)`` on the CPU, of uint8 images ``(B, 3, H, W)`` as eval shows them."""
+        x = self.model_input(images.to(self.device, non_blocking=True))
+        return self.forward(lambda c: pooled_features(self.model, c).float().cpu(), x)
+
+    def probabilities(self, images: Tensor) -> Tensor:
+        """The class probabilities, float32 ``(B, K)`` on the CPU (softmax at the temperature; sigmoids), of uint8
+        images ``(B, 3, H, W)`` as eval shows them."""
+        x = self.model_input(images.to(self.device, non_blocking=True))
         logits = self.forward(lambda c: tta_logits(self.model, c, self.tta, self.multi, self.size).float().cpu(), x)
-        probs = logits.sigmoid() if self.multi else (logits / self.temperature).softmax(-1)
-        return rows(names, list(errors), probs, self.names, self.k, self.thresholds)
+        return logits.sigmoid() if self.multi else (logits / self.temperature).softmax(-1)
 
     def close(self) -> None:
         self.forward.close()

@@ -1,0 +1,275 @@
+"""``vitlab serve``: its answers against ``vitlab predict``'s, dynamic batching, bad uploads, the API key, CORS,
+SIGTERM, and the page in a real browser (Chromium driven by Playwright)."""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from conftest import reset_accelerate, tiny_overrides
+
+pytest.importorskip("fastapi", reason="vitlab[serve] is not installed")
+pytest.importorskip("multipart", reason="vitlab[serve] (python-multipart) is not installed")
+httpx = pytest.importorskip("httpx", reason="httpx (FastAPI's test client) is not installed")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def run(tiny_imagefolder, tmp_path_factory):
+    from vitlab.config import load_config
+    from vitlab.training import train
+
+    out = tmp_path_factory.mktemp("serve") / "run"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, out, "train.epochs=1", "data.loader=torch")))
+    reset_accelerate()
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Server:
+    """``vitlab serve`` in a process of its own, on a free port, until stopped."""
+
+    def __init__(self, run: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "vitlab.cli", "serve", "--checkpoint", str(run), "--port",
+                                      str(self.port), "--device", "cpu", *args], cwd=ROOT, text=True,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+            if self.proc.poll() is not None:
+                break
+        self.stop()
+        raise AssertionError(f"the server did not start: {self.proc.stdout.read()}")
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        out, _ = self.proc.communicate(timeout=60)
+        return out
+
+
+def _test_images(root: Path) -> list[Path]:
+    return sorted((root / "test").rglob("*.png"))[::4]
+
+
+def test_answers_equal_vitlab_predicts_and_requests_share_forward_passes(run, tiny_imagefolder, tmp_path, on_cpu):
+    import uvicorn
+
+    from vitlab.checkpoint import load_model
+    from vitlab.cli import main
+    from vitlab.serving.app import create_app
+
+    files = _test_images(tiny_imagefolder)
+    main(["predict", "--checkpoint", str(run), "--output", str(tmp_path / "p.jsonl"), "--topk", "3",
+          "--num-workers", "0", *map(str, files)])
+    expected = {r["image"]: dict(zip(r["classes"], r["probs"])) for r in map(json.loads, open(tmp_path / "p.jsonl"))}
+    app = create_app(load_model(run), checkpoint=run, max_batch_size=64, max_wait_ms=200, device="cpu")
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        url = f"http://127.0.0.1:{port}"
+
+        def ask(path: Path) -> list[dict]:
+            return httpx.post(f"{url}/v1/predict?top_k=3", content=path.read_bytes(),
+                              headers={"Content-Type": "image/png"}, timeout=60).json()
+
+        with ThreadPoolExecutor(len(files)) as pool:  # arriving together: they share forward passes
+            answers = list(pool.map(ask, files))
+        batches = app.state.batcher.batches
+        assert batches < len(files)
+        for path, answer in zip(files, answers):
+            assert [a["label"] for a in answer] == list(expected[str(path)])
+            for a in answer:
+                assert a["score"] == pytest.approx(expected[str(path)][a["label"]], abs=1e-6)
+        several = httpx.post(f"{url}/v1/predict?top_k=3", files=[("files", (p.name, p.read_bytes(), "image/png"))
+                                                                  for p in files[:3]], timeout=60).json()
+        assert several == answers[:3]  # a list an image, in the order sent
+        embedded = httpx.post(f"{url}/v1/embed", files=[("files", ("a.png", files[0].read_bytes(), "image/png"))],
+                              timeout=60).json()["embeddings"]
+        assert len(embedded) == 1 and len(embedded[0]) == 32
+        info = httpx.get(f"{url}/v1/model").json()
+        assert info["classes"] == ["class_0", "class_1", "class_2"] and info["input_size"] == [3, 32, 32]
+        assert 0 <= info["metrics"]["test_top1"] <= 1
+        rollout = httpx.post(f"{url}/v1/attention", content=files[0].read_bytes(),
+                             headers={"Content-Type": "image/png"}).json()
+        assert (rollout["rows"], rollout["cols"]) == (8, 8) and max(max(r) for r in rollout["grid"]) == 1.0
+        assert "/v1/predict" in httpx.get(f"{url}/openapi.json").json()["paths"]
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_bad_uploads_get_one_line_each_and_the_next_request_is_served(run, tiny_imagefolder, tmp_path, on_cpu):
+    from PIL import Image
+
+    good = _test_images(tiny_imagefolder)[0].read_bytes()
+    huge = tmp_path / "huge.jpg"  # 100 megapixels (a flat colour: a small file, a large decode)
+    Image.new("RGB", (10_000, 10_000), (200, 30, 30)).save(huge, quality=80)
+    server = _Server(run, "--max-upload-mb", "2")
+    try:
+        def post(content: bytes, kind: str = "image/png") -> httpx.Response:
+            return httpx.post(f"{server.url}/v1/predict", content=content, headers={"Content-Type": kind}, timeout=60)
+
+        cases = {
+            "not an image": (post(b"plain text, not pixels"), 400, "is not an image that can be read"),
+            "truncated": (post(good[:len(good) // 2]), 400, "is not an image that can be read"),
+            "empty": (post(b""), 400, "is empty (0 bytes)"),
+            "too large": (post(b"\0" * (3 * 2**20)), 413, "at most 2 MB"),
+            "a path, as JSON": (post(json.dumps({"path": "/etc/passwd"}).encode(), "application/json"), 415,
+                                "not application/json"),
+            "a path, as a form field": (httpx.post(f"{server.url}/v1/predict", data={"image": "/etc/passwd"},
+                                                   files={"x": ("", b"")}, timeout=60), 400,
+                                        "no image in the request"),
+        }
+        for name, (response, status, words) in cases.items():
+            body = response.json()
+            assert response.status_code == status and words in body["error"], name
+            assert list(body) == ["error"] and "\n" not in body["error"], name
+            assert post(good).status_code == 200, f"after {name}"
+        pid = server.proc.pid
+        before = _peak_rss(pid)
+        answer = post(huge.read_bytes(), "image/jpeg")
+        assert answer.status_code == 200 and len(answer.json()) == 3
+        assert _peak_rss(pid) - before < 150 * 2**20  # decoded scaled: not the 300 MB of its pixels
+    finally:
+        out = server.stop()
+    assert server.proc.returncode == 0, out
+
+
+def _peak_rss(pid: int) -> int:
+    """A process's peak resident memory (VmHWM), bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_the_api_key_guards_every_route_but_health_and_cors_is_off_unless_asked(run, tiny_imagefolder, on_cpu):
+    server = _Server(run, "--api-key-env", "VITLAB_TEST_KEY", "--cors-origin", "http://allowed.example",
+                     env={"VITLAB_TEST_KEY": "s3cret-key"})
+    try:
+        url = server.url
+        assert httpx.get(f"{url}/health").status_code == 200
+        for path in ("/v1/model", "/", "/openapi.json"):
+            refused = httpx.get(f"{url}{path}")
+            assert refused.status_code == 401 and "Authorization: Bearer" in refused.json()["error"]
+        assert httpx.get(f"{url}/").headers["www-authenticate"] == 'Basic realm="vitlab"'  # a browser asks for it
+        assert httpx.get(f"{url}/v1/model", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        assert httpx.get(f"{url}/v1/model", headers={"Authorization": "Bearer s3cret-key"}).status_code == 200
+        basic = base64.b64encode(b"anyone:s3cret-key").decode()
+        assert httpx.get(f"{url}/", headers={"Authorization": f"Basic {basic}"}).status_code == 200
+        image = _test_images(tiny_imagefolder)[0].read_bytes()
+        assert httpx.post(f"{url}/v1/predict", content=image, headers={"Content-Type": "image/png"}).status_code == 401
+        preflight = {"Origin": "http://allowed.example", "Access-Control-Request-Method": "POST",
+                     "Authorization": "Bearer s3cret-key"}
+        allowed = httpx.options(f"{url}/v1/predict", headers=preflight)
+        assert allowed.headers.get("access-control-allow-origin") == "http://allowed.example"
+        other = httpx.options(f"{url}/v1/predict", headers={**preflight, "Origin": "http://other.example"})
+        assert "access-control-allow-origin" not in other.headers
+    finally:
+        server.stop()
+    plain = _Server(run)  # no --cors-origin: no page elsewhere may call it
+    try:
+        response = httpx.get(f"{plain.url}/v1/model", headers={"Origin": "http://allowed.example"})
+        assert response.status_code == 200 and "access-control-allow-origin" not in response.headers
+    finally:
+        out = plain.stop()
+    assert f"at http://127.0.0.1:{plain.port}" in out  # this machine only, unless --host says otherwise
+
+
+def test_sigterm_answers_the_requests_in_flight_and_exits_0(run, tiny_imagefolder, on_cpu):
+    server = _Server(run, "--max-wait-ms", "1500")  # a request waits 1.5 s for company before its forward pass
+    image = _test_images(tiny_imagefolder)[0].read_bytes()
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(httpx.post, f"{server.url}/v1/predict", content=image,
+                              headers={"Content-Type": "image/png"}, timeout=60)
+        time.sleep(0.5)  # in flight
+        server.proc.send_signal(signal.SIGTERM)
+        answer = pending.result()
+    out = server.stop()
+    assert answer.status_code == 200 and len(answer.json()) == 3
+    assert server.proc.returncode == 0, out
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{server.url}/health", timeout=2)
+
+
+def test_a_missing_extra_is_one_line(monkeypatch):
+    import builtins
+
+    from vitlab.errors import ConfigError
+    from vitlab.serving.server import require_serving
+
+    real = builtins.__import__
+
+    def no_uvicorn(name, *args, **kwargs):
+        if name == "uvicorn":
+            raise ImportError("No module named 'uvicorn'")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_uvicorn)
+    with pytest.raises(ConfigError, match=r"needs uvicorn, which is not installed: pip install 'vitlab\[serve\]'"):
+        require_serving()
+
+
+def _chromium() -> str | None:
+    return next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser")) if p), None)
+
+
+def test_the_page_in_a_real_browser_shows_the_top_1_vitlab_predict_gives(run, tiny_imagefolder, tmp_path, on_cpu):
+    playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
+    browser_path = _chromium()
+    if browser_path is None:
+        pytest.skip("no Chromium on this machine (Debian: apt install chromium)")
+    from vitlab.cli import main
+
+    image = _test_images(tiny_imagefolder)[5]
+    main(["predict", "--checkpoint", str(run), "--output", str(tmp_path / "p.jsonl"), "--num-workers", "0",
+          str(image)])
+    expected = json.loads((tmp_path / "p.jsonl").read_text())["classes"][0]
+    server = _Server(run)
+    try:
+        with playwright.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=browser_path, args=["--no-sandbox"])
+            page = browser.new_page()
+            offline: list[str] = []  # every request the page makes must be to this server (no CDN)
+            page.on("request", lambda r: None if r.url.startswith(server.url) or r.url.startswith("blob:")
+                    or r.url.startswith("data:") else offline.append(r.url))
+            page.goto(server.url)
+            page.wait_for_selector("#about:not(:has-text('loading'))")
+            assert "3 classes, input 32 x 32" in page.inner_text("#about")
+            page.set_input_files("#pick", str(image))
+            page.wait_for_selector(".card .row")
+            shown = page.inner_text(".card .row .label")
+            rows = page.locator(".card .row").count()
+            browser.close()
+        assert shown == expected and rows == 3 and offline == []
+    finally:
+        server.stop()

@@ -1,0 +1,58 @@
+"""Uploaded images, as ``vitlab predict`` reads files: each one's bytes listed as a split
+(:class:`~vitlab.data.split.SplitIndex`) and shown to the model by :func:`~vitlab.inference.view.model_dataset`,
+eval's one view (upright by its EXIF orientation if the run read its files so; a JPEG decoded only as large as the
+model needs, so a 100-megapixel photo takes the memory of its reduced decode; the center crop or resize; uint8)."""
+from __future__ import annotations
+
+import io
+
+import torch
+from PIL import Image
+from torch import Tensor, nn
+
+from ..data.decode import decode_image, open_image
+from ..data.split import SplitIndex
+from ..data.transforms import decode_upright
+from ..errors import DataError
+from ..inference.view import model_dataset
+
+__all__ = ["UploadedImages", "model_images"]
+
+
+class UploadedImages:
+    """Images given as bytes, read by position (what :class:`~vitlab.data.folder.FolderFiles` is for files)."""
+
+    def __init__(self, blobs: list[bytes], names: list[str], exif_transpose: bool = True) -> None:
+        self.blobs, self.names, self.exif_transpose = blobs, names, exif_transpose
+
+    def key(self, i: int) -> str:
+        return self.names[i]
+
+    def open(self, i: int) -> Image.Image:
+        return open_image(io.BytesIO(self.blobs[i]), exif_transpose=self.exif_transpose)
+
+    def encoded(self, i: int) -> bytes:
+        return self.blobs[i]
+
+    def read(self, i: int) -> Tensor:
+        return decode_image(self.blobs[i], repr(self.names[i]), exif_transpose=self.exif_transpose)
+
+
+def model_images(model: nn.Module, blobs: list[bytes], names: list[str]) -> Tensor:
+    """uint8 ``(B, 3, H, W)``: each image of ``blobs`` as eval shows it to ``model`` (see the module).
+
+    Raises:
+        DataError: one line naming the image (its ``names`` entry), for bytes that are not an image it can decode.
+    """
+    reader = UploadedImages(blobs, names, decode_upright(model))
+    index = SplitIndex(torch.zeros(len(blobs), dtype=torch.long), ["?"], reader.open, "the upload",
+                       encoded=reader.encoded, read=reader.read, key=reader.key, upright=reader.exif_transpose)
+    shown = model_dataset(model, index)
+    images = []
+    for i in range(len(blobs)):
+        try:
+            images.append(shown[i][0])
+        except DataError as e:
+            reason = str(e).rsplit("': ", 1)[-1]
+            raise DataError(f"{names[i]} is not an image that can be read ({reason})") from None
+    return torch.stack(images)
