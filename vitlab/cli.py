@@ -1,6 +1,6 @@
 """The ``vitlab`` command line: ``train`` (as ``train.py``), and the arguments of ``eval``, ``calibrate``, ``predict``,
-``embed``, ``inspect``, ``serve``, ``attention``, ``translate``, ``sample``, ``export``, ``shards`` and ``models``, whose work is in
-:mod:`vitlab.commands`. User errors print one line and exit non-zero."""
+``embed``, ``inspect``, ``serve``, ``attention``, ``translate``, ``sample``, ``export``, ``shards`` and ``models``,
+whose work is in :mod:`vitlab.commands`. User errors print one line and exit non-zero."""
 from __future__ import annotations
 
 import argparse

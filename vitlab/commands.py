@@ -1,6 +1,6 @@
 """What each ``vitlab`` command does, its arguments parsed (:mod:`vitlab.cli`): ``eval``, ``calibrate``,
-``predict``, ``embed``, ``inspect``, ``serve``, ``attention``, ``translate``, ``sample``, ``export``, ``models``, ``shards``. Thin: each
-calls the library."""
+``predict``, ``embed``, ``inspect``, ``serve``, ``attention``, ``translate``, ``sample``, ``export``, ``models``,
+``shards``. Thin: each calls the library."""
 from __future__ import annotations
 
 import argparse
@@ -260,6 +260,5 @@ def _shards(args: argparse.Namespace) -> None:
 
 
 # The command of each name (``vitlab <name>``; ``train`` is :func:`vitlab.cli.train_main`).
-COMMANDS = {"eval": _eval, "calibrate": _calibrate, "predict": _predict, "embed": _embed, "inspect": _inspect, "serve": _serve,
-            "attention": _attention,
-            "translate": _translate, "sample": _sample, "export": _export, "models": _models, "shards": _shards}
+COMMANDS = {"eval": _eval, "calibrate": _calibrate, "predict": _predict, "embed": _embed, "inspect": _inspect,
+            "serve": _serve, "attention": _attention, "translate": _translate, "sample": _sample, "export": _export, "models": _models, "shards": _shards}
