@@ -188,11 +188,12 @@ def run(out: Path, checkpoint: str) -> None:
         print(f"{r['arm']}: {r['seconds']:.0f} s ({r['with']})")
 
 
-def train(out: Path, seeds: list[int], epochs: int) -> None:
-    """configs/cifar10_cpu_quick.yaml on the noisy list and on each clean list, tested on CIFAR-10's 10,000 test
-    images (cifar_test.csv): the final epoch's test top-1 a line in ``out/train.jsonl``."""
+def train(out: Path, seeds: list[int], epochs: int, arms: list[str]) -> None:
+    """configs/cifar10_cpu_quick.yaml on the noisy list (arm ``noisy``) and on clean lists (``clean_knn``,
+    ``clean_folds``), tested on CIFAR-10's 10,000 test images (cifar_test.csv): the final epoch's test top-1 a line in
+    ``out/train.jsonl``."""
     for seed in seeds:
-        for arm, split in (("noisy", "train"), ("clean_knn", "clean_knn"), ("clean_folds", "clean_folds")):
+        for arm, split in ((a, "train" if a == "noisy" else a) for a in arms):
             run_dir = out / "runs" / f"{arm}_s{seed}"
             command = [sys.executable, "train.py", "--config", "configs/cifar10_cpu_quick.yaml", "data.dataset=csv",
                        f"data.root={out / 'data'}", f"data.train_split={split}", "data.test_split=cifar_test",
@@ -343,6 +344,7 @@ def main() -> None:
     t.add_argument("out", type=Path)
     t.add_argument("--seeds", default="0,1,2")
     t.add_argument("--epochs", type=int, default=30)
+    t.add_argument("--arms", default="noisy,clean_knn")
     th = sub.add_parser("threshold")
     th.add_argument("out", type=Path)
     th.add_argument("--checkpoint", required=True)
@@ -360,7 +362,7 @@ def main() -> None:
     elif args.cmd == "report":
         report(args.out)
     elif args.cmd == "train":
-        train(args.out, [int(s) for s in args.seeds.split(",")], args.epochs)
+        train(args.out, [int(s) for s in args.seeds.split(",")], args.epochs, args.arms.split(","))
 
 
 if __name__ == "__main__":

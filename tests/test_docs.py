@@ -11,7 +11,8 @@ The one departure from "as written": a training command (``python train.py``, ``
 seconds long (:func:`_shortened`): one epoch, tiny subsets, no tracker unless it names one, and for a
 CIFAR-10 config that would download, the same images from the shared copy. ``vitlab`` commands and
 ``train.py`` run in this process (their arguments and output are those of the command line); other
-commands run in ``bash``. ``source .venv/bin/activate`` does nothing here: the suite runs in the
+commands run in ``bash``; a block that starts a background job (a line ending in ``&``: a server) runs whole in one
+``bash``. ``source .venv/bin/activate`` does nothing here: the suite runs in the
 environment. A block marked ``<!-- skip: reason -->`` on the line before it is reported as skipped with
 its reason; it needs what the suite cannot have (a GPU, network, SLURM).
 
@@ -239,7 +240,8 @@ def _commands(code: str) -> list[str]:
 # What a block uses that an optional extra of pyproject.toml brings: (pattern in the block, module, extra).
 EXTRAS = ((r"data\.dataset=hf|^import datasets", "datasets", "hf"), (r"data\.dataset=wds|vitlab shards", "webdataset", "wds"),
           (r"--format onnx", "onnxscript", "export"), (r"model\.lora_r|add_lora", "peft", "lora"),
-          (r"transformers:|_transformers", "transformers", "transformers"))
+          (r"transformers:|_transformers", "transformers", "transformers"),
+          (r"vitlab serve|vitlab\.serving", "fastapi", "serve"), (r"vitlab inspect|vitlab\.inspection", "cleanlab", "inspect"))
 
 
 def _installed(module: str) -> bool:
@@ -276,11 +278,20 @@ def _run_block(block: Block, run: PageRun, monkeypatch: pytest.MonkeyPatch) -> N
     if block.lang == "python":
         import matplotlib
 
+        # `vitlab` and `python` of a subprocess the block starts: the suite's own, as in an activated .venv
+        monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
         matplotlib.use("Agg")
         try:
             exec(compile(block.code, block.name, "exec"), {"__name__": "__main__"})
         finally:
             reset_accelerate()
+        return
+    if any(line.rstrip().endswith("&") for line in _commands(block.code)):  # a background job (a server): the
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # block whole, in one bash
+        done = subprocess.run(["bash", "-c", f"set -e\n{block.code}"], cwd=run.cwd, capture_output=True, text=True,
+                              env={**os.environ, "PATH": path}, timeout=300)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
         return
     for command in _commands(block.code):
         with monkeypatch.context() as m:

@@ -1,0 +1,126 @@
+"""Throughput and latency of ``vitlab serve``, with dynamic batching and without (benchmarks/RESULTS.md).
+
+    python benchmarks/bench_serve.py --checkpoint RUN --images DIR --max-batch-size 32 --json OUT.jsonl
+    python benchmarks/bench_serve.py --preset vit_small_patch16_224 --images DIR --max-batch-size 1 ...
+
+The server runs in a process of its own (``vitlab serve``, its defaults but the batch size); ``--clients``
+concurrent clients (asyncio, one keep-alive connection each, httpx) send ``--requests`` requests between them, each
+one image (the files of DIR in turn, as the raw body). Reported: requests a second over the whole run, the median
+and 99th percentile of the latency, failed requests, and the server's resident memory after the first 1,000 requests
+and at the end. ``--preset`` serves a model of that preset with fresh weights (throughput does not depend on them).
+Client and server share the machine's cores, as on a small host.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def preset_checkpoint(preset: str, folder: Path) -> Path:
+    """A checkpoint of ``preset`` with fresh weights and CIFAR-10's class names."""
+    import vitlab
+    from vitlab import checkpoint
+
+    model = vitlab.create_model(preset, num_classes=10)
+    names = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+    checkpoint.write_model_files(model, folder, {"task": "classification", "classes": names,
+                                                 "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}, preset)
+    return folder
+
+
+def start_server(checkpoint: str, *args: str) -> tuple[subprocess.Popen, str]:
+    """``vitlab serve --checkpoint checkpoint *args`` on a free port, once it answers ``/health``: the process and
+    its URL."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "vitlab.cli", "serve", "--checkpoint", checkpoint, "--port",
+                               str(port), *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    while server.poll() is None:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return server, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise SystemExit(f"vitlab serve --checkpoint {checkpoint} did not start (exit {server.returncode})")
+
+
+async def drive(url: str, images: list[bytes], requests: int, clients: int, rss: dict, pid: int) -> dict:
+    latencies: list[float] = []
+    failed = 0
+    sent = 0
+
+    async def client() -> None:
+        nonlocal failed, sent
+        async with httpx.AsyncClient(timeout=300) as http:
+            while sent < requests:
+                i = sent
+                sent += 1
+                start = time.perf_counter()
+                try:
+                    r = await http.post(f"{url}/v1/predict", content=images[i % len(images)],
+                                        headers={"Content-Type": "image/png"})
+                    ok = r.status_code == 200 and len(r.json()) >= 1
+                except httpx.HTTPError:
+                    ok = False
+                latencies.append(time.perf_counter() - start)
+                failed += not ok
+                if len(latencies) == 1000:
+                    rss["after_1000"] = psutil.Process(pid).memory_info().rss
+
+    start = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    seconds = time.perf_counter() - start
+    lat = np.array(latencies) * 1000
+    return {"requests": len(latencies), "failed": failed, "seconds": round(seconds, 2),
+            "requests_per_s": round(len(latencies) / seconds, 1), "p50_ms": round(float(np.percentile(lat, 50)), 1),
+            "p99_ms": round(float(np.percentile(lat, 99)), 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint")
+    parser.add_argument("--preset")
+    parser.add_argument("--images", required=True, type=Path)
+    parser.add_argument("--max-batch-size", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=10_000)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    images = [p.read_bytes() for p in sorted(args.images.rglob("*.png"))[:256]]
+    with tempfile.TemporaryDirectory() as tmp:
+        checkpoint = args.checkpoint or str(preset_checkpoint(args.preset, Path(tmp)))
+        server, url = start_server(checkpoint, "--max-batch-size", str(args.max_batch_size))
+        rss: dict = {}
+        result = asyncio.run(drive(url, images, args.requests, args.clients, rss, server.pid))
+        rss["end"] = psutil.Process(server.pid).memory_info().rss
+        server.send_signal(signal.SIGTERM)
+        code = server.wait(60)
+    record = {"model": args.preset or args.checkpoint, "max_batch_size": args.max_batch_size,
+              "clients": args.clients, **result, "rss_after_1000_mb": round(rss["after_1000"] / 2**20, 1),
+              "rss_end_mb": round(rss["end"] / 2**20, 1), "rss_ratio": round(rss["end"] / rss["after_1000"], 3),
+              "exit_code": code, "cpus": os.cpu_count(), "command": " ".join(sys.argv)}
+    print(json.dumps(record))
+    if args.json:
+        with open(args.json, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+    main()
