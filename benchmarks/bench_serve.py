@@ -7,8 +7,9 @@ The server runs in a process of its own (``vitlab serve``, its defaults but the 
 concurrent clients (asyncio, one keep-alive connection each, httpx) send ``--requests`` requests between them, each
 one image (the files of DIR in turn, as the raw body). Reported: requests a second over the whole run, the median
 and 99th percentile of the latency, failed requests, and the server's resident memory after the first 1,000 requests
-and at the end. ``--preset`` serves a model of that preset with fresh weights (throughput does not depend on them).
-Client and server share the machine's cores, as on a small host.
+and at the end (its processes together). ``--preset`` serves a model of that preset with fresh weights (throughput
+does not depend on them). ``--litserve``: the same model behind LitServe (benchmarks/litserve_server.py). Client and
+server share the machine's cores, as on a small host.
 """
 from __future__ import annotations
 
@@ -43,14 +44,22 @@ def preset_checkpoint(preset: str, folder: Path) -> Path:
     return folder
 
 
-def start_server(checkpoint: str, *args: str) -> tuple[subprocess.Popen, str]:
+def tree_rss(pid: int) -> int:
+    """The resident memory of a process and of every process it started (LitServe's workers), bytes."""
+    root = psutil.Process(pid)
+    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)])
+
+
+def start_server(checkpoint: str, *args: str, litserve: int = 0) -> tuple[subprocess.Popen, str]:
     """``vitlab serve --checkpoint checkpoint *args`` on a free port, once it answers ``/health``: the process and
-    its URL."""
+    its URL. ``litserve``: benchmarks/litserve_server.py at that batch size instead."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "vitlab.cli", "serve", "--checkpoint", checkpoint, "--port",
-                               str(port), *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    command = [sys.executable, str(ROOT / "benchmarks" / "litserve_server.py"), checkpoint, str(port), str(litserve)] \
+        if litserve else [sys.executable, "-m", "vitlab.cli", "serve", "--checkpoint", checkpoint, "--port", str(port),
+                          *args]
+    server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     while server.poll() is None:
         try:
@@ -61,7 +70,8 @@ def start_server(checkpoint: str, *args: str) -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"vitlab serve --checkpoint {checkpoint} did not start (exit {server.returncode})")
 
 
-async def drive(url: str, images: list[bytes], requests: int, clients: int, rss: dict, pid: int) -> dict:
+async def drive(url: str, images: list[bytes], requests: int, clients: int, rss: dict, pid: int,
+                multipart: bool = False) -> dict:
     latencies: list[float] = []
     failed = 0
     sent = 0
@@ -74,15 +84,19 @@ async def drive(url: str, images: list[bytes], requests: int, clients: int, rss:
                 sent += 1
                 start = time.perf_counter()
                 try:
-                    r = await http.post(f"{url}/v1/predict", content=images[i % len(images)],
-                                        headers={"Content-Type": "image/png"})
+                    if multipart:
+                        r = await http.post(f"{url}/predict", files={"file": ("i.png", images[i % len(images)],
+                                                                               "image/png")})
+                    else:
+                        r = await http.post(f"{url}/v1/predict", content=images[i % len(images)],
+                                            headers={"Content-Type": "image/png"})
                     ok = r.status_code == 200 and len(r.json()) >= 1
                 except httpx.HTTPError:
                     ok = False
                 latencies.append(time.perf_counter() - start)
                 failed += not ok
-                if len(latencies) == 1000:
-                    rss["after_1000"] = psutil.Process(pid).memory_info().rss
+                if len(latencies) == min(1000, requests):
+                    rss["after_1000"] = tree_rss(pid)
 
     start = time.perf_counter()
     await asyncio.gather(*(client() for _ in range(clients)))
@@ -102,17 +116,21 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=10_000)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--json")
+    parser.add_argument("--litserve", action="store_true", help="the model behind LitServe instead "
+                                                                "(benchmarks/litserve_server.py; multipart uploads)")
     args = parser.parse_args()
     images = [p.read_bytes() for p in sorted(args.images.rglob("*.png"))[:256]]
     with tempfile.TemporaryDirectory() as tmp:
         checkpoint = args.checkpoint or str(preset_checkpoint(args.preset, Path(tmp)))
-        server, url = start_server(checkpoint, "--max-batch-size", str(args.max_batch_size))
+        server, url = start_server(checkpoint, "--max-batch-size", str(args.max_batch_size),
+                                   litserve=args.max_batch_size if args.litserve else 0)
         rss: dict = {}
-        result = asyncio.run(drive(url, images, args.requests, args.clients, rss, server.pid))
-        rss["end"] = psutil.Process(server.pid).memory_info().rss
+        result = asyncio.run(drive(url, images, args.requests, args.clients, rss, server.pid, args.litserve))
+        rss["end"] = tree_rss(server.pid)
         server.send_signal(signal.SIGTERM)
         code = server.wait(60)
-    record = {"model": args.preset or args.checkpoint, "max_batch_size": args.max_batch_size,
+    record = {"server": "litserve" if args.litserve else "vitlab serve", "model": args.preset or args.checkpoint,
+              "max_batch_size": args.max_batch_size,
               "clients": args.clients, **result, "rss_after_1000_mb": round(rss["after_1000"] / 2**20, 1),
               "rss_end_mb": round(rss["end"] / 2**20, 1), "rss_ratio": round(rss["end"] / rss["after_1000"], 3),
               "exit_code": code, "cpus": os.cpu_count(), "command": " ".join(sys.argv)}

@@ -159,9 +159,13 @@ def test_bad_uploads_get_one_line_each_and_the_next_request_is_served(run, tiny_
         answer = post(huge.read_bytes(), "image/jpeg")
         assert answer.status_code == 200 and len(answer.json()) == 3
         assert _peak_rss(pid) - before < 150 * 2**20  # decoded scaled: not the 300 MB of its pixels
+        # no --cors-origin: no page elsewhere may call it from a browser
+        response = httpx.get(f"{server.url}/v1/model", headers={"Origin": "http://allowed.example"})
+        assert response.status_code == 200 and "access-control-allow-origin" not in response.headers
     finally:
         out = server.stop()
     assert server.proc.returncode == 0, out
+    assert f"at http://127.0.0.1:{server.port}" in out  # this machine only, unless --host says otherwise
 
 
 def _peak_rss(pid: int) -> int:
@@ -172,9 +176,13 @@ def _peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-def test_the_api_key_guards_every_route_but_health_and_cors_is_off_unless_asked(run, tiny_imagefolder, on_cpu):
+def test_the_api_key_guards_every_route_but_health_and_sigterm_answers_what_is_in_flight(run, tiny_imagefolder,
+                                                                                           on_cpu):
+    # --max-wait-ms 1500: a request waits 1.5 s for company before its forward pass (in flight when SIGTERM comes)
     server = _Server(run, "--api-key-env", "VITLAB_TEST_KEY", "--cors-origin", "http://allowed.example",
-                     env={"VITLAB_TEST_KEY": "s3cret-key"})
+                     "--max-wait-ms", "1500", env={"VITLAB_TEST_KEY": "s3cret-key"})
+    key = {"Authorization": "Bearer s3cret-key"}
+    image = _test_images(tiny_imagefolder)[0].read_bytes()
     try:
         url = server.url
         assert httpx.get(f"{url}/health").status_code == 200
@@ -183,38 +191,23 @@ def test_the_api_key_guards_every_route_but_health_and_cors_is_off_unless_asked(
             assert refused.status_code == 401 and "Authorization: Bearer" in refused.json()["error"]
         assert httpx.get(f"{url}/").headers["www-authenticate"] == 'Basic realm="vitlab"'  # a browser asks for it
         assert httpx.get(f"{url}/v1/model", headers={"Authorization": "Bearer wrong"}).status_code == 401
-        assert httpx.get(f"{url}/v1/model", headers={"Authorization": "Bearer s3cret-key"}).status_code == 200
+        assert httpx.get(f"{url}/v1/model", headers=key).status_code == 200
         basic = base64.b64encode(b"anyone:s3cret-key").decode()
         assert httpx.get(f"{url}/", headers={"Authorization": f"Basic {basic}"}).status_code == 200
-        image = _test_images(tiny_imagefolder)[0].read_bytes()
         assert httpx.post(f"{url}/v1/predict", content=image, headers={"Content-Type": "image/png"}).status_code == 401
-        preflight = {"Origin": "http://allowed.example", "Access-Control-Request-Method": "POST",
-                     "Authorization": "Bearer s3cret-key"}
-        allowed = httpx.options(f"{url}/v1/predict", headers=preflight)
+        preflight = {"Origin": "http://allowed.example", "Access-Control-Request-Method": "POST"}
+        allowed = httpx.options(f"{url}/v1/predict", headers={**preflight, **key})
         assert allowed.headers.get("access-control-allow-origin") == "http://allowed.example"
-        other = httpx.options(f"{url}/v1/predict", headers={**preflight, "Origin": "http://other.example"})
+        other = httpx.options(f"{url}/v1/predict", headers={**preflight, **key, "Origin": "http://other.example"})
         assert "access-control-allow-origin" not in other.headers
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(httpx.post, f"{url}/v1/predict", content=image,
+                                  headers={"Content-Type": "image/png", **key}, timeout=60)
+            time.sleep(0.5)  # in flight
+            server.proc.send_signal(signal.SIGTERM)
+            answer = pending.result()
     finally:
-        server.stop()
-    plain = _Server(run)  # no --cors-origin: no page elsewhere may call it
-    try:
-        response = httpx.get(f"{plain.url}/v1/model", headers={"Origin": "http://allowed.example"})
-        assert response.status_code == 200 and "access-control-allow-origin" not in response.headers
-    finally:
-        out = plain.stop()
-    assert f"at http://127.0.0.1:{plain.port}" in out  # this machine only, unless --host says otherwise
-
-
-def test_sigterm_answers_the_requests_in_flight_and_exits_0(run, tiny_imagefolder, on_cpu):
-    server = _Server(run, "--max-wait-ms", "1500")  # a request waits 1.5 s for company before its forward pass
-    image = _test_images(tiny_imagefolder)[0].read_bytes()
-    with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(httpx.post, f"{server.url}/v1/predict", content=image,
-                              headers={"Content-Type": "image/png"}, timeout=60)
-        time.sleep(0.5)  # in flight
-        server.proc.send_signal(signal.SIGTERM)
-        answer = pending.result()
-    out = server.stop()
+        out = server.stop()
     assert answer.status_code == 200 and len(answer.json()) == 3
     assert server.proc.returncode == 0, out
     with pytest.raises(httpx.ConnectError):
