@@ -77,7 +77,7 @@ def _model_record(model: nn.Module, checkpoint: str | Path | None) -> dict[str, 
 def create_app(model: nn.Module, *, checkpoint: str | Path | None = None, max_batch_size: int = 32,
                max_wait_ms: float = 5.0, max_upload_mb: float = 20.0, max_images: int = 64, api_key: str | None = None,
                cors_origins: tuple[str, ...] = (), device: str | torch.device | None = None,
-               precision: str = "run") -> Any:
+               precision: str = "run") -> FastAPI:
     """The FastAPI application serving ``model`` (a vitlab image classifier): the routes of the module's table.
 
     ``max_batch_size``, ``max_wait_ms``: the dynamic batching (1: a forward pass a request). ``max_upload_mb``: a
@@ -97,7 +97,7 @@ def create_app(model: nn.Module, *, checkpoint: str | Path | None = None, max_ba
     batcher = DynamicBatcher(run, max_batch_size, max_wait_ms)
     record = _model_record(model, checkpoint)
 
-    async def lifespan(app: Any):
+    async def lifespan(app: FastAPI) -> Any:
         batcher.start()
         yield
         await batcher.stop()
@@ -111,71 +111,99 @@ def create_app(model: nn.Module, *, checkpoint: str | Path | None = None, max_ba
 
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
+    _error_answers(app)
+    if api_key:
+        _require_key(app, api_key)
+    limits = _Limits(int(max_upload_mb * 2**20), max_images)
+    _routes(app, model, device, batcher, record, limits)
+    return app
 
-    def error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-        return JSONResponse({"error": message}, status_code=status, headers=headers)
 
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _error_answers(app: FastAPI) -> None:
+    """Every error as ``{"error": "<one line>"}``: FastAPI's own, and a request refused (:class:`_Refused`)."""
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error(exc.status_code, str(exc.detail))
+        return _error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
-        return error(422, f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+        return _error(422, f"{'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
 
-    if api_key:
-        @app.middleware("http")
-        async def require_key(request: Request, call_next: Any) -> Any:
-            if request.url.path == "/health" or _key_given(request.headers.get("authorization", ""), api_key):
-                return await call_next(request)
-            return error(401, "this server asks for its API key: send 'Authorization: Bearer <key>'",
-                         {"WWW-Authenticate": 'Basic realm="vitlab"'} if request.url.path == "/" else None)
+    @app.exception_handler(_Refused)
+    async def refused(request: Request, exc: _Refused) -> JSONResponse:
+        return _error(exc.status, exc.message)
 
-    async def images_of(request: Request) -> tuple[list[bytes], list[str]]:
-        """The request's images (raw body or multipart files), read up to the size limit, or a 4xx error raised."""
-        limit = int(max_upload_mb * 2**20)
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > limit:
-            raise _Refused(413, f"the request is {int(length) / 2**20:.1f} MB; this server takes at most "
-                                f"{max_upload_mb:g} MB (--max-upload-mb)")
-        body = bytearray()
-        async for part in request.stream():
-            body += part
-            if len(body) > limit:
-                raise _Refused(413, f"the request is over {max_upload_mb:g} MB, the most this server takes "
-                                    f"(--max-upload-mb)")
-        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        if kind.startswith("image/") or kind == "application/octet-stream":
-            return [bytes(body)], ["the image"]
-        if kind != "multipart/form-data":
-            raise _Refused(415, f"send images as multipart/form-data files or as the raw body with an image/* "
-                                f"content type, not {kind or 'no content type'}")
+
+def _require_key(app: FastAPI, api_key: str) -> None:
+    """Every route but ``/health`` answers 401 without ``api_key`` (:func:`_key_given`); the page's 401 asks the
+    browser for it (HTTP Basic)."""
+    @app.middleware("http")
+    async def require_key(request: Request, call_next: Any) -> Any:
+        if request.url.path == "/health" or _key_given(request.headers.get("authorization", ""), api_key):
+            return await call_next(request)
+        return _error(401, "this server asks for its API key: send 'Authorization: Bearer <key>'",
+                      {"WWW-Authenticate": 'Basic realm="vitlab"'} if request.url.path == "/" else None)
+
+
+class _Limits:
+    def __init__(self, upload_bytes: int, images: int) -> None:
+        self.upload_bytes, self.images = upload_bytes, images
+
+
+async def _read_images(request: Request, limits: _Limits) -> tuple[list[bytes], list[str]]:
+    """The request's images (the raw body, or multipart files) and a name for each, read up to the size limit;
+    :class:`_Refused` for a body too large (413), of another content type (415), without images or with an empty one
+    (400), with too many (413)."""
+    mb = limits.upload_bytes / 2**20
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > limits.upload_bytes:
+        raise _Refused(413, f"the request is {int(length) / 2**20:.1f} MB; this server takes at most {mb:g} MB "
+                            f"(--max-upload-mb)")
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limits.upload_bytes:
+            raise _Refused(413, f"the request is over {mb:g} MB, the most this server takes (--max-upload-mb)")
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind.startswith("image/") or kind == "application/octet-stream":
+        blobs, labels = [bytes(body)], ["the image"]
+    elif kind == "multipart/form-data":
         request._body = bytes(body)  # parsed from what was read (starlette reads request._body when it is set)
-        form = await request.form(max_files=max_images + 1)
+        form = await request.form(max_files=limits.images + 1)
         uploads = [v for _, v in form.multi_items() if hasattr(v, "read")]
         blobs = [await u.read() for u in uploads]
-        return blobs, [f"file {u.filename!r}" if u.filename else f"file {i + 1}" for i, u in enumerate(uploads)]
+        labels = [f"file {u.filename!r}" if u.filename else f"file {i + 1}" for i, u in enumerate(uploads)]
+    else:
+        raise _Refused(415, f"send images as multipart/form-data files or as the raw body with an image/* content "
+                            f"type, not {kind or 'no content type'}")
+    if not blobs:
+        raise _Refused(400, "no image in the request: send one or more image files")
+    if len(blobs) > limits.images:
+        raise _Refused(413, f"{len(blobs)} images in one request; this server takes at most {limits.images}")
+    empty = [n for n, b in zip(labels, blobs) if not b]
+    if empty:
+        raise _Refused(400, f"{empty[0]} is empty (0 bytes)")
+    return blobs, labels
+
+
+def _routes(app: FastAPI, model: nn.Module, device: torch.device, batcher: DynamicBatcher, record: dict[str, Any],
+            limits: _Limits) -> None:
+    """The routes of the module's table."""
+    from starlette.concurrency import run_in_threadpool
+
+    names = record["classes"]
 
     async def model_input(request: Request) -> tuple[Tensor, int]:
-        from starlette.concurrency import run_in_threadpool
-
-        blobs, labels = await images_of(request)
-        if not blobs:
-            raise _Refused(400, "no image in the request: send one or more image files")
-        if len(blobs) > max_images:
-            raise _Refused(413, f"{len(blobs)} images in one request; this server takes at most {max_images}")
-        empty = [n for n, b in zip(labels, blobs) if not b]
-        if empty:
-            raise _Refused(400, f"{empty[0]} is empty (0 bytes)")
+        blobs, labels = await _read_images(request, limits)
         try:
             return await run_in_threadpool(model_images, model, blobs, labels), len(blobs)
         except DataError as e:
             raise _Refused(400, str(e)) from None
-
-    @app.exception_handler(_Refused)
-    async def refused(request: Request, exc: _Refused) -> JSONResponse:
-        return error(exc.status, exc.message)
 
     @app.post("/v1/predict", summary="classify images (Hugging Face image-classification answer)")
     async def predict(request: Request, top_k: int = 5) -> Any:
@@ -193,8 +221,6 @@ def create_app(model: nn.Module, *, checkpoint: str | Path | None = None, max_ba
 
     @app.post("/v1/attention", summary="one image's attention rollout over the patch grid")
     async def attention(request: Request) -> Any:
-        from starlette.concurrency import run_in_threadpool
-
         if not hasattr(model, "get_attention_maps"):
             raise _Refused(404, f"{type(model).__name__} gives no attention maps")
         images, count = await model_input(request)
@@ -216,8 +242,6 @@ def create_app(model: nn.Module, *, checkpoint: str | Path | None = None, max_ba
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def home() -> Any:
         return page
-
-    return app
 
 
 class _Refused(Exception):
