@@ -127,8 +127,12 @@ def main() -> None:
         rss: dict = {}
         result = asyncio.run(drive(url, images, args.requests, args.clients, rss, server.pid, args.litserve))
         rss["end"] = tree_rss(server.pid)
+        children = psutil.Process(server.pid).children(recursive=True)
         server.send_signal(signal.SIGTERM)
         code = server.wait(60)
+        for child in children:  # LitServe's workers outlive their parent's SIGTERM
+            if child.is_running():
+                child.kill()
     record = {"server": "litserve" if args.litserve else "vitlab serve", "model": args.preset or args.checkpoint,
               "max_batch_size": args.max_batch_size,
               "clients": args.clients, **result, "rss_after_1000_mb": round(rss["after_1000"] / 2**20, 1),

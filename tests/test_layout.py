@@ -18,9 +18,8 @@ ROOMS: list[tuple[str, set[str]]] = [
     ("inference", {"inference"}),
     ("visualize", {"visualize"}),
     ("tasks", {"tasks"}),
-    ("engine", {"config", "checkpoint", "preemption", "training", "evaluation", "prediction", "interop", "export", "cli",
-                "commands",
-                "__init__"}),
+    ("engine", {"config", "checkpoint", "preemption", "training", "evaluation", "prediction", "inspection", "serving",
+                "interop", "export", "cli", "commands", "__init__"}),
 ]
 ALLOWED_BELOW = {  # models and data are siblings: neither needs the other
     "data": {"foundation"},

@@ -73,12 +73,12 @@ def write_clean(path: Path, files: list[Path], labels: list[str]) -> None:
     """The clean list: ``files`` (paths relative to ``path``'s folder, which is the ``data.root`` that reads it)
     with their ``labels``, a CSV that ``data.dataset=csv`` reads as the split named by ``path``'s stem."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    root = path.parent.resolve()
+    root = path.parent.absolute()  # paths as the listing gave them: through a linked folder, not to its target
     tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["image", "labels"])
-        writer.writerows([Path(os.path.relpath(Path(p).resolve(), root)).as_posix(), label]
+        writer.writerows([Path(os.path.relpath(Path(p).absolute(), root)).as_posix(), label]
                          for p, label in zip(files, labels))
     os.replace(tmp, path)
 
