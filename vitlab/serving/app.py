@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hmac
 from importlib.resources import files
 from pathlib import Path
@@ -97,6 +98,7 @@ def create_app(model: nn.Module, *, checkpoint: str | Path | None = None, max_ba
     batcher = DynamicBatcher(run, max_batch_size, max_wait_ms)
     record = _model_record(model, checkpoint)
 
+    @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
         batcher.start()
         yield
