@@ -254,7 +254,27 @@ def test_inspect_multi_label_data(tmp_path, backbone, planted, on_cpu):
         assert len(given) == 1 and given[0] in suggested and len(suggested) == 2
 
 
-@pytest.mark.parametrize("case", ["one class", "other classes", "folds", "suffix", "cleanlab"])
+def test_a_stopped_inspection_continues_its_features_where_they_stopped(planted, backbone, tmp_path, capsys,
+                                                                        on_cpu):
+    from vitlab.inspection import inspect_data
+    from vitlab.inspection.splits import list_splits
+    from vitlab.models.registry import load_model
+    from vitlab.prediction import embed_images
+
+    model = load_model(backbone)
+    data = ["data.dataset=imagefolder", f"data.root={planted}"]
+    (train, _), _, _ = list_splits(data, ["train", "test"], True)
+    features = tmp_path / "out" / "features"
+    features.mkdir(parents=True)
+    embed_images(model, [], features / "train.npy", 16, 0, data=train.index, stop_after_batches=2)  # stopped
+    assert (features / "train.npy.partial").is_file() and not (features / "train.npy").exists()
+    capsys.readouterr()
+    found = inspect_data(model, data, tmp_path / "out", num_workers=0, grid=0)
+    assert "(32 rows from the run before)" in capsys.readouterr().out  # 2 batches of 16 kept, not computed again
+    assert found["counts"]["test"]["leak"] == 2 and np.load(features / "train.npy").shape == (123, 32)
+
+
+@pytest.mark.parametrize("case", ["one class", "other classes", "folds", "suffix", "cleanlab", "processes"])
 def test_bad_requests_are_one_line_before_any_image_is_read(case, planted, backbone, tmp_path, monkeypatch, on_cpu):
     import vitlab.prediction
     from vitlab.errors import ConfigError
@@ -280,6 +300,11 @@ def test_bad_requests_are_one_line_before_any_image_is_read(case, planted, backb
     elif case == "suffix":
         kwargs = {"write_clean_to": tmp_path / "clean.txt"}
         expected = "--write-clean"
+    elif case == "processes":  # as under torchrun with 2 processes
+        import vitlab.inspection.job
+
+        monkeypatch.setattr(vitlab.inspection.job, "processes", lambda: (0, 2, None))
+        expected = "vitlab inspect runs in one process"
     else:
         import builtins
 

@@ -41,9 +41,7 @@ from .runtime import autocast_dtype, default_device, listed_once, processes
 from .tasks.classification import streamed_in_shards
 
 __all__ = ["list_images", "data_split", "image_dataset", "predict_images", "embed_images", "BatchPredictor",
-           "default_device",
-           "autocast_dtype",
-           "FORMATS", "EMBED_FORMATS"]
+           "default_device", "autocast_dtype", "FORMATS", "EMBED_FORMATS"]
 
 FORMATS = (".csv", ".jsonl", ".parquet")
 EMBED_FORMATS = (".parquet", ".jsonl", ".npy")
@@ -223,7 +221,7 @@ def _listing(model: nn.Module, inputs: list[str], data: Sequence[str] | SplitInd
 
 
 def image_dataset(model: nn.Module, index: SplitIndex | ShardIndex | None, files: list[str], ids: list[int],
-            batch_size: int, tta: str) -> Any:
+                  batch_size: int, tta: str) -> Any:
     """This process's images ``ids`` (positions in ``files``) as evaluation shows them (:mod:`vitlab.inference.view`;
     five-crop TTA's larger view), an unreadable one as zeros and its error."""
     cfg = model.pretrained_cfg

@@ -17,12 +17,20 @@ from ..errors import DataError
 from .folder import FolderFiles
 from .split import SplitIndex, label_indices, label_sets
 
-__all__ = ["index_csv", "one_hot_index", "label_set_cell", "parse_label_cell"]
+__all__ = ["index_csv", "one_hot_index", "label_set_cell", "label_cell", "parse_label_cell"]
 
 
 def label_set_cell(names: list[str]) -> str:
     """A set of class names as one CSV cell that reads back as it was (:func:`parse_label_cell`): a JSON list."""
     return json.dumps(names, ensure_ascii=False)
+
+
+def label_cell(label: torch.Tensor, classes: list[str]) -> str:
+    """An image's label as a ``labels`` cell that reads back as it was: its class's name (a class index), or the
+    :func:`label_set_cell` of its classes' names (a multi-hot row)."""
+    if label.dim() == 1:
+        return label_set_cell([classes[k] for k in label.nonzero().flatten().tolist()])
+    return classes[int(label)]
 
 
 def parse_label_cell(cell: str, where: str) -> list[str]:

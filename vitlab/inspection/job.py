@@ -10,12 +10,14 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ..data.table import label_cell
 from ..data.transforms import decode_upright
 from ..errors import ConfigError
+from ..runtime import processes
 from .duplicates import DUPLICATE_THRESHOLD, duplicate_pairs
 from .findings import require_cleanlab, split_issues
 from .probabilities import cross_fitted, fold_of, knn_out_of_sample
-from .report import KINDS, draw_grid, label_text, summary_lines, write_clean, write_issues
+from .report import KINDS, draw_grid, summary_lines, write_clean, write_issues
 from .splits import Split, describe, list_splits, split_features
 
 __all__ = ["inspect_data"]
@@ -59,22 +61,22 @@ def _label_rows(split: Split, rows: np.ndarray, issues: Any, probs: Tensor, clas
     found = []
     for r in np.flatnonzero(issues["is_label_issue"].to_numpy()).tolist():
         i = int(rows[r])
-        suggested = label_text(probs[r] >= 0.5, classes) if multi_label else classes[int(issues["predicted_label"][r])]
+        suggested = label_cell(probs[r] >= 0.5, classes) if multi_label else classes[int(issues["predicted_label"][r])]
         found.append({"split": split.name, "image": split.names[i], "issue": "label",
-                      "score": 1 - float(issues["label_score"][r]), "given_label": label_text(split.labels[i], classes),
+                      "score": 1 - float(issues["label_score"][r]), "given_label": label_cell(split.labels[i], classes),
                       "suggested_label": suggested, "duplicate_of": ""})
     for r in np.flatnonzero(issues["is_outlier_issue"].to_numpy()).tolist():
         i = int(rows[r])
         found.append({"split": split.name, "image": split.names[i], "issue": "outlier",
                       "score": 1 - float(issues["outlier_score"][r]),
-                      "given_label": label_text(split.labels[i], classes), "suggested_label": "", "duplicate_of": ""})
+                      "given_label": label_cell(split.labels[i], classes), "suggested_label": "", "duplicate_of": ""})
     return found
 
 
 def _pair_rows(kind: str, a: Split, b: Split, pairs: list[tuple[int, int, float]], rows_a: np.ndarray,
                rows_b: np.ndarray, classes: list[str]) -> list[dict[str, Any]]:
     return [{"split": a.name, "image": a.names[int(rows_a[i])], "issue": kind, "score": s,
-             "given_label": label_text(a.labels[int(rows_a[i])], classes), "suggested_label": "",
+             "given_label": label_cell(a.labels[int(rows_a[i])], classes), "suggested_label": "",
              "duplicate_of": f"{b.name}:{b.names[int(rows_b[j])]}"} for i, j, s in pairs]
 
 
@@ -100,6 +102,9 @@ def inspect_data(model: nn.Module, data: list[str], output: str | Path, *, split
         ConfigError: one line, before any image is decoded (see :func:`_check`); without cleanlab installed.
     """
     require_cleanlab()
+    if processes()[1] > 1:
+        raise ConfigError("vitlab inspect runs in one process (it writes one report): start it without torchrun or "
+                          "accelerate launch")
     if knn and folds:
         raise ConfigError("give --knn K or --folds K, not both: the out-of-sample probabilities come from one of them")
     if folds == 1 or folds < 0:
@@ -126,7 +131,7 @@ def inspect_data(model: nn.Module, data: list[str], output: str | Path, *, split
         issues = split_issues(labels, probs, x.numpy(), multi_label)
         found[split.name] = _label_rows(split, readable, issues, probs, classes, multi_label)
         found[split.name] += [{"split": split.name, "image": split.names[i], "issue": "unreadable", "score": 1.0,
-                               "given_label": label_text(split.labels[i], classes), "suggested_label": "",
+                               "given_label": label_cell(split.labels[i], classes), "suggested_label": "",
                                "duplicate_of": ""} for i in sorted(set(range(len(split))) - set(readable.tolist()))]
         pairs = duplicate_pairs(x, kept[split.name][2], threshold=duplicate_threshold)
         found[split.name] += _pair_rows("near_duplicate", split, split, pairs, readable, readable, classes)
@@ -206,11 +211,11 @@ def _write_clean_list(path: Path, listed: list[Split], rows: list[dict[str, Any]
     drop |= {r["duplicate_of"].split(":", 1)[1] for r in rows
              if r["issue"] == "leak" and r["duplicate_of"].split(":", 1)[0] == split.name}
     keep = [i for i, name in enumerate(split.names) if name not in drop]
-    write_clean(path, [split.files[i] for i in keep], [label_text(split.labels[i], classes) for i in keep])
+    write_clean(path, [split.files[i] for i in keep], [label_cell(split.labels[i], classes) for i in keep])
     written = []
     for other in listed[1:]:
         beside = path.with_name(f"{Path(other.name).name}.csv")
         if beside != path and not beside.exists() and other.files is not None:
-            write_clean(beside, other.files, [label_text(label, classes) for label in other.labels])
+            write_clean(beside, other.files, [label_cell(label, classes) for label in other.labels])
             written.append(beside.name)
     return written

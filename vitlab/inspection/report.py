@@ -9,9 +9,8 @@ from typing import Any
 
 from torch import Tensor
 
-from ..data.table import label_set_cell
 
-__all__ = ["COLUMNS", "KINDS", "label_text", "write_issues", "draw_grid", "write_clean", "summary_lines"]
+__all__ = ["COLUMNS", "KINDS", "write_issues", "draw_grid", "write_clean", "summary_lines"]
 
 COLUMNS = ("split", "image", "issue", "score", "given_label", "suggested_label", "duplicate_of")
 # The kinds, in the order issues.csv lists them; what a row's score (0 to 1, higher = surer) is, for each.
@@ -24,13 +23,6 @@ KINDS = {
 }
 NAMES = {"label": "label issue", "leak": "leak", "near_duplicate": "near-duplicate", "outlier": "outlier",
          "unreadable": "unreadable"}
-
-
-def label_text(label: Tensor, classes: list[str]) -> str:
-    """A label as issues.csv and the clean list write it: a class name, or a label set as a JSON list."""
-    if label.dim() == 1:
-        return label_set_cell([classes[k] for k in label.nonzero().flatten().tolist()])
-    return classes[int(label)]
 
 
 def write_issues(path: Path, rows: list[dict[str, Any]]) -> None:
