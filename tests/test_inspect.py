@@ -274,7 +274,8 @@ def test_a_stopped_inspection_continues_its_features_where_they_stopped(planted,
     assert found["counts"]["test"]["leak"] == 2 and np.load(features / "train.npy").shape == (123, 32)
 
 
-@pytest.mark.parametrize("case", ["one class", "other classes", "folds", "suffix", "cleanlab", "processes"])
+@pytest.mark.parametrize("case", ["one class", "other classes", "folds", "suffix", "cleanlab", "processes",
+                                  "clean list in the data", "clean list exists", "test list exists", "output in the data"])
 def test_bad_requests_are_one_line_before_any_image_is_read(case, planted, backbone, tmp_path, monkeypatch, on_cpu):
     import vitlab.prediction
     from vitlab.errors import ConfigError
@@ -300,6 +301,26 @@ def test_bad_requests_are_one_line_before_any_image_is_read(case, planted, backb
     elif case == "suffix":
         kwargs = {"write_clean_to": tmp_path / "clean.txt"}
         expected = "--write-clean"
+    elif case == "clean list in the data":  # a csv data set: --write-clean over its own train.csv
+        table = tmp_path / "table"
+        shutil.copytree(planted / "train", table / "images")
+        (table / "train.csv").write_text("image,labels\n" + "".join(
+            f"{p.relative_to(table)},{p.parent.name}\n" for p in sorted((table / "images").rglob("*.png"))))
+        data = ["data.dataset=csv", f"data.root={table}", "data.test_split=train"]
+        kwargs = {"write_clean_to": table / "train.csv"}
+        expected = f"--write-clean {table / 'train.csv'}: that is inside the data set being read ({table})"
+    elif case == "clean list exists":
+        (tmp_path / "mine.csv").write_text("mine\n")
+        kwargs = {"write_clean_to": tmp_path / "mine.csv"}
+        expected = "that file exists already and vitlab never overwrites"
+    elif case == "test list exists":  # the test split's list is written beside the clean one
+        (tmp_path / "lists").mkdir()
+        (tmp_path / "lists" / "test.csv").write_text("mine\n")
+        kwargs = {"write_clean_to": tmp_path / "lists" / "train.csv"}
+        expected = "the test split's list beside it, " + str(tmp_path / "lists" / "test.csv")
+    elif case == "output in the data":
+        kwargs = {"output": planted / "train" / "report"}
+        expected = "--output " + str(planted / "train" / "report") + ": that is inside the data set being read"
     elif case == "processes":  # as under torchrun with 2 processes
         import vitlab.inspection.job
 
@@ -317,7 +338,71 @@ def test_bad_requests_are_one_line_before_any_image_is_read(case, planted, backb
 
         monkeypatch.setattr(builtins, "__import__", no_cleanlab)
         expected = "pip install 'vitlab[inspect]'"
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*.csv")}
     with pytest.raises(ConfigError) as e:
-        inspect_data(model, data, tmp_path / "out", num_workers=0, **kwargs)
+        inspect_data(model, data, kwargs.pop("output", tmp_path / "out"), num_workers=0, **kwargs)
     assert expected in str(e.value) and "\n" not in str(e.value)
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and not (planted / "train" / "report").exists()
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*.csv")} == before  # no file of the user's changed
+
+
+@pytest.mark.parametrize("kind", ["mae", "dino"])
+def test_inspect_and_embed_read_a_self_supervised_models_backbone(kind, planted, tmp_path, on_cpu):
+    """An MAE or DINO checkpoint has no head: embed and inspect read its backbone's pooled features (MAE's encoder,
+    DINO's teacher), as eval --knn does."""
+    import vitlab
+    from vitlab.inference.forward import pooled_features
+    from vitlab.inspection import inspect_data
+    from vitlab.models import create_model
+    from vitlab.prediction import embed_images
+
+    extra = dict(decoder_embed_dim=16, decoder_depth=1, decoder_num_heads=2) if kind == "mae" else \
+        dict(out_dim=64, hidden_dim=32, bottleneck_dim=16)
+    ssl = create_model(f"{kind}_vit_cifar_tiny_patch4_32", embed_dim=32, depth=2, num_heads=2, **extra)
+    ssl.pretrained_cfg = {"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.25, 0.3]}  # as a run records its statistics
+    ssl.save_pretrained(tmp_path / kind)
+    model = vitlab.load_model(tmp_path / kind)
+    files = sorted((planted / "test" / "class_0").glob("*.png"))[:4]
+    embed_images(model, [str(f) for f in files], tmp_path / "e.jsonl", 4, 0)
+    rows = [json.loads(line) for line in (tmp_path / "e.jsonl").read_text().splitlines()]
+    from vitlab.data.transforms import ModelInput
+
+    cfg = model.pretrained_cfg
+    images = torch.stack([torch.from_numpy(np.asarray(Image.open(f).convert("RGB"))).permute(2, 0, 1) for f in files])
+    with torch.no_grad():
+        expected = pooled_features(model.backbone(), ModelInput(cfg["mean"], cfg["std"])(images))
+    assert torch.allclose(torch.tensor([r["embedding"] for r in rows]), expected, atol=1e-5)
+    found = inspect_data(model, ["data.dataset=imagefolder", f"data.root={planted}"], tmp_path / "report",
+                         num_workers=0, grid=0)
+    assert found["counts"]["test"]["leak"] == 2  # the thumbnails find the copies whatever the features
+
+
+def test_inspects_cached_features_are_those_of_the_files_not_their_names(planted, backbone, tmp_path, monkeypatch,
+                                                                           on_cpu):
+    """The same names under another data.root, or a file changed in place, compute the features again."""
+    import os
+
+    import vitlab.prediction
+    from vitlab.inspection import inspect_data
+    from vitlab.models.registry import load_model
+
+    computed = []
+    real = vitlab.prediction.embed_images
+    monkeypatch.setattr(vitlab.prediction, "embed_images", lambda *a, **k: computed.append(a[2].name) or real(*a, **k))
+    model = load_model(backbone)
+    other = tmp_path / "other"
+    shutil.copytree(planted, other)  # the same names
+    rng = np.random.default_rng(0)
+    for p in sorted(other.rglob("*.*")):  # ... holding noise
+        Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(p, format="PNG")
+    inspect = lambda root: inspect_data(model, ["data.dataset=imagefolder", f"data.root={root}"], tmp_path / "o",
+                                        num_workers=0, grid=0)
+    assert inspect(planted)["counts"]["test"]["leak"] == 2 and computed == ["train.npy", "test.npy"]
+    assert inspect(other)["counts"]["test"]["leak"] == 0 and len(computed) == 4  # not the planted set's features
+    inspect(other)
+    assert len(computed) == 4  # the same files: read back
+    changed = other / "test" / "class_0" / "0001.png"
+    Image.fromarray(np.zeros((32, 32, 3), dtype=np.uint8)).save(changed, format="PNG")
+    os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))
+    inspect(other)
+    assert computed[4:] == ["test.npy"]  # a file changed: its split again

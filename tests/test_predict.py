@@ -117,6 +117,32 @@ def test_an_unreadable_image_is_a_row_with_its_error_and_a_glob_reads_into_folde
     assert "13 images -> " in out and "; 1 could not be read (their rows give the error)" in out
 
 
+def test_an_image_over_the_pixel_limit_is_a_row_with_its_error_and_training_refuses_it(trained, tiny_imagefolder,
+                                                                                       tmp_path, on_cpu):
+    """--max-image-pixels (predict, embed) and data.max_image_pixels (training) refuse an image from its header."""
+    from PIL import Image
+
+    from vitlab import load_model
+    from vitlab.config import load_config
+    from vitlab.errors import DataError
+    from vitlab.prediction import predict_images
+    from vitlab.training import train
+
+    images = tmp_path / "images"
+    shutil.copytree(tiny_imagefolder / "test" / "class_0", images)  # 32 x 32: 1,024 pixels
+    Image.new("RGB", (40, 30), (9, 9, 9)).save(images / "large.jpg")  # 1,200 pixels
+    result = predict_images(load_model(trained), [str(images)], tmp_path / "p.jsonl", num_workers=0,
+                            max_pixels=1100)
+    rows = {Path(r["image"]).name: r for r in map(json.loads, (tmp_path / "p.jsonl").read_text().splitlines())}
+    assert result["unreadable"] == 1 and set(rows["large.jpg"]) == {"image", "error"}
+    assert "is 40 x 30 = 1,200 pixels, more than the 1,100 this reader takes" in rows["large.jpg"]["error"]
+    assert sum("error" not in r for r in rows.values()) == 12
+    with pytest.raises(DataError, match=r"is 32 x 32 = 1,024 pixels, more than the 1,000 this reader takes"):
+        train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "run", "data.max_image_pixels=1000",
+                                                  "data.loader=torch", "data.in_memory=false")))
+    reset_accelerate()
+
+
 @pytest.mark.parametrize("suffix", [".csv", ".jsonl", ".parquet"])
 def test_a_stopped_job_continues_where_it_stopped_without_a_row_twice_or_missing(trained, tiny_imagefolder, tmp_path,
                                                                                  suffix):

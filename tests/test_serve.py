@@ -127,19 +127,53 @@ def test_answers_equal_vitlab_predicts_and_requests_share_forward_passes(run, ti
         thread.join(30)
 
 
+def test_a_multi_label_answer_lists_every_class_predict_lists(tiny_imagefolder, tmp_path, on_cpu):
+    """Eight classes at or above their thresholds: the answer lists all eight, as predict's row does (top_k is for
+    single-label runs)."""
+    import torch
+    from fastapi.testclient import TestClient
+
+    import vitlab
+    from vitlab.prediction import predict_images
+    from vitlab.serving.app import create_app
+
+    model = vitlab.create_model("vit_cifar_tiny_patch4_32", embed_dim=32, depth=1, num_heads=2).eval()
+    with torch.no_grad():
+        model.head.weight.zero_()
+        model.head.bias.copy_(torch.linspace(-2, 2, 10))  # sigmoids 0.12 ... 0.88, whatever the image
+    names = [f"class {k}" for k in range(10)]
+    model.pretrained_cfg = {"label_names": names, "input_size": [3, 32, 32], "mean": [0.5] * 3, "std": [0.25] * 3,
+                            "multi_label": True, "thresholds": [0.2] * 10}
+    image = _test_images(tiny_imagefolder)[0]
+    predict_images(model, [str(image)], tmp_path / "p.jsonl", num_workers=0, device="cpu")
+    expected = json.loads((tmp_path / "p.jsonl").read_text())["labels"]
+    assert len(expected) == 8
+    with TestClient(create_app(model, device="cpu")) as client:
+        answer = client.post("/v1/predict", content=image.read_bytes(), headers={"Content-Type": "image/png"}).json()
+    assert [a["label"] for a in answer] == expected[::-1]  # highest first
+    assert [a["score"] for a in answer] == sorted((a["score"] for a in answer), reverse=True)
+
+
 def test_bad_uploads_get_one_line_each_and_the_next_request_is_served(run, tiny_imagefolder, tmp_path, on_cpu):
     from PIL import Image
 
     good = _test_images(tiny_imagefolder)[0].read_bytes()
     huge = tmp_path / "huge.jpg"  # 100 megapixels (a flat colour: a small file, a large decode)
     Image.new("RGB", (10_000, 10_000), (200, 30, 30)).save(huge, quality=80)
-    server = _Server(run, "--max-upload-mb", "2")
+    server = _Server(run, "--max-upload-mb", "2", "--max-image-pixels", "100000000")
     try:
         def post(content: bytes, kind: str = "image/png") -> httpx.Response:
             return httpx.post(f"{server.url}/v1/predict", content=content, headers={"Content-Type": kind}, timeout=60)
 
+        many = [("files", (f"{i}.png", good, "image/png")) for i in range(66)]
         cases = {
             "not an image": (post(b"plain text, not pixels"), 400, "is not an image that can be read"),
+            "a small PNG of 120 megapixels": (post(_png_header(12_000, 10_000)), 413,
+                                              "is 12,000 x 10,000 = 120,000,000 pixels, more than the 100,000,000"),
+            "65 files": (httpx.post(f"{server.url}/v1/predict", files=many[:65], timeout=60), 413,
+                         "more than 64 images in one request; this server takes at most 64"),
+            "66 files": (httpx.post(f"{server.url}/v1/predict", files=many, timeout=60), 413,
+                         "more than 64 images in one request; this server takes at most 64"),
             "truncated": (post(good[:len(good) // 2]), 400, "is not an image that can be read"),
             "empty": (post(b""), 400, "is empty (0 bytes)"),
             "too large": (post(b"\0" * (3 * 2**20)), 413, "at most 2 MB"),
@@ -153,7 +187,9 @@ def test_bad_uploads_get_one_line_each_and_the_next_request_is_served(run, tiny_
             body = response.json()
             assert response.status_code == status and words in body["error"], name
             assert list(body) == ["error"] and "\n" not in body["error"], name
+            assert "object at 0x" not in body["error"], name  # the file and the reason, no internal object
             assert post(good).status_code == 200, f"after {name}"
+        assert httpx.head(f"{server.url}/health").status_code == 200  # what load balancers send
         pid = server.proc.pid
         before = _peak_rss(pid)
         answer = post(huge.read_bytes(), "image/jpeg")
@@ -166,6 +202,51 @@ def test_bad_uploads_get_one_line_each_and_the_next_request_is_served(run, tiny_
         out = server.stop()
     assert server.proc.returncode == 0, out
     assert f"at http://127.0.0.1:{server.port}" in out  # this machine only, unless --host says otherwise
+
+
+def _png_header(width: int, height: int) -> bytes:
+    """A PNG whose header says ``width x height`` (RGB, 8 bits) and whose data is a few bytes: what a small file of one
+    colour that would decode to a large image looks like before decoding (the limit must be read from the header)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
+
+
+def test_the_pixels_decoded_at_once_are_bounded_across_requests():
+    from vitlab.serving.uploads import PixelBudget
+
+    budget, order = PixelBudget(100), []
+    first_in, first_out = threading.Event(), threading.Event()
+
+    def big(name: str, pixels: int, hold: threading.Event | None = None) -> None:
+        with budget.hold(pixels):
+            order.append(f"{name} in")
+            if hold is not None:
+                first_in.set()
+                hold.wait(10)
+            order.append(f"{name} out")
+
+    a = threading.Thread(target=big, args=("a", 70, first_out))
+    a.start()
+    first_in.wait(10)
+    b = threading.Thread(target=big, args=("b", 40))  # 70 + 40 > 100: waits for a
+    c = threading.Thread(target=big, args=("c", 30))  # 70 + 30 fits: goes beside a
+    b.start()
+    c.start()
+    c.join(10)
+    time.sleep(0.2)
+    assert order == ["a in", "c in", "c out"] and budget.held == 70
+    first_out.set()
+    a.join(10)
+    b.join(10)
+    assert order[3:] == ["a out", "b in", "b out"] and budget.held == 0
+    with budget.hold(10**9):  # more than the whole budget: alone
+        assert budget.held == 100
 
 
 def _peak_rss(pid: int) -> int:
@@ -195,11 +276,24 @@ def test_the_api_key_guards_every_route_but_health_and_sigterm_answers_what_is_i
         basic = base64.b64encode(b"anyone:s3cret-key").decode()
         assert httpx.get(f"{url}/", headers={"Authorization": f"Basic {basic}"}).status_code == 200
         assert httpx.post(f"{url}/v1/predict", content=image, headers={"Content-Type": "image/png"}).status_code == 401
-        preflight = {"Origin": "http://allowed.example", "Access-Control-Request-Method": "POST"}
-        allowed = httpx.options(f"{url}/v1/predict", headers={**preflight, **key})
+        # a browser's preflight carries no key (the Fetch standard leaves credentials out of it): CORS answers it
+        preflight = {"Origin": "http://allowed.example", "Access-Control-Request-Method": "POST",
+                     "Access-Control-Request-Headers": "authorization,content-type"}
+        allowed = httpx.options(f"{url}/v1/predict", headers=preflight)
+        assert allowed.status_code == 200
         assert allowed.headers.get("access-control-allow-origin") == "http://allowed.example"
-        other = httpx.options(f"{url}/v1/predict", headers={**preflight, **key, "Origin": "http://other.example"})
+        assert "authorization" in allowed.headers.get("access-control-allow-headers", "").lower()
+        other = httpx.options(f"{url}/v1/predict", headers={**preflight, "Origin": "http://other.example"})
         assert "access-control-allow-origin" not in other.headers
+        # the page's own requests: answered with the key, refused without it, and either way readable by the page
+        origin = {"Origin": "http://allowed.example"}
+        with_key = httpx.post(f"{url}/v1/predict", content=image, headers={"Content-Type": "image/png", **key, **origin})
+        assert with_key.status_code == 200 and with_key.headers["access-control-allow-origin"] == origin["Origin"]
+        without = httpx.post(f"{url}/v1/predict", content=image, headers={"Content-Type": "image/png", **origin})
+        assert without.status_code == 401 and without.headers["access-control-allow-origin"] == origin["Origin"]
+        bomb = httpx.post(f"{url}/v1/predict", content=_png_header(9000, 9000),
+                          headers={"Content-Type": "image/png", **key})
+        assert bomb.status_code == 413 and "more than the 40,000,000" in bomb.json()["error"]  # the default
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(httpx.post, f"{url}/v1/predict", content=image,
                                   headers={"Content-Type": "image/png", **key}, timeout=60)

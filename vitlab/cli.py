@@ -99,6 +99,9 @@ def _image_job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", choices=("run", "no", "bf16", "fp16"), default="run",
                    help="autocast: run (default), the checkpoint's training precision, as eval runs it (bf16 on a "
                         "GPU, float32 on the CPU for a checkpoint that records none); no: float32")
+    p.add_argument("--max-image-pixels", type=int, default=0, metavar="N",
+                   help="an image file whose header gives more pixels (width x height) is not decoded: its row says "
+                        "so (a small PNG can decode to gigabytes); 0 (default): no limit but PIL's own")
     p.add_argument("images", nargs="+", metavar="INPUT", help="image files, folders (their images, below them too) "
                    "and globs; or data.* keys naming a data set as training does (data.dataset=hf data.root=...)")
 
@@ -170,6 +173,9 @@ def _serve_parser(sub: Any) -> None:
     se.add_argument("--max-wait-ms", type=float, default=5.0,
                     help="how long a forward pass waits for more images to batch (default 5 ms)")
     se.add_argument("--max-upload-mb", type=float, default=20.0, help="a larger request is refused (413)")
+    se.add_argument("--max-image-pixels", type=int, default=None, metavar="N",
+                    help="an image whose header gives more pixels (width x height) is refused (413) before it is "
+                         "decoded, and the requests in flight decode at most N pixels at once (default 40,000,000)")
     se.add_argument("--api-key-env", metavar="VAR", help="every route but /health asks for the key in this "
                                                          "environment variable (Authorization: Bearer <key>)")
     se.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",

@@ -128,7 +128,8 @@ def _predict(args: argparse.Namespace) -> None:
 
     images, data = _inputs(args.images)
     predict_images(load_model(args.checkpoint), images, args.output, args.batch_size, args.num_workers, args.topk,
-                   tta=args.tta, data=data, split=args.split, precision=args.precision)
+                   tta=args.tta, data=data, split=args.split, precision=args.precision,
+                   max_pixels=args.max_image_pixels)
     _end_processes()
 
 
@@ -138,7 +139,7 @@ def _embed(args: argparse.Namespace) -> None:
 
     images, data = _inputs(args.images)
     embed_images(load_model(args.checkpoint), images, args.output, args.batch_size, args.num_workers, data=data,
-                 split=args.split, precision=args.precision)
+                 split=args.split, precision=args.precision, max_pixels=args.max_image_pixels)
     _end_processes()
 
 
@@ -158,7 +159,8 @@ def _serve(args: argparse.Namespace) -> None:
     from .serving import serve
 
     serve(args.checkpoint, args.host, args.port, max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
-          max_upload_mb=args.max_upload_mb, api_key_env=args.api_key_env, cors_origins=tuple(args.cors_origin),
+          max_upload_mb=args.max_upload_mb, max_image_pixels=args.max_image_pixels, api_key_env=args.api_key_env,
+          cors_origins=tuple(args.cors_origin),
           device=args.device, precision=args.precision)
 
 

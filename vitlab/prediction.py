@@ -33,7 +33,7 @@ from .data.transforms import ModelInput, decode_size, decode_upright
 from .errors import ConfigError, DataError
 from .inference.files import columns, csv_lines, job_file, job_record, open_partial, resume_rows, rows, \
     text_line, to_npy, to_parquet
-from .inference.forward import ChunkedForward, cpu_chunk, pooled_features
+from .inference.forward import ChunkedForward, cpu_chunk, feature_model, pooled_features
 from .inference.tta import tta_logits
 from .inference.view import crops_view_size, eval_view, model_dataset
 from .progress import Progress
@@ -165,7 +165,7 @@ class _Guarded(Dataset):
 def embed_images(model: nn.Module, inputs: list[str], output: str | Path, batch_size: int = 64,
                  num_workers: int = 2, device: str | torch.device | None = None,
                  stop_after_batches: int | None = None, data: Sequence[str] | SplitIndex | ShardIndex = (),
-                 split: str = "", precision: str = "run") -> dict[str, int]:
+                 split: str = "", precision: str = "run", max_pixels: int = 0) -> dict[str, int]:
     """The pooled pre-logits features (:func:`~vitlab.tasks.knn.pooled_features`: what a backbone is used for
     besides its head, search, clustering, deduplication) of every image ``inputs`` name, as
     :func:`predict_images` reads and batches them (eval's preprocessing, any number of processes, a stopped job
@@ -175,14 +175,17 @@ def embed_images(model: nn.Module, inputs: list[str], output: str | Path, batch_
     already listed)."""
     return predict_images(model, inputs, output, batch_size, num_workers, device=device,
                           stop_after_batches=stop_after_batches, embed=True, data=data, split=split,
-                          precision=precision)
+                          precision=precision, max_pixels=max_pixels)
 
 
 def _check_request(model: nn.Module, out: Path | None, topk: int, embed: bool, inputs: list[str],
-                   data: Sequence[str]) -> list[str]:
+                   data: Sequence[str], max_pixels: int = 0) -> list[str]:
     """What a job asks for, checked before anything is read: the class names a prediction needs (returned), an
     output of a format that holds its rows, ``topk`` of 1 or more, images or a data set (not both)."""
     cfg = getattr(model, "pretrained_cfg", None) or {}
+    if max_pixels < 0:
+        raise ConfigError(f"--max-image-pixels {max_pixels}: give a number of pixels (width x height), or 0 for no "
+                          f"limit")
     if not embed and topk < 1:
         raise ConfigError(f"--topk {topk}: give how many classes a row lists, 1 or more")
     names = cfg.get("label_names") or ([] if embed else None)
@@ -221,9 +224,10 @@ def _listing(model: nn.Module, inputs: list[str], data: Sequence[str] | SplitInd
 
 
 def image_dataset(model: nn.Module, index: SplitIndex | ShardIndex | None, files: list[str], ids: list[int],
-                  batch_size: int, tta: str) -> Any:
+                  batch_size: int, tta: str, max_pixels: int = 0) -> Any:
     """This process's images ``ids`` (positions in ``files``) as evaluation shows them (:mod:`vitlab.inference.view`;
-    five-crop TTA's larger view), an unreadable one as zeros and its error."""
+    five-crop TTA's larger view), an unreadable one (or, with ``max_pixels``, one whose header gives more pixels) as
+    zeros and its error."""
     cfg = model.pretrained_cfg
     size = tuple(cfg["input_size"][1:])
     view = crops_view_size(size, cfg.get("crop_pct")) if tta == "crops" else size
@@ -232,6 +236,7 @@ def image_dataset(model: nn.Module, index: SplitIndex | ShardIndex | None, files
         return _ShardView(index, ids, batch_size, eval_view(size, stored, cfg.get("crop_pct"), tta), stored, (3, *view))
     part = _files_index(model, [files[i] for i in ids]) if index is None else \
         index.subset(torch.tensor(ids, dtype=torch.long), index.where)
+    part.max_pixels = max_pixels or part.max_pixels
     return _Guarded(model_dataset(model, part, tta), (3, *view)) if ids else []
 
 
@@ -240,7 +245,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                    num_workers: int = 2, topk: int = 5, device: str | torch.device | None = None,
                    stop_after_batches: int | None = None, tta: str = "none", embed: bool = False,
                    data: Sequence[str] | SplitIndex | ShardIndex = (), split: str = "",
-                   precision: str = "run") -> dict[str, int]:
+                   precision: str = "run", max_pixels: int = 0) -> dict[str, int]:
     """Predict every image ``inputs`` name (:func:`list_images`), or, with ``data`` (``data.*`` keys as in
     training), every image of that data set's ``split`` (:func:`data_split`), with ``model`` (from
     :func:`vitlab.load_model`), ``batch_size`` at a time, read by ``num_workers`` DataLoader workers, on ``device``
@@ -256,7 +261,9 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     output does not depend on the number of processes, and a job may continue on another number.
     ``embed``: rows of the pooled pre-logits features instead (:func:`embed_images`). ``tta``: each image's
     probabilities are the mean of its views' (:func:`~vitlab.inference.tta.tta_logits`: ``'flip'``, ``'crops'``).
-    ``stop_after_batches`` ends the job early, as an interruption would (for tests).
+    ``max_pixels``: an image file whose header gives more pixels (width x height) is not decoded, its row the
+    error (:func:`~vitlab.data.decode.check_pixels`; not for shards). ``stop_after_batches`` ends the job early, as
+    an interruption would (for tests).
 
     Returns:
         ``{"images": ..., "unreadable": ..., "resumed": ...}``: images in the job, rows with an error, rows an
@@ -267,7 +274,8 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
             without class names, inputs that name no image, a partial output of another job, another precision.
     """
     out = Path(output) if output is not None else None
-    names = _check_request(model, out, topk, embed, inputs, data)
+    names = _check_request(model, out, topk, embed, inputs, data, max_pixels)
+    model = feature_model(model) if embed else model  # a self-supervised run: its backbone's features
     cfg = model.pretrained_cfg
     lines = ".csv" if out is not None and out.suffix == ".csv" else ".jsonl"  # parquet, npy: JSON lines until the end
     rank, world, dist = processes()
@@ -288,7 +296,10 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
         else 0
     todo = files[done:]
     mine = [i for i in range(len(todo)) if i // batch_size % world == rank]  # my part of every global batch
-    loader = iter(DataLoader(image_dataset(model, index, files, [done + i for i in mine], batch_size, tta),
+    if max_pixels and isinstance(index, ShardIndex):
+        raise ConfigError(f"--max-image-pixels {max_pixels}: shards are read as they stream, without a header check; "
+                          f"leave it out for data.dataset=wds")
+    loader = iter(DataLoader(image_dataset(model, index, files, [done + i for i in mine], batch_size, tta, max_pixels),
                              batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda"))
     sink = open_partial(partial, job, header if lines == ".csv" else "", done) if rank == 0 else None
     predict = BatchPredictor(model, device, dtype, chunk, tta, embed, names, k)

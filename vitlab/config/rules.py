@@ -103,6 +103,8 @@ def _check_image_data(d: DataConfig) -> None:
          "auto or false with data.dataset=wds (shards are streamed; data.dataset=imagefolder or hf keeps images "
          "in memory)")
     need(d.shuffle_buffer >= 1, "data.shuffle_buffer", d.shuffle_buffer, "a number of samples >= 1")
+    need(d.max_image_pixels >= 0, "data.max_image_pixels", d.max_image_pixels, "a number of pixels (width x height), "
+         "or 0 for no limit")
     need(d.sampler == "uniform" or not streamed_in_shards(d), "data.sampler", d.sampler,
          f"uniform with {SHARDS}: a stream reads each sample once")
     need(d.sampler == "uniform" or d.aug_repeats == 1, "data.sampler", d.sampler,

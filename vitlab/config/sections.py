@@ -104,6 +104,9 @@ class DataConfig:
     # or 1/4, then the box cut from the smaller image (about 50 dB from the full decode; docs/large_data.md).
     # false: every file decoded whole, for pixels equal to timm's loader.
     scaled_decode: bool = True
+    # An image file whose header gives more pixels (width x height) than this is refused before it is decoded,
+    # in one line naming it (a small PNG of one colour can decode to gigabytes); 0 = no limit but PIL's own.
+    max_image_pixels: int = 0
     # Where the decoded training and test images live: true, in memory (decoded once, before training);
     # false, streamed (each image decoded when a DataLoader worker reads it: data larger than memory);
     # auto, in memory when the decoded training split fits a quarter of the machine's memory shared by

@@ -29,7 +29,7 @@ except ImportError:  # a platform without its wheel: PIL decodes JPEGs too
     simplejpeg = None
 
 __all__ = ["to_rgb", "pil_to_tensor", "open_image", "decode_image", "read_image", "decode_all", "decode_region",
-           "jpeg_size", "jpeg_orientation", "Region", "EncodedImage", "dct_scale"]
+           "jpeg_size", "jpeg_orientation", "Region", "EncodedImage", "dct_scale", "TooManyPixels", "check_pixels"]
 
 _WIDE_INTEGER_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I")
 _ORIENTATION = 0x0112  # EXIF's Orientation tag
@@ -191,6 +191,37 @@ def decode_image(data: bytes, where: str, size: tuple[int, int] | None = None, e
         raise DataError(f"cannot read image {where}: not an image file PIL can identify") from None
     except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise DataError(f"cannot read image {where}: {e}") from None
+
+
+class TooManyPixels(DataError):
+    """An image whose header says it has more pixels than the reader takes (:func:`check_pixels`)."""
+
+
+def check_pixels(data: bytes, where: str, limit: int) -> int:
+    """The pixels of an encoded image (its stored width x height; 0 for bytes that are no image PIL can identify,
+    which the decode then refuses), read from its header alone: nothing is decoded, so a small file that would decode
+    to gigabytes (a PNG of one colour) costs nothing; refused when over ``limit``. ``limit`` 0: no limit (and 0
+    returned, nothing read).
+
+    Raises:
+        TooManyPixels: one line naming ``where``, its size and the limit.
+    """
+    if not limit:
+        return 0
+    found = jpeg_size(data, exif_transpose=False)
+    try:
+        if found is None:
+            with Image.open(io.BytesIO(data)) as img:
+                found = (img.height, img.width, 1)
+    except Image.DecompressionBombError as e:  # over PIL's own limit, which it checks on opening
+        raise TooManyPixels(f"{where}: {e}; the limit here is {limit:,} pixels") from None
+    except (OSError, ValueError):
+        return 0
+    pixels = found[0] * found[1]
+    if pixels > limit:
+        raise TooManyPixels(f"{where} is {found[1]:,} x {found[0]:,} = {pixels:,} pixels, more than the {limit:,} this "
+                            f"reader takes (--max-image-pixels, data.max_image_pixels)")
+    return pixels
 
 
 Region = tuple[float, float, float, float]  # top, left, height, width, in the upright image's pixels

@@ -22,7 +22,8 @@ from torch import Tensor
 
 from ..errors import DataError
 from ..progress import Progress
-from .decode import EncodedImage, dct_scale, decode_all, decode_image, decode_region, jpeg_size, pil_to_tensor
+from .decode import EncodedImage, check_pixels, dct_scale, decode_all, decode_image, decode_region, jpeg_size, \
+    pil_to_tensor
 from .images import ImageData, Picked, balanced_indices, stratified_indices
 
 __all__ = ["SplitIndex", "StreamedImages", "label_indices", "label_sets", "hold_out", "held_out_count",
@@ -53,6 +54,9 @@ class SplitIndex:
             where the source has files: what a decode cache (``data.cache_dir``) is checked against.
         path: ``path(i)`` -> sample ``i``'s file, where the source has files (what ``vitlab inspect
             --write-clean`` lists).
+        max_pixels: An image file of more pixels than this (its header's width x height) is refused before it
+            is decoded (:func:`~vitlab.data.decode.check_pixels`; ``data.max_image_pixels``, ``--max-image-pixels``);
+            0: no limit but PIL's own.
     """
 
     labels: Tensor
@@ -67,6 +71,7 @@ class SplitIndex:
     upright: bool = True
     stamp: Callable[[int], str] | None = None
     path: Callable[[int], Path] | None = None
+    max_pixels: int = 0
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -78,7 +83,7 @@ class SplitIndex:
         return SplitIndex(self.labels[ids], self.classes, Picked(self.open, ids), where,
                           None if self.pixels is None else self.pixels[ids], *pick, Picked(self.key, ids),
                           upright=self.upright, stamp=None if self.stamp is None else Picked(self.stamp, ids),
-                          path=None if self.path is None else Picked(self.path, ids))
+                          path=None if self.path is None else Picked(self.path, ids), max_pixels=self.max_pixels)
 
     def decode(self, i: int, size: tuple[int, int] | None, scaled: bool = False) -> Tensor:
         """Sample ``i`` as uint8 RGB ``(3, H, W)``, resized (PIL's bicubic) to ``size`` if given (a source
@@ -86,10 +91,12 @@ class SplitIndex:
         as large as ``size`` needs (:func:`~vitlab.data.decode.decode_region`)."""
         if self.pixels is not None:
             return self.pixels[i]
+        if self.max_pixels and self.encoded is not None and not scaled:  # its header first (scaled: below)
+            self._checked(i)
         if size is None and self.read is not None:
             return self.read(i)
         if scaled and self.encoded is not None:
-            data = self.encoded(i)
+            data = self._checked(i)
             found = jpeg_size(data, self.upright)
             if found is not None and dct_scale(found[0], found[1], size) > 1:  # else as without scaling
                 return decode_region(data, self._where(i), lambda h, w: (0, 0, h, w), size, self.upright, found)
@@ -104,10 +111,17 @@ class SplitIndex:
         source keeps no file (decoded pixels)."""
         if self.pixels is not None or self.encoded is None:
             return None
-        return EncodedImage(self.encoded(i), self._where(i), self.upright)
+        return EncodedImage(self._checked(i), self._where(i), self.upright)
 
     def _where(self, i: int) -> str:
         return f"{self.key(i)!r} of {self.where}"
+
+    def _checked(self, i: int) -> bytes:
+        """Sample ``i``'s file as stored, refused (:class:`~vitlab.data.decode.TooManyPixels`) if its header says
+        more than ``max_pixels``."""
+        data = self.encoded(i)
+        check_pixels(data, self._where(i), self.max_pixels)
+        return data
 
     def load(self, size: tuple[int, int] | None, subset: int = 0, seed: int = 0, in_memory: bool = True,
              scaled: bool = False, cache_dir: str | Path | None = None) -> ImageData:

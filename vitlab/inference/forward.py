@@ -14,7 +14,14 @@ from torch import Tensor, nn
 
 from ..runtime import gather_uneven
 
-__all__ = ["pooled_features", "gathered", "ChunkedForward", "cpu_chunk", "CPU_ACTIVATION_BUDGET"]
+__all__ = ["feature_model", "pooled_features", "gathered", "ChunkedForward", "cpu_chunk", "CPU_ACTIVATION_BUDGET"]
+
+
+def feature_model(model: nn.Module) -> nn.Module:
+    """The network whose pooled features ``model`` is worth: a self-supervised model's backbone (MAE's encoder,
+    DINO's teacher: :meth:`backbone`, carrying the model's ``pretrained_cfg``), else ``model`` itself."""
+    inner = getattr(model, "module", model)  # under DDP
+    return inner.backbone() if callable(getattr(inner, "backbone", None)) else model
 
 
 def pooled_features(model: nn.Module, images: Tensor) -> Tensor:

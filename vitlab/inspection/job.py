@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from ..data.table import label_cell
 from ..data.transforms import decode_upright
 from ..errors import ConfigError
+from ..outputs import check_new_file, check_output_folder
 from ..runtime import processes
 from .duplicates import DUPLICATE_THRESHOLD, duplicate_pairs
 from .findings import require_cleanlab, split_issues
@@ -24,8 +25,11 @@ __all__ = ["inspect_data"]
 
 
 def _check(model: nn.Module, splits: list[Split], classes: list[str], multi_label: bool, folds: int,
-           other_classes: bool, write_clean_to: Path | None) -> None:
-    """Everything that can be refused from the listings alone, one line each, before any image is decoded."""
+           other_classes: bool, output: Path, write_clean_to: Path | None, data_root: Path | None) -> None:
+    """Everything that can be refused from the listings alone, one line each, before any image is decoded: among it
+    an output inside the data set (its root, a folder of its images) and a clean list over an existing file."""
+    read = ([data_root] if data_root is not None else []) + sorted({f.parent for s in splits for f in s.files or []})
+    check_output_folder(output, "--output", read)
     known = (getattr(model, "pretrained_cfg", None) or {}).get("label_names")
     if known and sorted(known) != sorted(classes) and not other_classes:
         extra = sorted(set(classes) - set(known))[:3] or sorted(set(known) - set(classes))[:3]
@@ -49,6 +53,12 @@ def _check(model: nn.Module, splits: list[Split], classes: list[str], multi_labe
         if splits[0].files is None:
             raise ConfigError("--write-clean lists image files; this data set's images are not files (a Hugging Face "
                               "data set, shards): inspect its files, or filter it by issues.csv")
+        check_new_file(write_clean_to, "--write-clean", read)
+        for other in splits[1:]:
+            beside = write_clean_to.with_name(f"{Path(other.name).name}.csv")
+            if beside != write_clean_to:
+                check_new_file(beside, f"--write-clean {write_clean_to}: the {other.name} split's list beside it,",
+                               read)
 
 
 def _probabilities(features: Tensor, labels: Tensor, num_classes: int, knn: int, folds: int, seed: int) -> Tensor:
@@ -117,7 +127,7 @@ def inspect_data(model: nn.Module, data: list[str], output: str | Path, *, split
     output = Path(output)
     clean = Path(write_clean_to) if write_clean_to is not None else None
     listed, classes, multi_label = list_splits(data, splits or _default_splits(data), decode_upright(model))
-    _check(model, listed, classes, multi_label, folds, other_classes, clean)
+    _check(model, listed, classes, multi_label, folds, other_classes, output, clean, _data_root(data))
     knn = knn or (0 if folds else 20)
     rows, counts, kept, found = [], {}, {}, {}
     for split in listed:
@@ -165,6 +175,14 @@ def _default_splits(data: list[str]) -> list[str]:
     return list(dict.fromkeys([d.train_split, d.test_split]))
 
 
+def _data_root(data: list[str]) -> Path | None:
+    """The data set's folder (``data.root``) where it is one on this machine (not a Hugging Face hub name)."""
+    from ..config import load_config
+
+    root = Path(load_config(None, data).data.root).expanduser()
+    return root if root.exists() else None
+
+
 def _read(split: Split, name: str) -> Tensor:
     """An image of ``split`` by its name, as stored (uint8 ``(3, H, W)``), for a grid."""
     i = split.names.index(name)
@@ -204,8 +222,8 @@ def _draw_grids(output: Path, listed: list[Split], rows: list[dict[str, Any]], g
 def _write_clean_list(path: Path, listed: list[Split], rows: list[dict[str, Any]], classes: list[str]) -> list[str]:
     """The first split's images without those flagged (label issues, outliers, unreadable, the later image of each
     near-duplicate pair within it, each of its images that has a copy in another split) into ``path``; beside it, each
-    other split whole as ``<split>.csv`` (its test score stays comparable), unless a file of that name is there
-    already (never overwritten). The other splits' files written."""
+    other split whole as ``<split>.csv`` (its test score stays comparable; :func:`_check` refused existing files).
+    The other splits' files written."""
     split = listed[0]
     drop = {r["image"] for r in rows if r["split"] == split.name and r["issue"] != "leak"}
     drop |= {r["duplicate_of"].split(":", 1)[1] for r in rows
@@ -215,7 +233,7 @@ def _write_clean_list(path: Path, listed: list[Split], rows: list[dict[str, Any]
     written = []
     for other in listed[1:]:
         beside = path.with_name(f"{Path(other.name).name}.csv")
-        if beside != path and not beside.exists() and other.files is not None:
+        if beside != path and other.files is not None:
             write_clean(beside, other.files, [label_cell(label, classes) for label in other.labels])
             written.append(beside.name)
     return written

@@ -3,7 +3,8 @@
 A split is listed as training lists it (the same ``data.*`` keys; a streamed one as its shards), its labels
 numbered by the first split's classes; nothing is decoded. Its features are :func:`~vitlab.prediction.embed_images`'
 (eval's preprocessing, a batch at a time, a stopped job continued) in ``<output>/features/<split>.npy``, reused
-by a later inspection of the same split with the same weights (a record beside them says which)."""
+by a later inspection of the same images (where they are, their sizes and times) with the same weights (a record
+beside them says which)."""
 from __future__ import annotations
 
 import hashlib
@@ -85,7 +86,17 @@ def list_splits(keys: list[str], splits: list[str], upright: bool) -> tuple[list
 
 
 def _listing_digest(split: Split) -> str:
-    return hashlib.sha256("\n".join(split.names).encode()).hexdigest()
+    """What the split's images are: their names, and where each file is and what it holds (its resolved path, size
+    and time of change; a shard's, for shards), or where the data set is (a Hugging Face split). The same names under
+    another ``data.root``, or a file changed since, give another digest."""
+    h = hashlib.sha256("\n".join(split.names).encode())
+    files = split.files if split.files is not None else [Path(u) for u in getattr(split.index, "urls", [])
+                                                         if "://" not in u and not u.startswith("pipe:")]
+    for f in files:
+        stat = Path(f).stat()
+        h.update(f"\n{Path(f).resolve()}\t{stat.st_size}\t{stat.st_mtime_ns}".encode())
+    h.update(f"\n{getattr(split.index, 'where', '')}".encode())
+    return h.hexdigest()
 
 
 def split_features(model: nn.Module, split: Split, folder: Path, batch_size: int, num_workers: int,

@@ -4,7 +4,8 @@
 ``POST /v1/predict``       one or several images (multipart files, or one image as the raw body with an ``image/*``
                            content type); ``top_k`` (default 5): Hugging Face's image-classification answer, a list of
                            ``{"label", "score"}`` an image (a list of such lists for several), scores at the run's
-                           temperature; a multi-label run's: the classes at or above its thresholds
+                           temperature; a multi-label run's: every class at or above its threshold (``top_k`` is
+                           for single-label runs), as ``vitlab predict`` lists them
 ``POST /v1/embed``         the same images: ``{"embeddings": [[...], ...]}``, the pooled features
 ``POST /v1/attention``     one image: its attention rollout over the patch grid (``{"rows", "cols", "grid"}``)
 ``GET /v1/model``          the classes, the input size, the temperature and thresholds, the run's test metrics
@@ -34,14 +35,17 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from torch import Tensor, nn
 
+from ..data.decode import TooManyPixels
 from ..errors import DataError
 from ..inference.forward import cpu_chunk
 from ..prediction import BatchPredictor
 from ..runtime import autocast_dtype, default_device
 from .batching import DynamicBatcher
-from .uploads import model_images
+from .uploads import PixelBudget, checked_pixels, model_images
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "MAX_IMAGE_PIXELS"]
+
+MAX_IMAGE_PIXELS = 40_000_000  # a 40-megapixel photo (7,744 x 5,164) is served; a 9,000 x 9,000 PNG is not
 
 
 def _key_given(header: str, key: str) -> bool:
@@ -78,12 +82,15 @@ def _model_record(model: nn.Module, checkpoint: str | Path | None) -> dict[str, 
 def create_app(model: nn.Module, *, checkpoint: str | Path | None = None, max_batch_size: int = 32,
                max_wait_ms: float = 5.0, max_upload_mb: float = 20.0, max_images: int = 64, api_key: str | None = None,
                cors_origins: tuple[str, ...] = (), device: str | torch.device | None = None,
-               precision: str = "run") -> FastAPI:
+               precision: str = "run", max_image_pixels: int = MAX_IMAGE_PIXELS) -> FastAPI:
     """The FastAPI application serving ``model`` (a vitlab image classifier): the routes of the module's table.
 
     ``max_batch_size``, ``max_wait_ms``: the dynamic batching (1: a forward pass a request). ``max_upload_mb``: a
-    larger body is refused (413) before it is read whole; ``max_images``: images a request. ``api_key``: every route
-    but ``/health`` asks for it. ``cors_origins``: the origins whose pages may call the API (none by default)."""
+    larger body is refused (413) before it is read whole; ``max_images``: images a request; ``max_image_pixels``: an
+    image whose header gives more pixels (width x height) is refused (413) before it is decoded, and the requests in
+    flight decode at most that many pixels at once (:class:`~vitlab.serving.uploads.PixelBudget`). ``api_key``: every
+    route but ``/health`` asks for it. ``cors_origins``: the origins whose pages may call the API (none by
+    default)."""
     names = list(model.pretrained_cfg.get("label_names") or [])
     device = default_device() if device is None else torch.device(device)
     model = model.to(device).eval()
@@ -108,16 +115,16 @@ def create_app(model: nn.Module, *, checkpoint: str | Path | None = None, max_ba
     app = FastAPI(title="vitlab", version="1", lifespan=lifespan,
                   description=f"{record['name']}: {len(names)} classes, input {record['input_size']}")
     app.state.batcher = batcher
-    if cors_origins:
+    _error_answers(app)
+    if api_key:
+        _require_key(app, api_key)
+    if cors_origins:  # added last, so outermost: it answers a preflight (which carries no key) and marks every answer
         from fastapi.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
-    _error_answers(app)
-    if api_key:
-        _require_key(app, api_key)
-    limits = _Limits(int(max_upload_mb * 2**20), max_images)
-    _routes(app, model, device, batcher, record, limits)
+    limits = _Limits(int(max_upload_mb * 2**20), max_images, max_image_pixels)
+    _routes(app, model, device, batcher, record, limits, predictor.thresholds)
     return app
 
 
@@ -153,8 +160,12 @@ def _require_key(app: FastAPI, api_key: str) -> None:
 
 
 class _Limits:
-    def __init__(self, upload_bytes: int, images: int) -> None:
-        self.upload_bytes, self.images = upload_bytes, images
+    def __init__(self, upload_bytes: int, images: int, pixels: int) -> None:
+        self.upload_bytes, self.images, self.pixels = upload_bytes, images, pixels
+        self.decoding = PixelBudget(pixels)
+
+    def too_many_images(self) -> str:
+        return f"more than {self.images} images in one request; this server takes at most {self.images}"
 
 
 async def _read_images(request: Request, limits: _Limits) -> tuple[list[bytes], list[str]]:
@@ -176,7 +187,11 @@ async def _read_images(request: Request, limits: _Limits) -> tuple[list[bytes], 
         blobs, labels = [bytes(body)], ["the image"]
     elif kind == "multipart/form-data":
         request._body = bytes(body)  # parsed from what was read (starlette reads request._body when it is set)
-        form = await request.form(max_files=limits.images + 1)
+        try:
+            form = await request.form(max_files=limits.images)
+        except StarletteHTTPException as e:  # starlette's own count of the files, at the same limit
+            raise _Refused(413 if "Too many files" in str(e.detail) else 400,
+                           limits.too_many_images() if "Too many files" in str(e.detail) else str(e.detail)) from None
         uploads = [v for _, v in form.multi_items() if hasattr(v, "read")]
         blobs = [await u.read() for u in uploads]
         labels = [f"file {u.filename!r}" if u.filename else f"file {i + 1}" for i, u in enumerate(uploads)]
@@ -186,7 +201,7 @@ async def _read_images(request: Request, limits: _Limits) -> tuple[list[bytes], 
     if not blobs:
         raise _Refused(400, "no image in the request: send one or more image files")
     if len(blobs) > limits.images:
-        raise _Refused(413, f"{len(blobs)} images in one request; this server takes at most {limits.images}")
+        raise _Refused(413, limits.too_many_images())
     empty = [n for n, b in zip(labels, blobs) if not b]
     if empty:
         raise _Refused(400, f"{empty[0]} is empty (0 bytes)")
@@ -194,8 +209,8 @@ async def _read_images(request: Request, limits: _Limits) -> tuple[list[bytes], 
 
 
 def _routes(app: FastAPI, model: nn.Module, device: torch.device, batcher: DynamicBatcher, record: dict[str, Any],
-            limits: _Limits) -> None:
-    """The routes of the module's table."""
+            limits: _Limits, thresholds: Tensor | None) -> None:
+    """The routes of the module's table (``thresholds``: a multi-label run's, as predict applies them)."""
     from starlette.concurrency import run_in_threadpool
 
     names = record["classes"]
@@ -203,7 +218,16 @@ def _routes(app: FastAPI, model: nn.Module, device: torch.device, batcher: Dynam
     async def model_input(request: Request) -> tuple[Tensor, int]:
         blobs, labels = await _read_images(request, limits)
         try:
-            return await run_in_threadpool(model_images, model, blobs, labels), len(blobs)
+            pixels = checked_pixels(blobs, labels, limits.pixels)  # from the headers: nothing decoded yet
+        except TooManyPixels as e:
+            raise _Refused(413, str(e)) from None
+
+        def decode() -> Tensor:
+            with limits.decoding.hold(pixels):
+                return model_images(model, blobs, labels)
+
+        try:
+            return await run_in_threadpool(decode), len(blobs)
         except DataError as e:
             raise _Refused(400, str(e)) from None
 
@@ -213,7 +237,7 @@ def _routes(app: FastAPI, model: nn.Module, device: torch.device, batcher: Dynam
             raise _Refused(422, f"top_k={top_k}: give how many classes to list, 1 or more")
         images, count = await model_input(request)
         probs = await batcher.submit("predict", images)
-        answers = [_answer(row, names, top_k, record["multi_label"], record["thresholds"]) for row in probs]
+        answers = [_answer(row, names, top_k, thresholds) for row in probs]
         return answers[0] if count == 1 and not _is_multipart(request) else answers
 
     @app.post("/v1/embed", summary="the pooled features of images")
@@ -239,6 +263,8 @@ def _routes(app: FastAPI, model: nn.Module, device: torch.device, batcher: Dynam
     async def health() -> Any:
         return {"status": "ok"}
 
+    app.head("/health", include_in_schema=False)(health)  # what load balancers send
+
     page = files("vitlab.serving").joinpath("page.html").read_text()
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
@@ -258,14 +284,13 @@ def _is_multipart(request: Any) -> bool:
     return request.headers.get("content-type", "").lower().startswith("multipart/")
 
 
-def _answer(probs: Tensor, names: list[str], top_k: int, multi_label: bool,
-            thresholds: list[float] | None) -> list[dict[str, Any]]:
-    """One image's ``[{"label", "score"}, ...]``, highest first: its ``top_k`` classes; a multi-label run's classes at
-    or above their thresholds (0.5 where it has none), ``top_k`` at most."""
+def _answer(probs: Tensor, names: list[str], top_k: int, thresholds: Tensor | None) -> list[dict[str, Any]]:
+    """One image's ``[{"label", "score"}, ...]``, highest first: its ``top_k`` classes; a multi-label run's
+    (``thresholds``: :class:`~vitlab.prediction.BatchPredictor`'s) every class at or above its threshold, as ``vitlab
+    predict``'s row lists them (``top_k`` is for single-label runs)."""
     order = probs.argsort(descending=True).tolist()
-    if multi_label:
-        cut = torch.tensor(thresholds) if thresholds else torch.full_like(probs, 0.5)
-        order = [k for k in order if probs[k] >= cut[k]]
+    if thresholds is not None:
+        return [{"label": names[k], "score": float(probs[k])} for k in order if probs[k] >= thresholds[k]]
     return [{"label": names[k], "score": float(probs[k])} for k in order[:top_k]]
 
 

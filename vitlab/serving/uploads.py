@@ -4,19 +4,23 @@ eval's one view (upright by its EXIF orientation if the run read its files so; a
 model needs, so a 100-megapixel photo takes the memory of its reduced decode; the center crop or resize; uint8)."""
 from __future__ import annotations
 
+import contextlib
 import io
+import re
+import threading
+from typing import Iterator
 
 import torch
 from PIL import Image
 from torch import Tensor, nn
 
-from ..data.decode import decode_image, open_image
+from ..data.decode import check_pixels, decode_image, open_image
 from ..data.split import SplitIndex
 from ..data.transforms import decode_upright
 from ..errors import DataError
 from ..inference.view import model_dataset
 
-__all__ = ["UploadedImages", "model_images"]
+__all__ = ["UploadedImages", "model_images", "PixelBudget"]
 
 
 class UploadedImages:
@@ -53,6 +57,38 @@ def model_images(model: nn.Module, blobs: list[bytes], names: list[str]) -> Tens
         try:
             images.append(shown[i][0])
         except DataError as e:
-            reason = str(e).rsplit("': ", 1)[-1]
+            reason = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(e).rsplit("': ", 1)[-1])
             raise DataError(f"{names[i]} is not an image that can be read ({reason})") from None
     return torch.stack(images)
+
+
+class PixelBudget:
+    """At most ``limit`` pixels (width x height, from the images' headers) being decoded at once across the
+    requests in flight: a request holds its images' pixels while they are decoded, and one that would go over waits
+    (in its worker thread) until enough are given back; one asking for more than ``limit`` waits until it is alone.
+    So concurrent requests of large images take the memory of one at a time, not of all of them."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held, self.changed = limit, 0, threading.Condition()
+
+    @contextlib.contextmanager
+    def hold(self, pixels: int) -> Iterator[None]:
+        pixels = min(pixels, self.limit)
+        with self.changed:
+            self.changed.wait_for(lambda: self.held + pixels <= self.limit)
+            self.held += pixels
+        try:
+            yield
+        finally:
+            with self.changed:
+                self.held -= pixels
+                self.changed.notify_all()
+
+
+def checked_pixels(blobs: list[bytes], names: list[str], limit: int) -> int:
+    """The pixels of all ``blobs`` from their headers (:func:`~vitlab.data.decode.check_pixels`).
+
+    Raises:
+        TooManyPixels: one line naming the first image over ``limit``.
+    """
+    return sum(check_pixels(b, n, limit) for b, n in zip(blobs, names))

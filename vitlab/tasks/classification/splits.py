@@ -45,6 +45,7 @@ def index_splits(d: DataConfig, classes: list[str] | None = None, seed: int = 0,
     if d.test_size and d.dataset == "imagefolder" and not (Path(d.root).expanduser() / split).is_dir():
         split = "."  # the class folders are data.root's own
     train = index_split(d.dataset, d.root, split, **keys, classes=classes, multi_label=multi_label)
+    train.max_pixels = d.max_image_pixels  # kept by the splits held out of it
     keys["multi_label"] = train.labels.ndim == 2  # every split as the training split holds its labels
     if held_out is not None and held_out.get("test_size", 0) != d.test_size:
         kept = held_out.get("test_size", 0)
@@ -52,7 +53,9 @@ def index_splits(d: DataConfig, classes: list[str] | None = None, seed: int = 0,
                           f"{kept:g}) and this asks for data.test_size={d.test_size:g}; a run keeps its test split: "
                           f"set data.test_size={kept:g}, or start a new run")
     if not d.test_size:
-        return train, index_split(d.dataset, d.root, d.test_split, **keys, classes=train.classes)
+        test = index_split(d.dataset, d.root, d.test_split, **keys, classes=train.classes)
+        test.max_pixels = d.max_image_pixels
+        return train, test
     if held_out and held_out.get("seed", seed) != seed:
         raise ConfigError(f"train.seed={seed}: the run held out its test split with train.seed={held_out['seed']}, "
                           f"which chooses those images; a run keeps its test split: set train.seed={held_out['seed']}, "
