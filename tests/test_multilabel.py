@@ -470,6 +470,24 @@ def test_a_single_label_csv_with_a_spaced_name_says_why_it_became_multi_label(qu
                      r"class name with a space is a JSON list, \[\"stop sign\"\]", capsys.readouterr().out)
 
 
+def test_a_csv_of_absolute_image_paths_trains_and_names_each_image_by_its_path(quadrants, tmp_path, on_cpu):
+    from vitlab.data.table import index_csv
+    from vitlab.evaluation import evaluate_checkpoint
+    from vitlab.training import train
+
+    absolute = lambda split, rows: [[str(quadrants / r[0]), r[1]] for r in rows]  # the images outside data.root
+    data = _copy(quadrants, tmp_path, absolute)
+    listed = index_csv(data, "test")
+    assert listed.key(0) == str(quadrants / "images" / "test_0.png") and listed.path(0) == quadrants / "images" / \
+        "test_0.png"
+    run = tmp_path / "run"
+    train(load_config(None, _overrides(data, run, "train.epochs=1")))
+    reset_accelerate()
+    evaluate_checkpoint(run, predictions=tmp_path / "p.csv")
+    named = [r["image"] for r in csv.DictReader(open(tmp_path / "p.csv"))]
+    assert named == [str(quadrants / r[0]) for r in list(csv.reader(open(quadrants / "test.csv")))[1:]]
+
+
 def test_an_image_listed_under_two_spellings_of_its_path_is_listed_twice(quadrants, tmp_path):
     from vitlab.data.table import index_csv
 

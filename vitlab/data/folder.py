@@ -30,8 +30,12 @@ class FolderFiles:
         self.files, self.exif_transpose, self.root = files, exif_transpose, root
 
     def key(self, i: int) -> str:
-        """File ``i``'s path under the split's folder (``<class>/<name>``)."""
-        return self.files[i].relative_to(self.root).as_posix() if self.root else self.files[i].name
+        """File ``i``'s path under the split's folder (``<class>/<name>``); a file elsewhere (a csv table's absolute
+        path), its path as listed."""
+        if self.root is None:
+            return self.files[i].name
+        file = self.files[i]
+        return file.relative_to(self.root).as_posix() if file.is_relative_to(self.root) else file.as_posix()
 
     def open(self, i: int) -> Image.Image:
         return open_image(self.files[i], exif_transpose=self.exif_transpose)

@@ -80,7 +80,7 @@ def index_csv(root: Path, split: str, classes: list[str] | None = None, exif_tra
         reader = csv.DictReader(f)
         if not {"image", "labels"} <= set(reader.fieldnames or ()):
             raise DataError(f"{path} has columns {reader.fieldnames}; it needs 'image' (a path relative to "
-                            f"data.root) and 'labels' (class names separated by spaces, or a JSON list)")
+                            f"data.root, or absolute) and 'labels' (class names separated by spaces, or a JSON list)")
         where = f"{path.name} of data.root={str(root)!r}"
         rows = [(row["image"], parse_label_cell(row["labels"], where)) for row in reader]
     if not rows:
@@ -97,7 +97,8 @@ def index_csv(root: Path, split: str, classes: list[str] | None = None, exif_tra
     missing = [n for n, f in zip(names, files) if not f.is_file()]
     if missing:
         raise DataError(f"{where}: {len(missing)} of its {len(files)} images are not there ({missing[0]!r} "
-                        f"{'and others ' if len(missing) > 1 else ''}under data.root); image paths are relative to data.root")
+                        f"{'and others ' if len(missing) > 1 else ''}under data.root); image paths are relative to data.root, "
+                        f"or absolute")
     label_lists = [labels for _, labels in rows]
     single = all(len(labels) == 1 for labels in label_lists)
     if multi_label is False and not single:
