@@ -126,3 +126,40 @@ def test_a_run_starts_from_a_deit_without_its_teacher_head_given_the_register_it
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(model.eval()(x), hf(pixel_values=x).logits, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["vit", "deit-no-teacher"])
+def test_a_run_from_a_transformers_directory_takes_its_architecture_from_the_checkpoints_config(kind, tmp_path,
+                                                                                                   tiny_imagefolder):
+    """model.pretrained=transformers:DIR without model.* arguments: the width, depth, heads, MLP ratio, patch size,
+    layer-norm eps (and a DeiT's register) come from DIR's config, as from_pretrained builds them; a key given with
+    another value is one line naming both."""
+    import vitlab
+    from conftest import reset_accelerate
+    from vitlab.config import load_config
+    from vitlab.errors import ConfigError
+    from vitlab.training import train
+
+    hf = _hf(kind, qkv_bias=False)
+    hf.save_pretrained(tmp_path / "hf")
+    base = ["model.name=vit_cifar_tiny_patch4_32", f"model.pretrained=transformers:{tmp_path / 'hf'}",
+            "data.dataset=imagefolder", f"data.root={tiny_imagefolder}", "data.num_workers=0", "data.loader=torch",
+            "train.batch_size=16", "train.epochs=1", "optim.warmup_epochs=0", "model.num_classes=3"]
+    with pytest.raises(ConfigError, match=r"fixes the architecture, and this config gives model.depth=4 \(the "
+                                          r"checkpoint's: 2\), model.num_heads=2 \(the checkpoint's: 3\): leave"):
+        train(load_config(None, [*base, "model.depth=4", "model.num_heads=2", "model.embed_dim=48",
+                                 f"train.output_dir={tmp_path / 'no'}"]))
+    reset_accelerate()
+    # an lr of 1e-12: Adam moves each weight by about that (the test reads the weights the run started from)
+    train(load_config(None, [*base, "optim.lr=1e-12", "optim.min_lr=0", "optim.weight_decay=0",
+                             f"train.output_dir={tmp_path / 'run'}"]))
+    reset_accelerate()
+    model = vitlab.load_model(tmp_path / "run")
+    c = model.config
+    assert (c["embed_dim"], c["depth"], c["num_heads"], c["mlp_ratio"], c["patch_size"], c["norm_eps"]) == \
+        (48, 2, 3, 2.0, 8, 1e-12)
+    assert c["qkv_bias"] is False and model.num_reg_tokens == int(kind == "deit-no-teacher")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():  # every weight but the head's is the checkpoint's
+        theirs = (hf.vit if kind == "vit" else hf.deit)(pixel_values=x).last_hidden_state
+        torch.testing.assert_close(model.eval().forward_features(x), theirs, atol=1e-4, rtol=0)  # fresh: O(1)

@@ -31,7 +31,7 @@ from .mae import MaskedAutoencoder
 from .timm_classifier import TIMM_PREFIX, TimmClassifier
 from .vit import checkpoint_filter_fn
 
-__all__ = ["load_pretrained", "timm_model", "timm_filter"]
+__all__ = ["load_pretrained", "timm_model", "timm_filter", "pretrained_architecture"]
 
 # The arguments that shape a ViT's weights: what a classifier must share with the backbone it starts from.
 _BACKBONE_KEYS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "class_token", "reg_tokens",
@@ -136,10 +136,11 @@ _TRANSFORMERS_KINDS = "ViTForImageClassification, ViTModel, DeiTForImageClassifi
                       "ViTMAEForPreTraining"
 
 
-def _from_transformers(source: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
-    """A transformers ViT or DeiT checkpoint (a Hub id or a ``save_pretrained`` directory) as vitlab weights
-    (:func:`~vitlab.models.interop.from_transformers`) and its normalization (its image processor's, else
-    ViT's 0.5)."""
+def _transformers_config(source: str) -> Any:
+    """A transformers checkpoint's config (a Hub id or a ``save_pretrained`` directory), of a kind vitlab reads.
+
+    Raises:
+        CheckpointError: one line, without transformers, for a config that cannot be read, or another kind."""
     try:
         import transformers
     except ImportError:
@@ -152,6 +153,42 @@ def _from_transformers(source: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
     if config.model_type not in ("vit", "deit", "vit_mae"):
         raise CheckpointError(f"model.pretrained=transformers:{source} is a {config.model_type} checkpoint; vitlab "
                               f"reads ViT, DeiT and ViTMAE ({_TRANSFORMERS_KINDS})")
+    return config
+
+
+def pretrained_architecture(source: str) -> dict[str, Any]:
+    """The ViT arguments ``model.pretrained`` fixes, read from its config as ``from_pretrained`` reads it: for
+    ``transformers:<id or directory>`` its patch size, width, depth, heads, MLP ratio, query/key/value bias,
+    layer-norm eps, a distilled DeiT's distillation token and head, and for a DeiT without its teacher head the
+    distillation token as a register
+    (:func:`~vitlab.models.interop.from_transformers` builds the same); nothing for other sources (their
+    architecture is the preset's). The input size stays the run's (the positions are resampled).
+
+    Raises:
+        CheckpointError: one line, for a config that cannot be read or of another kind.
+    """
+    if not source.startswith("transformers:"):
+        return {}
+    c = _transformers_config(source.removeprefix("transformers:"))
+    arch = (c.architectures or [""])[0]
+    patch = tuple(c.patch_size) if isinstance(c.patch_size, (list, tuple)) else c.patch_size
+    args = dict(patch_size=patch, embed_dim=c.hidden_size, depth=c.num_hidden_layers,
+                num_heads=c.num_attention_heads, mlp_ratio=c.intermediate_size / c.hidden_size,
+                qkv_bias=bool(c.qkv_bias), norm_eps=c.layer_norm_eps)
+    if arch == "DeiTForImageClassificationWithTeacher":
+        args["distilled"] = True  # its distillation token and head
+    elif c.model_type == "deit":
+        args["reg_tokens"] = 1  # the distillation token without its head: a register with a position of its own
+    return args
+
+
+def _from_transformers(source: str) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """A transformers ViT or DeiT checkpoint (a Hub id or a ``save_pretrained`` directory) as vitlab weights
+    (:func:`~vitlab.models.interop.from_transformers`) and its normalization (its image processor's, else
+    ViT's 0.5)."""
+    import transformers
+
+    config = _transformers_config(source)
     default = {"vit": "ViTModel", "deit": "DeiTModel", "vit_mae": "ViTMAEModel"}[config.model_type]
     arch = (config.architectures or [default])[0]
     cls = getattr(transformers, arch, None)
