@@ -41,7 +41,8 @@ from torch.utils.data import DataLoader
 
 import vitlab
 from vitlab.data import load_split
-from vitlab.data.images import DeviceImageLoader, ImageData, TensorImageDataset, train_transform
+from vitlab.data.images import DeviceImageLoader, ImageData, TensorImageDataset
+from vitlab.data.transforms import train_transform
 
 
 def loader_rate(loader, device: torch.device, max_images: int) -> float:

@@ -24,7 +24,7 @@ import time
 
 
 def _shard_loader(shards: str, size: int, images: int = 0, workers: int = 2):
-    from vitlab.data.images import train_transform
+    from vitlab.data.transforms import train_transform
     from vitlab.data.shard_stream import ShardLoader, ShardStream, spread
     from vitlab.data.shards import index_shards
 
@@ -40,7 +40,8 @@ def one_epoch(data: str, images: int, size: int, shards: str | None) -> None:
     from torch.utils.data import DataLoader
 
     from vitlab.data import index_split
-    from vitlab.data.images import TensorImageDataset, train_transform
+    from vitlab.data.images import TensorImageDataset
+    from vitlab.data.transforms import train_transform
 
     if shards:
         loader = _shard_loader(shards, size, images)
@@ -59,7 +60,8 @@ def resume_cost(data: str, size: int) -> dict[int, float]:
     from torch.utils.data import DataLoader
 
     from vitlab.data import index_split
-    from vitlab.data.images import TensorImageDataset, train_transform
+    from vitlab.data.images import TensorImageDataset
+    from vitlab.data.transforms import train_transform
 
     split = index_split("imagefolder", data, "train").load((size, size), in_memory=False)
     dataset = TensorImageDataset(split, train_transform((size, size)), seed=0)
