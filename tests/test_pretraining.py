@@ -494,6 +494,8 @@ def test_shards_bf16_and_gradient_checkpointing_train(kind, loose_images, tiny_i
 
 @pytest.mark.parametrize("change,message", [
     (("mae.mask_ratio=1.0",), "mae.mask_ratio=1.0"),
+    (("mae.mask_ratio=0.99",), "mask_ratio=0.99 leaves none of an image's 64 patches visible to the encoder; at most "
+                               "0.9843"),
     (("model.decoder_embed_dim=64",), "decoder_embed_dim=64 is wider than the encoder's embed_dim=32"),
     (("data.mixup_alpha=0.2",), "there are no labels to mix"),
     (("data.val_size=10",), "monitor.val_size"),
@@ -528,3 +530,35 @@ def test_an_mae_run_resumed_as_dino_is_one_line(mae_run, loose_images, capsys):
         train_main(["--resume", str(run_dir), "task=dino", "model.name=dino_vit_cifar_tiny_patch4_32"])
     err = capsys.readouterr().err.strip().splitlines()
     assert exited.value.code == 2 and len(err) == 1 and "task 'mae' -> 'dino'" in err[0]
+
+
+def test_a_csv_of_images_without_labels_pretrains(loose_images, tmp_path, capsys, on_cpu):
+    table = tmp_path / "table"
+    table.mkdir()
+    files = sorted(loose_images.rglob("*.png"))
+    (table / "train.csv").write_text("image\n" + "".join(f"{f}\n" for f in files))  # no labels column
+    train(load_config(None, ssl_overrides("mae", table, tmp_path / "run", "data.dataset=csv", "train.epochs=1")))
+    reset_accelerate()
+    assert "96 images, without labels" in capsys.readouterr().out
+
+
+def test_the_monitors_data_errors_name_monitor_keys(loose_images, tiny_imagefolder, tmp_path):
+    import csv
+
+    labelled = tmp_path / "labelled"
+    labelled.mkdir()
+    for split in ("train", "test"):
+        with open(labelled / f"{split}.csv", "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["image", "labels"])
+            w.writerows((p, json.dumps(["class_0", "class_1"] if i % 2 else [p.parent.name]))
+                        for i, p in enumerate(sorted((tiny_imagefolder / "train").rglob("*.png"))))
+    with pytest.raises(DataError) as raised:
+        train(load_config(None, ssl_overrides("mae", loose_images, tmp_path / "run", "monitor.dataset=csv",
+                                              monitor=labelled)))
+    said = str(raised.value)
+    assert said.endswith("the k-NN monitor votes one class an image: give monitor.root images of one class each")
+    assert "data.multi_label" not in said and "\n" not in said
+    with pytest.raises(DataError, match=r"monitor\.root") as raised:
+        train(load_config(None, ssl_overrides("mae", loose_images, tmp_path / "run", monitor=tmp_path / "nowhere")))
+    assert "data.root" not in str(raised.value)

@@ -33,7 +33,8 @@ def index_split(dataset: str, root: str | Path, split: str, *, download: bool = 
             ``PIL.ImageOps.exif_transpose`` and Hugging Face ``datasets`` do; False: the stored pixels.
         multi_label: True: labels as multi-hot rows (bool ``(N, K)``), also where each image has one class;
             False: one class an image (label sets are one line); None: as the data holds them (``data.multi_label``).
-        labelled: False (predictions): a Hugging Face split without a label column is listed, its labels 0.
+        labelled: False (predictions, pretraining): a Hugging Face split without a label column, or a csv table
+            without a ``labels`` column, is listed, its labels 0.
     """
     if dataset == "hf":
         from .hf import index_hf_split
@@ -41,7 +42,7 @@ def index_split(dataset: str, root: str | Path, split: str, *, download: bool = 
         index = index_hf_split(str(root), split, image_key=image_key, label_key=label_key, classes=classes,
                                exif_transpose=exif_transpose, multi_label=multi_label, labelled=labelled)
     elif dataset == "csv":
-        index = index_csv(Path(root).expanduser(), split, classes, exif_transpose, multi_label)
+        index = index_csv(Path(root).expanduser(), split, classes, exif_transpose, multi_label, labelled)
     elif dataset == "cifar10":
         index = index_cifar10(Path(root).expanduser(), split, download)
     else:

@@ -54,7 +54,7 @@ def parse_label_cell(cell: str, where: str) -> list[str]:
 
 
 def index_csv(root: Path, split: str, classes: list[str] | None = None, exif_transpose: bool = True,
-              multi_label: bool | None = None) -> SplitIndex:
+              multi_label: bool | None = None, labelled: bool = True) -> SplitIndex:
     """List ``root/<split>.csv``: its images (read upright by their EXIF orientation unless
     ``exif_transpose=False``) and their labels, without decoding an image.
 
@@ -66,6 +66,8 @@ def index_csv(root: Path, split: str, classes: list[str] | None = None, exif_tra
         exif_transpose: Read image files upright by their EXIF orientation.
         multi_label: True: multi-hot labels (bool ``(N, K)``) whatever the rows hold; False: one class an
             image (int64 ``(N,)``); None: multi-hot unless every image has exactly one label.
+        labelled: False (pretraining, predictions): a table without a ``labels`` column is listed too, its
+            labels 0.
 
     Raises:
         DataError: one line, for a missing file, column or image, an image listed twice, a class the
@@ -78,11 +80,13 @@ def index_csv(root: Path, split: str, classes: list[str] | None = None, exif_tra
                         f"{', '.join(found) or 'none'}); each split is <split>.csv with columns image and labels")
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
-        if not {"image", "labels"} <= set(reader.fieldnames or ()):
+        needed = {"image", "labels"} if labelled or "labels" in (reader.fieldnames or ()) else {"image"}
+        if not needed <= set(reader.fieldnames or ()):
             raise DataError(f"{path} has columns {reader.fieldnames}; it needs 'image' (a path relative to "
                             f"data.root, or absolute) and 'labels' (class names separated by spaces, or a JSON list)")
         where = f"{path.name} of data.root={str(root)!r}"
-        rows = [(row["image"], parse_label_cell(row["labels"], where)) for row in reader]
+        rows = [(row["image"], parse_label_cell(row["labels"], where) if "labels" in needed else ["?"])
+                for row in reader]
     if not rows:
         raise DataError(f"{where} lists no images")
     names = [image for image, _ in rows]
@@ -99,6 +103,11 @@ def index_csv(root: Path, split: str, classes: list[str] | None = None, exif_tra
         raise DataError(f"{where}: {len(missing)} of its {len(files)} images are not there ({missing[0]!r} "
                         f"{'and others ' if len(missing) > 1 else ''}under data.root); image paths are relative to data.root, "
                         f"or absolute")
+    if "labels" not in needed:  # listed without labels: each image class 0
+        reader_ = FolderFiles(files, exif_transpose, root)
+        return SplitIndex(torch.zeros(len(files), dtype=torch.long), list(classes or ["?"]), reader_.open, where,
+                          encoded=reader_.encoded, read=reader_.read, key=reader_.key, upright=exif_transpose,
+                          stamp=reader_.stamp, path=reader_.path)
     label_lists = [labels for _, labels in rows]
     single = all(len(labels) == 1 for labels in label_lists)
     if multi_label is False and not single:

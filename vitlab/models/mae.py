@@ -15,6 +15,8 @@ as transformers' is: ``mae(images, noise=noise)`` gives the loss, the predicted 
 """
 from __future__ import annotations
 
+import math
+
 from typing import Any, NamedTuple
 
 import torch
@@ -111,6 +113,11 @@ class MaskedAutoencoder(nn.Module, HubMixin, GradCheckpointing):
                                          embed_dim=embed_dim, depth=depth, num_heads=num_heads, mlp_ratio=mlp_ratio,
                                          qkv_bias=qkv_bias, drop_path_rate=drop_path_rate, norm_eps=norm_eps)
         grid = self.encoder.patch_embed.grid_size
+        patches = grid[0] * grid[1]
+        if int(patches * (1 - mask_ratio)) < 1:
+            largest = math.floor((1 - 1 / patches) * 10**4) / 10**4
+            raise ValueError(f"mask_ratio={mask_ratio} leaves none of an image's {patches} patches visible to the "
+                             f"encoder; at most {largest} (one patch seen) (mae.mask_ratio)")
         self.encoder.pos_embed.requires_grad_(False)  # fixed sin-cos, written by init_weights
         self.decoder_embed = nn.Linear(embed_dim, decoder_embed_dim)
         self.mask_token = nn.Parameter(torch.zeros(1, 1, decoder_embed_dim))

@@ -12,6 +12,7 @@ and the k-NN monitor, the only place labels enter.
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -24,7 +25,7 @@ from ..data.images import TensorImageDataset
 from ..data.rules import streamed_in_shards
 from ..data.shard_stream import ShardLoader
 from ..data.transforms import CIFAR10_MEAN, CIFAR10_STD
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..inference.forward import gathered, pooled_features
 from ..inference.view import eval_dataset
 from ..models.hub import read_json
@@ -146,7 +147,10 @@ def monitor_loaders(cfg: Config, accelerator: Accelerator, size: tuple[int, int]
                                    test_split=m.test_split, val_size=m.val_size, train_subset=m.train_subset,
                                    test_subset=m.test_subset, test_size=0, streaming=False, in_memory=True,
                                    multi_label=False, download=False)
-    train_index, test_index = index_splits(labelled, seed=cfg.train.seed)
+    try:
+        train_index, test_index = index_splits(labelled, seed=cfg.train.seed)
+    except (ConfigError, DataError) as e:  # said of data.* keys: the monitor's are monitor.*
+        raise type(e)(_monitor_words(str(e))) from None
     bank, val = load_train_val_data(labelled, cfg.train.seed, size, train_index)
     test = load_test_data(labelled, cfg.train.seed, size, test_index)
     crop_pct = d.crop_pct if d.train_crop != "pad" else None
@@ -158,6 +162,15 @@ def monitor_loaders(cfg: Config, accelerator: Accelerator, size: tuple[int, int]
                       + (f"for {len(val.labels):,} held out of them (val) and " if val is not None else "for ")
                       + f"{len(test.labels):,} of {test_index.where} (test), by the backbone's pooled features")
     return monitors
+
+
+def _monitor_words(message: str) -> str:
+    """A listing's message about the monitor's data, in the monitor's keys (``monitor.root``, not ``data.root``); a
+    label set, which the monitor's vote cannot take, said so."""
+    message = re.sub(r"\bdata\.multi_label\b.*$", "the k-NN monitor votes one class an image: give monitor.root "
+                     "images of one class each", message)
+    return re.sub(r"\bdata\.(dataset|root|train_split|test_split|val_size|train_subset|test_subset)\b",
+                  r"monitor.\1", message)
 
 
 def backbone_of(net: nn.Module, accelerator: Accelerator) -> nn.Module:
