@@ -627,3 +627,23 @@ def test_resume_that_changes_the_optimizer_or_the_best_metric_is_one_line(tiny_i
     assert re.search(rf"^error: --resume {re.escape(str(run_dir))}: {said}: a run continues with the task, the "
                      rf"optimizer and the validation metric it began with .* model.pretrained={re.escape(str(run_dir))}$",
                      err.strip())
+
+
+def test_resume_with_another_architecture_is_one_line_before_any_image_is_decoded(tiny_imagefolder, tmp_path, capsys,
+                                                                                  monkeypatch):
+    from vitlab.cli import train_main
+    from vitlab.data.split import SplitIndex
+
+    run_dir = tmp_path / "run"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=1")))
+    reset_accelerate()
+    monkeypatch.setattr(SplitIndex, "decode", lambda *a, **k: pytest.fail("an image was decoded"))
+    for change, said in (("model.img_size=64", "model.img_size None -> 64"), ("model.depth=2", "model.depth 1 -> 2")):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            train_main(["--resume", str(run_dir), "train.epochs=2", change])
+        err = capsys.readouterr().err.strip()
+        assert exited.value.code == 2 and len(err.splitlines()) == 1
+        assert err == (f"error: --resume {run_dir}: {said}: the checkpoint holds the weights of the model the run "
+                       f"began with; keep its model.* keys, or start a new run from its weights: "
+                       f"model.pretrained={run_dir}")

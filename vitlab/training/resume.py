@@ -98,14 +98,28 @@ def refuse_other_samples(cfg: Config, checkpoint: Path) -> None:
 FIXED_KEYS = ("task", "optim.opt", "train.best_metric", "train.greater_is_better")
 
 
+# Model arguments that shape no weight: a continued run may change them (the others are its architecture).
+SHAPELESS_MODEL_ARGS = frozenset({"drop_path_rate", "drop_rate", "attn_drop_rate", "proj_drop_rate", "pos_drop_rate"})
+
+
 def refuse_fixed_keys(cfg: Config, checkpoint: Path, run_dir: Path) -> None:
-    """Refuse, in one line, ``--resume RUN key=value`` that changes a key of :data:`FIXED_KEYS`."""
+    """Refuse, in one line, ``--resume RUN key=value`` that changes a key of :data:`FIXED_KEYS`, or the model's
+    architecture (``model.name``, an argument that shapes weights: ``model.img_size``, ``model.depth``, ...), before
+    any data is read."""
     if not (checkpoint / "run_config.yaml").is_file():
         return
-    saved, wanted = config_to_flat(load_config(checkpoint / "run_config.yaml", recorded=True)), config_to_flat(cfg)
+    recorded = load_config(checkpoint / "run_config.yaml", recorded=True)
+    saved, wanted = config_to_flat(recorded), config_to_flat(cfg)
     changed = [f"{k} {saved.get(k)!r} -> {wanted.get(k)!r}" for k in FIXED_KEYS if saved.get(k) != wanted.get(k)]
     if changed:
         raise ConfigError(_fixed_keys_refusal(changed, run_dir))
+    before, after = {"name": recorded.model.name, **recorded.model.args}, {"name": cfg.model.name, **cfg.model.args}
+    shaped = [f"model.{k} {before.get(k)!r} -> {after.get(k)!r}" for k in sorted(before.keys() | after.keys())
+              if k not in SHAPELESS_MODEL_ARGS and before.get(k) != after.get(k)]
+    if shaped:
+        raise ConfigError(f"--resume {run_dir}: {', '.join(shaped)}: the checkpoint holds the weights of the model the "
+                          f"run began with; keep its model.* keys, or start a new run from its weights: "
+                          f"model.pretrained={run_dir}")
 
 
 def refuse_task_change(checkpoint: Path, overrides: list[str], run_dir: str | Path) -> None:
