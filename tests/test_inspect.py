@@ -406,3 +406,39 @@ def test_inspects_cached_features_are_those_of_the_files_not_their_names(planted
     os.utime(changed, ns=(changed.stat().st_atime_ns, changed.stat().st_mtime_ns + 10**9))
     inspect(other)
     assert computed[4:] == ["test.npy"]  # a file changed: its split again
+
+
+def test_the_agreement_is_scikit_learns_accuracy_or_micro_f1():
+    from sklearn.metrics import accuracy_score, f1_score
+
+    from vitlab.inspection.probabilities import agreement
+
+    g = torch.Generator().manual_seed(0)
+    probs, labels = torch.rand(50, 4, generator=g), torch.randint(0, 4, (50,), generator=g)
+    assert agreement(probs.softmax(1), labels) == pytest.approx(accuracy_score(labels, probs.argmax(1)))
+    sets = torch.rand(50, 4, generator=g) > 0.6
+    assert agreement(probs, sets) == pytest.approx(f1_score(sets.numpy(), (probs >= 0.5).numpy(), average="micro"))
+
+
+def test_a_model_that_disagrees_with_most_labels_is_said_not_to_be_trusted(planted, backbone, tmp_path, capsys,
+                                                                           on_cpu):
+    from vitlab.inspection import inspect_data
+    from vitlab.models.registry import load_model
+
+    model = load_model(backbone)
+    data = lambda root: ["data.dataset=imagefolder", f"data.root={root}"]
+    found = inspect_data(model, data(planted), tmp_path / "a", num_workers=0, grid=0, splits=["train"])
+    printed = capsys.readouterr().out
+    assert found["agreement"]["train"] >= 0.9 and "not to be trusted" not in printed
+    assert f"agree with the given labels (top-1, out of sample): train {100 * found['agreement']['train']:.1f}%" in printed
+    shuffled = tmp_path / "shuffled"
+    shutil.copytree(planted, shuffled)
+    rng = np.random.default_rng(0)
+    for i, p in enumerate(sorted((shuffled / "train").rglob("*.*"))):  # most images filed under another class
+        if i % 5:
+            p.rename(shuffled / "train" / f"class_{rng.integers(3)}" / f"{i} {p.name}")
+    found = inspect_data(model, data(shuffled), tmp_path / "b", num_workers=0, grid=0, splits=["train"])
+    printed = capsys.readouterr().out
+    assert found["agreement"]["train"] < 0.7
+    assert "below 70% (train) the label issues cannot be told from the model's own mistakes and are not to be " \
+           "trusted" in printed

@@ -17,7 +17,7 @@ from ..outputs import check_new_file, check_output_folder
 from ..runtime import processes
 from .duplicates import DUPLICATE_THRESHOLD, duplicate_pairs
 from .findings import require_cleanlab, split_issues
-from .probabilities import cross_fitted, fold_of, knn_out_of_sample
+from .probabilities import TRUSTED_AGREEMENT, agreement, cross_fitted, fold_of, knn_out_of_sample
 from .report import KINDS, draw_grid, summary_lines, write_clean, write_issues
 from .splits import Split, describe, list_splits, split_features
 
@@ -106,7 +106,11 @@ def inspect_data(model: nn.Module, data: list[str], output: str | Path, *, split
     ``data.dataset=csv`` reads, the other splits whole beside it.
 
     Returns:
-        ``{"counts": {split: {kind: n}}, "balance": {split: {...}}, "issues": rows}``.
+        ``{"counts": {split: {kind: n}}, "balance": {split: {...}}, "issues": rows, "agreement": {split: a}}``:
+        ``a`` how often the out-of-sample probabilities agree with the given labels
+        (:func:`~vitlab.inspection.probabilities.agreement`); below
+        :data:`~vitlab.inspection.probabilities.TRUSTED_AGREEMENT` the summary says the label findings are not to
+        be trusted.
 
     Raises:
         ConfigError: one line, before any image is decoded (see :func:`_check`); without cleanlab installed.
@@ -129,7 +133,7 @@ def inspect_data(model: nn.Module, data: list[str], output: str | Path, *, split
     listed, classes, multi_label = list_splits(data, splits or _default_splits(data), decode_upright(model))
     _check(model, listed, classes, multi_label, folds, other_classes, output, clean, _data_root(data))
     knn = knn or (0 if folds else 20)
-    rows, counts, kept, found = [], {}, {}, {}
+    rows, counts, kept, found, agreed = [], {}, {}, {}, {}
     for split in listed:
         features, thumbs = split_features(model, split, output / "features", batch_size, num_workers, precision)
         readable = np.flatnonzero(~np.isnan(np.asarray(features)).any(1))
@@ -138,6 +142,7 @@ def inspect_data(model: nn.Module, data: list[str], output: str | Path, *, split
         x = kept[split.name][1]
         labels = split.labels[torch.from_numpy(readable)]
         probs = _probabilities(x, labels, len(classes), knn, folds, seed)
+        agreed[split.name] = agreement(probs, labels)
         issues = split_issues(labels, probs, x.numpy(), multi_label)
         found[split.name] = _label_rows(split, readable, issues, probs, classes, multi_label)
         found[split.name] += [{"split": split.name, "image": split.names[i], "issue": "unreadable", "score": 1.0,
@@ -159,13 +164,13 @@ def inspect_data(model: nn.Module, data: list[str], output: str | Path, *, split
     beside = _write_clean_list(clean, listed, rows, classes) if clean is not None else []
     balance = {split.name: describe(split, classes) for split in listed}
     how = f"cross-fitted linear heads ({folds} folds)" if folds else f"the votes of the {knn} nearest other images"
-    for line in summary_lines(counts, balance, how, output, grids):
+    for line in summary_lines(counts, balance, how, output, grids, agreed, multi_label, TRUSTED_AGREEMENT):
         print(line)
     if clean is not None:
         print(f"wrote {clean}: the {listed[0].name} images without those flagged" +
               (f", and {', '.join(beside)} (whole)" if beside else "") + f"; train on it with data.dataset=csv "
               f"data.root={clean.parent} data.train_split={clean.stem}")
-    return {"counts": counts, "balance": balance, "issues": rows}
+    return {"counts": counts, "balance": balance, "issues": rows, "agreement": agreed}
 
 
 def _default_splits(data: list[str]) -> list[str]:

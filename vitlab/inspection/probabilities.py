@@ -17,7 +17,13 @@ from torch import Tensor
 from ..tasks.knn import knn_probabilities
 from ..tasks.linear_probe import fit_linear_probe
 
-__all__ = ["knn_out_of_sample", "cross_fitted", "fold_of"]
+__all__ = ["knn_out_of_sample", "cross_fitted", "fold_of", "agreement", "TRUSTED_AGREEMENT"]
+
+# Below this agreement of the out-of-sample probabilities with the given labels, cleanlab reads many of the model's
+# own mistakes as wrong labels: on CIFAR-10 with 10% of its labels planted wrong, a model of 33% top-1 flagged 3,294
+# of 6,760 images at a precision of 0.13 (issue 70), a backbone of 89.5% top-1 flagged at a precision of 0.61
+# (docs/inspect.md). A rule of thumb, not a measured boundary.
+TRUSTED_AGREEMENT = 0.7
 
 
 def knn_out_of_sample(features: Tensor, labels: Tensor, num_classes: int, k: int = 20) -> Tensor:
@@ -53,3 +59,14 @@ def cross_fitted(features: Tensor, labels: Tensor, num_classes: int, fold: Tenso
         logits = x[held] @ weight.T + bias
         probs[held] = logits.sigmoid() if labels.dim() == 2 else logits.softmax(-1)
     return probs
+
+
+def agreement(probs: Tensor, labels: Tensor) -> float:
+    """How often the out-of-sample probabilities ``probs`` ``(N, K)`` agree with the given ``labels``: the share of
+    images whose most likely class is their label (class indices ``(N,)``), or for label sets (multi-hot ``(N, K)``)
+    the micro-averaged F1 of the classes at or above 0.5 against the given ones."""
+    if labels.dim() == 1:
+        return float((probs.argmax(1) == labels).double().mean())
+    predicted, given = probs >= 0.5, labels.bool()
+    both = int((predicted & given).sum())
+    return 2 * both / max(int(predicted.sum()) + int(given.sum()), 1)

@@ -75,10 +75,13 @@ def write_clean(path: Path, files: list[Path], labels: list[str]) -> None:
     os.replace(tmp, path)
 
 
-def summary_lines(counts: dict[str, dict[str, int]], balance: dict[str, dict[str, Any]],
-                  how: str, output: Path, grids: list[str]) -> list[str]:
-    """The few lines printed at the end: each split's issues by kind, its class balance, where the files are."""
+def summary_lines(counts: dict[str, dict[str, int]], balance: dict[str, dict[str, Any]], how: str, output: Path,
+                  grids: list[str], agreed: dict[str, float], multi_label: bool, trusted: float) -> list[str]:
+    """The few lines printed at the end: each split's issues by kind, its class balance, how often the out-of-sample
+    probabilities agree with its labels (and, below ``trusted``, that its label findings are not to be trusted), where
+    the files are."""
     lines = []
+    what = "micro-F1 of the label sets" if multi_label else "top-1"
     for split, kinds in counts.items():
         b = balance[split]
         per = sorted(b["classes"].items(), key=lambda kv: kv[1])
@@ -88,6 +91,13 @@ def summary_lines(counts: dict[str, dict[str, int]], balance: dict[str, dict[str
             + f"; classes from {per[0][1]:,} ({per[0][0]}) to {per[-1][1]:,} "
             f"({per[-1][0]}) images, {ratio:.1f}x")
     lines.append(f"label issues and outliers from {how}; near-duplicates and leaks: thumbnails compared pixel by pixel")
+    lines.append(f"those probabilities agree with the given labels ({what}, out of sample): " +
+                 ", ".join(f"{split} {100 * a:.1f}%" for split, a in agreed.items()))
+    weak = [split for split, a in agreed.items() if a < trusted]
+    if weak:
+        lines.append(f"below {100 * trusted:.0f}% ({', '.join(weak)}) the label issues cannot be told from the model's "
+                     f"own mistakes and are not to be trusted: inspect with a stronger model (a fine-tuned or "
+                     f"longer-trained checkpoint), or check the labels by hand")
     lines.append(f"wrote {output / 'issues.csv'}" + (f" and {', '.join(grids)}" if grids else "") +
                  "; nothing in the data set was changed")
     return lines
