@@ -275,7 +275,8 @@ def test_a_stopped_inspection_continues_its_features_where_they_stopped(planted,
 
 
 @pytest.mark.parametrize("case", ["one class", "other classes", "folds", "suffix", "cleanlab", "processes",
-                                  "clean list in the data", "clean list exists", "test list exists", "output in the data"])
+                                  "clean list in the data", "clean list exists", "test list exists",
+                                  "output in the data", "cleanvision"])
 def test_bad_requests_are_one_line_before_any_image_is_read(case, planted, backbone, tmp_path, monkeypatch, on_cpu):
     import vitlab.prediction
     from vitlab.errors import ConfigError
@@ -331,9 +332,11 @@ def test_bad_requests_are_one_line_before_any_image_is_read(case, planted, backb
 
         real = builtins.__import__
 
+        missing = "cleanvision" if case == "cleanvision" else "cleanlab"
+
         def no_cleanlab(name, *a, **k):
-            if name.startswith("cleanlab"):
-                raise ImportError("No module named 'cleanlab'")
+            if name.split(".")[0] == missing:
+                raise ImportError(f"No module named {missing!r}")
             return real(name, *a, **k)
 
         monkeypatch.setattr(builtins, "__import__", no_cleanlab)
@@ -430,7 +433,8 @@ def test_a_model_that_disagrees_with_most_labels_is_said_not_to_be_trusted(plant
     found = inspect_data(model, data(planted), tmp_path / "a", num_workers=0, grid=0, splits=["train"])
     printed = capsys.readouterr().out
     assert found["agreement"]["train"] >= 0.9 and "not to be trusted" not in printed
-    assert f"agree with the given labels (top-1, out of sample): train {100 * found['agreement']['train']:.1f}%" in printed
+    share = 100 * found["agreement"]["train"]
+    assert f"agree with the given labels (top-1, out of sample): train {share:.1f}%" in printed
     shuffled = tmp_path / "shuffled"
     shutil.copytree(planted, shuffled)
     rng = np.random.default_rng(0)
@@ -442,3 +446,40 @@ def test_a_model_that_disagrees_with_most_labels_is_said_not_to_be_trusted(plant
     assert found["agreement"]["train"] < 0.7
     assert "below 70% (train) the label issues cannot be told from the model's own mistakes and are not to be " \
            "trusted" in printed
+
+
+def test_frames_without_information_are_their_own_kind_not_duplicates_or_wrong_labels(planted, backbone, tmp_path,
+                                                                                       on_cpu):
+    """Black, white, one-colour and two-tone frames filed under the classes: CleanVision's kinds alone (as
+    cleanlab's image library finds them from the pixels), never near-duplicates of each other or label issues; the
+    clean list leaves them out."""
+    from vitlab.data.sources import index_split
+    from vitlab.inspection import inspect_data
+    from vitlab.models.registry import load_model
+
+    root = tmp_path / "data"
+    shutil.copytree(planted, root)
+    frames = {}
+    for i in range(4):
+        two = np.zeros((32, 32, 3), np.uint8)
+        two[:, 16:] = (40, 200, 90)
+        for name, pixels in (("black", np.zeros((32, 32, 3), np.uint8)), ("white", np.full((32, 32, 3), 255, np.uint8)),
+                             ("two-tone", two)):
+            path = root / "train" / f"class_{i % 3}" / f"{name} {i}.png"
+            Image.fromarray(pixels).save(path)
+            frames[path.relative_to(root / "train").as_posix()] = name
+    found = inspect_data(load_model(backbone), ["data.dataset=imagefolder", f"data.root={root}"], tmp_path / "o",
+                         num_workers=0, grid=0, write_clean_to=tmp_path / "clean" / "train.csv")
+    kinds: dict[str, set[str]] = {}
+    for r in found["issues"]:
+        kinds.setdefault(r["image"], set()).add(r["issue"])
+        if r["duplicate_of"]:
+            kinds.setdefault(r["duplicate_of"].split(":", 1)[1], set()).add(r["issue"])
+    for image, name in frames.items():
+        assert "low_information" in kinds[image], image
+        assert not kinds[image] & {"label", "near_duplicate", "leak", "outlier"}, (image, kinds[image])
+    assert {"dark"} <= kinds["class_0/black 0.png"] and {"light"} <= kinds["class_0/white 0.png"]
+    clean = index_split("csv", tmp_path / "clean", "train")
+    listed = {Path(clean.path(i)).name for i in range(len(clean))}
+    assert not listed & {Path(f).name for f in frames}
+    assert {"moved 0.png", "copy a.jpg"}.isdisjoint(listed)  # what was found before is still found

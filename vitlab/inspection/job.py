@@ -17,6 +17,7 @@ from ..outputs import check_new_file, check_output_folder
 from ..runtime import processes
 from .duplicates import DUPLICATE_THRESHOLD, duplicate_pairs
 from .findings import require_cleanlab, split_issues
+from .pixels import NO_INFORMATION, PIXEL_KINDS, require_cleanvision
 from .probabilities import TRUSTED_AGREEMENT, agreement, cross_fitted, fold_of, knn_out_of_sample
 from .report import KINDS, draw_grid, summary_lines, write_clean, write_issues
 from .splits import Split, describe, list_splits, split_features
@@ -90,6 +91,38 @@ def _pair_rows(kind: str, a: Split, b: Split, pairs: list[tuple[int, int, float]
              "duplicate_of": f"{b.name}:{b.names[int(rows_b[j])]}"} for i, j, s in pairs]
 
 
+def _inspect_split(model: nn.Module, split: Split, features_dir: Path, classes: list[str], multi_label: bool,
+                   voting: tuple[int, int, int], duplicate_threshold: float,
+                   reading: tuple[int, int, str]
+                   ) -> tuple[tuple[np.ndarray, Tensor, Tensor], list[dict[str, Any]], float]:
+    """One split's findings: what its pixels alone say (CleanVision), then, on the images that are readable and carry
+    information, wrong labels and outliers (cleanlab on the out-of-sample probabilities of ``voting``: k-NN ``k``,
+    or ``folds`` heads dealt by ``seed``) and near-duplicates within it. Returns the images searched (their
+    positions, features and thumbnails: what leaks are looked for among), the rows, and how often the probabilities
+    agree with the labels."""
+    knn, folds, seed = voting
+    features, thumbs, pixels = split_features(model, split, features_dir, *reading)
+    readable = ~np.isnan(np.asarray(features)).any(1)
+    blank = np.zeros(len(split), bool)
+    for kind in NO_INFORMATION:
+        blank |= pixels[kind][0]
+    searched = np.flatnonzero(readable & ~blank)
+    x, small = torch.from_numpy(np.asarray(features)[searched]), torch.from_numpy(np.asarray(thumbs)[searched])
+    labels = split.labels[torch.from_numpy(searched)]
+    probs = _probabilities(x, labels, len(classes), knn, folds, seed)
+    rows = _label_rows(split, searched, split_issues(labels, probs, x.numpy(), multi_label), probs, classes,
+                       multi_label)
+    alone = [("unreadable", i, 1.0) for i in np.flatnonzero(~readable).tolist()]
+    alone += [(kind, i, float(score[i])) for kind, (flag, score) in pixels.items()
+              for i in np.flatnonzero(flag & readable).tolist()]
+    rows += [{"split": split.name, "image": split.names[i], "issue": kind, "score": score,
+              "given_label": label_cell(split.labels[i], classes), "suggested_label": "", "duplicate_of": ""}
+             for kind, i, score in alone]
+    pairs = duplicate_pairs(x, small, threshold=duplicate_threshold)
+    rows += _pair_rows("near_duplicate", split, split, pairs, searched, searched, classes)
+    return (searched, x, small), rows, agreement(probs, labels)
+
+
 def inspect_data(model: nn.Module, data: list[str], output: str | Path, *, splits: list[str] | None = None,
                  knn: int = 0, folds: int = 0, seed: int = 0, duplicate_threshold: float = DUPLICATE_THRESHOLD,
                  write_clean_to: str | Path | None = None, other_classes: bool = False, batch_size: int = 64,
@@ -116,6 +149,7 @@ def inspect_data(model: nn.Module, data: list[str], output: str | Path, *, split
         ConfigError: one line, before any image is decoded (see :func:`_check`); without cleanlab installed.
     """
     require_cleanlab()
+    require_cleanvision()
     if processes()[1] > 1:
         raise ConfigError("vitlab inspect runs in one process (it writes one report): start it without torchrun or "
                           "accelerate launch")
@@ -135,21 +169,9 @@ def inspect_data(model: nn.Module, data: list[str], output: str | Path, *, split
     knn = knn or (0 if folds else 20)
     rows, counts, kept, found, agreed = [], {}, {}, {}, {}
     for split in listed:
-        features, thumbs = split_features(model, split, output / "features", batch_size, num_workers, precision)
-        readable = np.flatnonzero(~np.isnan(np.asarray(features)).any(1))
-        kept[split.name] = (readable, torch.from_numpy(np.asarray(features)[readable]),
-                            torch.from_numpy(np.asarray(thumbs)[readable]))
-        x = kept[split.name][1]
-        labels = split.labels[torch.from_numpy(readable)]
-        probs = _probabilities(x, labels, len(classes), knn, folds, seed)
-        agreed[split.name] = agreement(probs, labels)
-        issues = split_issues(labels, probs, x.numpy(), multi_label)
-        found[split.name] = _label_rows(split, readable, issues, probs, classes, multi_label)
-        found[split.name] += [{"split": split.name, "image": split.names[i], "issue": "unreadable", "score": 1.0,
-                               "given_label": label_cell(split.labels[i], classes), "suggested_label": "",
-                               "duplicate_of": ""} for i in sorted(set(range(len(split))) - set(readable.tolist()))]
-        pairs = duplicate_pairs(x, kept[split.name][2], threshold=duplicate_threshold)
-        found[split.name] += _pair_rows("near_duplicate", split, split, pairs, readable, readable, classes)
+        kept[split.name], found[split.name], agreed[split.name] = _inspect_split(
+            model, split, output / "features", classes, multi_label, (knn, folds, seed), duplicate_threshold,
+            (batch_size, num_workers, precision))
     for later, split in enumerate(listed):
         for earlier in listed[:later]:
             a, b = kept[split.name], kept[earlier.name]
@@ -204,7 +226,7 @@ def _draw_grids(output: Path, listed: list[Split], rows: list[dict[str, Any]], g
     """A picture grid for each kind found (its ``grid`` surest rows), written as ``<kind>.png``."""
     by_name = {s.name: s for s in listed}
     written = []
-    for kind in ("label", "leak", "near_duplicate", "outlier"):
+    for kind in ("label", "leak", "near_duplicate", "outlier", *PIXEL_KINDS):
         picked = sorted((r for r in rows if r["issue"] == kind), key=lambda r: -r["score"])[:grid]
         if not picked or grid <= 0:
             continue
@@ -215,8 +237,8 @@ def _draw_grids(output: Path, listed: list[Split], rows: list[dict[str, Any]], g
                 other, name = r["duplicate_of"].split(":", 1)
                 images.append(_read(by_name[other], name))
             pair = f"{r['split']} | {r['duplicate_of'].split(':')[0]}\nr = {r['score']:.3f}"
-            caption = {"label": f"given {r['given_label']}\nsuggested {r['suggested_label']}",
-                       "outlier": f"given {r['given_label']}"}.get(kind, pair)
+            caption = {"label": f"given {r['given_label']}\nsuggested {r['suggested_label']}"}.get(
+                kind, pair if r["duplicate_of"] else f"given {r['given_label']}\nscore {r['score']:.3f}")
             items.append((images, caption))
         path = output / f"{kind}.png"
         draw_grid(path, items, f"{kind.replace('_', ' ')}: the {len(picked)} surest ({KINDS[kind]})")
@@ -230,7 +252,8 @@ def _write_clean_list(path: Path, listed: list[Split], rows: list[dict[str, Any]
     other split whole as ``<split>.csv`` (its test score stays comparable; :func:`_check` refused existing files).
     The other splits' files written."""
     split = listed[0]
-    drop = {r["image"] for r in rows if r["split"] == split.name and r["issue"] != "leak"}
+    kept_kinds = {"leak", *(k for k in PIXEL_KINDS if k not in NO_INFORMATION)}  # blurry, odd sizes: kept
+    drop = {r["image"] for r in rows if r["split"] == split.name and r["issue"] not in kept_kinds}
     drop |= {r["duplicate_of"].split(":", 1)[1] for r in rows
              if r["issue"] == "leak" and r["duplicate_of"].split(":", 1)[0] == split.name}
     keep = [i for i, name in enumerate(split.names) if name not in drop]

@@ -9,6 +9,8 @@ from typing import Any
 
 from torch import Tensor
 
+from .pixels import PIXEL_KINDS
+
 
 __all__ = ["COLUMNS", "KINDS", "write_issues", "draw_grid", "write_clean", "summary_lines"]
 
@@ -20,9 +22,12 @@ KINDS = {
     "near_duplicate": "the thumbnails' correlation with its near-duplicate in the same split",
     "outlier": "1 - cleanlab's outlier score",
     "unreadable": "1: the image could not be read",
+    **PIXEL_KINDS,
 }
 NAMES = {"label": "label issue", "leak": "leak", "near_duplicate": "near-duplicate", "outlier": "outlier",
-         "unreadable": "unreadable"}
+         "unreadable": "unreadable", "low_information": "low-information", "dark": "dark", "light": "light",
+         "blurry": "blurry", "odd_size": "odd-size", "odd_aspect_ratio": "odd-aspect-ratio"}
+_ALWAYS = ("label", "leak", "near_duplicate", "outlier", "unreadable")  # in the summary even when 0
 
 
 def write_issues(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -87,10 +92,13 @@ def summary_lines(counts: dict[str, dict[str, int]], balance: dict[str, dict[str
         per = sorted(b["classes"].items(), key=lambda kv: kv[1])
         ratio = per[-1][1] / max(per[0][1], 1)
         lines.append(f"{split}: {b['images']:,} images; " + ", ".join(
-            f"{n:,} {NAMES[kind]}{'s' if n != 1 and kind != 'unreadable' else ''}" for kind, n in kinds.items())
+            f"{n:,} {NAMES[kind]}{'s' if n != 1 and kind in ('label', 'leak', 'near_duplicate', 'outlier') else ''}"
+            for kind, n in kinds.items() if n or kind in _ALWAYS)
             + f"; classes from {per[0][1]:,} ({per[0][0]}) to {per[-1][1]:,} "
             f"({per[-1][0]}) images, {ratio:.1f}x")
-    lines.append(f"label issues and outliers from {how}; near-duplicates and leaks: thumbnails compared pixel by pixel")
+    lines.append(f"label issues and outliers from {how}; near-duplicates and leaks: thumbnails compared pixel by "
+                 f"pixel; low-information, dark, light, blurry and odd-size images: CleanVision (the first three left "
+                 f"out of the other searches)")
     lines.append(f"those probabilities agree with the given labels ({what}, out of sample): " +
                  ", ".join(f"{split} {100 * a:.1f}%" for split, a in agreed.items()))
     weak = [split for split, a in agreed.items() if a < trusted]

@@ -100,29 +100,40 @@ def _listing_digest(split: Split) -> str:
 
 
 def split_features(model: nn.Module, split: Split, folder: Path, batch_size: int, num_workers: int,
-                   precision: str) -> tuple[np.ndarray, np.ndarray]:
-    """``split``'s features, float32 ``(N, E)`` (a row of NaN for an image that cannot be read), and its images'
+                   precision: str) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """``split``'s features, float32 ``(N, E)`` (a row of NaN for an image that cannot be read), its images'
     32 x 32 thumbnails, uint8 ``(N, 3, 32, 32)`` (:func:`~vitlab.inspection.duplicates.thumbnails` of each image as
-    eval shows it), computed into ``folder/<split>.npy`` and ``<split>.thumbnails.npy``, or read from there when an
-    earlier inspection computed them from the same listing with the same weights and precision."""
+    eval shows it), and what its pixels alone say (:func:`~vitlab.inspection.pixels.pixel_issues`), computed into
+    ``folder/<split>.npy``, ``<split>.thumbnails.npy`` and ``<split>.pixels.npz``, or read from there when an earlier
+    inspection computed them from the same images with the same weights and precision."""
     from ..prediction import embed_images
+    from .pixels import pixel_issues
 
     out, thumbs = folder / f"{split.name}.npy", folder / f"{split.name}.thumbnails.npy"
-    record = folder / f"{split.name}.job.json"
+    pixels, record = folder / f"{split.name}.pixels.npz", folder / f"{split.name}.job.json"
     dtype = autocast_dtype(model, precision, default_device())
     job = {**job_record(model, 1, "none", dtype, embed=True), "listing": _listing_digest(split)}
-    if out.is_file() and thumbs.is_file() and record.is_file() and json.loads(record.read_text()) == job:
-        return np.load(out, mmap_mode="r"), np.load(thumbs, mmap_mode="r")
+    if all(f.is_file() for f in (out, thumbs, pixels, record)) and json.loads(record.read_text()) == job:
+        return np.load(out, mmap_mode="r"), np.load(thumbs, mmap_mode="r"), _read_pixels(pixels)
     folder.mkdir(parents=True, exist_ok=True)
-    for done in (record, out, thumbs):
+    for done in (record, out, thumbs, pixels):
         done.unlink(missing_ok=True)
     embed_images(model, [], out, batch_size, num_workers, data=split.index, precision=precision)
     _write_thumbnails(model, split, thumbs, batch_size, num_workers)
+    found = pixel_issues(split)
+    np.savez(pixels, **{f"{kind}.{part}": a for kind, arrays in found.items() for part, a in zip(("flag", "score"),
+                                                                                                  arrays)})
     record.write_text(json.dumps(job, indent=1))
     features = np.load(out, mmap_mode="r")
     if len(features) != len(split):
         raise DataError(f"{out}: {len(features)} rows for the {len(split)} images of split {split.name!r}")
-    return features, np.load(thumbs, mmap_mode="r")
+    return features, np.load(thumbs, mmap_mode="r"), found
+
+
+def _read_pixels(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    with np.load(path) as stored:
+        kinds = dict.fromkeys(name.rsplit(".", 1)[0] for name in stored.files)
+        return {kind: (stored[f"{kind}.flag"], stored[f"{kind}.score"]) for kind in kinds}
 
 
 def _write_thumbnails(model: nn.Module, split: Split, out: Path, batch_size: int, num_workers: int) -> None:
