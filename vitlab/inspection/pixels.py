@@ -92,7 +92,7 @@ def pixel_issues(split: Split) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     first = next((k for k in range(len(images)) if images[k][0] is not None), None)
     if first is None:
         return {kind: (np.zeros(len(images), bool), np.zeros(len(images))) for kind in PIXEL_KINDS}
-    with contextlib.redirect_stdout(io.StringIO()):  # its report; the findings go to issues.csv
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # its report, its bar
         lab = Imagelab(torchvision_dataset=_FirstReadable(images, first))
         lab.find_issues({kind: {} for kind in PIXEL_KINDS}, n_jobs=1, verbose=False)
     found = lab.issues.reindex(range(len(images)))
