@@ -74,10 +74,13 @@ def test_overrides_reach_their_keys_with_types():
     ("trian.epochs=3", r"unknown section 'trian'; did you mean train\?"),
     ("epochs=3", r"override key 'epochs' must be section\.key"),
     ("train.epochs", r"not of the form key\.sub=value"),
+    ("data.max_image_pixels=-1", r"data\.max_image_pixels=-1 is invalid; expected a number of pixels"),
+    ("data.dataset=wds data.root=/tmp data.max_image_pixels=1000", r"data\.max_image_pixels=1000 is invalid; expected 0 "
+                                                                   r"with shards"),
 ])
 def test_bad_keys_types_and_values_are_named(override, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(ROOT / "configs/vit_cifar10.yaml", [override])
+        load_config(ROOT / "configs/vit_cifar10.yaml", override.split(" "))
 
 
 def test_missing_config_file_is_named():

@@ -105,6 +105,9 @@ def _check_image_data(d: DataConfig) -> None:
     need(d.shuffle_buffer >= 1, "data.shuffle_buffer", d.shuffle_buffer, "a number of samples >= 1")
     need(d.max_image_pixels >= 0, "data.max_image_pixels", d.max_image_pixels, "a number of pixels (width x height), "
          "or 0 for no limit")
+    need(d.max_image_pixels == 0 or not streamed_in_shards(d), "data.max_image_pixels", d.max_image_pixels,
+         "0 with shards (data.dataset=wds, a streamed hf split): their images are read as they stream, without a "
+         "header check")
     need(d.sampler == "uniform" or not streamed_in_shards(d), "data.sampler", d.sampler,
          f"uniform with {SHARDS}: a stream reads each sample once")
     need(d.sampler == "uniform" or d.aug_repeats == 1, "data.sampler", d.sampler,
