@@ -231,6 +231,9 @@ def image_dataset(model: nn.Module, index: SplitIndex | ShardIndex | None, files
     cfg = model.pretrained_cfg
     size = tuple(cfg["input_size"][1:])
     view = crops_view_size(size, cfg.get("crop_pct")) if tta == "crops" else size
+    if max_pixels and isinstance(index, ShardIndex):
+        raise ConfigError(f"--max-image-pixels {max_pixels}: shards are read as they stream, without a header check; "
+                          f"leave it out for data.dataset=wds")
     if isinstance(index, ShardIndex):
         stored = None if cfg.get("crop_pct") else (decode_size(model) or size)
         return _ShardView(index, ids, batch_size, eval_view(size, stored, cfg.get("crop_pct"), tta), stored, (3, *view))
@@ -261,9 +264,8 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     output does not depend on the number of processes, and a job may continue on another number.
     ``embed``: rows of the pooled pre-logits features instead (:func:`embed_images`). ``tta``: each image's
     probabilities are the mean of its views' (:func:`~vitlab.inference.tta.tta_logits`: ``'flip'``, ``'crops'``).
-    ``max_pixels``: an image file whose header gives more pixels (width x height) is not decoded, its row the
-    error (:func:`~vitlab.data.decode.check_pixels`; not for shards). ``stop_after_batches`` ends the job early, as
-    an interruption would (for tests).
+    ``max_pixels``: a file whose header gives more pixels is a row with the error (:func:`image_dataset`).
+    ``stop_after_batches`` ends the job early, as an interruption would (for tests).
 
     Returns:
         ``{"images": ..., "unreadable": ..., "resumed": ...}``: images in the job, rows with an error, rows an
@@ -290,15 +292,11 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     done, unreadable = listed_once(lambda: resume_rows(partial, header, files, lines, job)
                                    if partial is not None and partial.is_file() else (0, 0), world)
     model = model.to(device).eval()
-    size = tuple(cfg["input_size"][1:])
     # on a CPU, the forward pass in cache-sized chunks; TTA makes each image 2 (flip) or 5 (crops) inputs
-    chunk = max(1, cpu_chunk(model, (3, *size)) // {"flip": 2, "crops": 5}.get(tta, 1)) if device.type == "cpu" \
-        else 0
+    chunk = max(1, cpu_chunk(model, (3, *cfg["input_size"][1:])) // {"flip": 2, "crops": 5}.get(tta, 1)) \
+        if device.type == "cpu" else 0
     todo = files[done:]
     mine = [i for i in range(len(todo)) if i // batch_size % world == rank]  # my part of every global batch
-    if max_pixels and isinstance(index, ShardIndex):
-        raise ConfigError(f"--max-image-pixels {max_pixels}: shards are read as they stream, without a header check; "
-                          f"leave it out for data.dataset=wds")
     loader = iter(DataLoader(image_dataset(model, index, files, [done + i for i in mine], batch_size, tta, max_pixels),
                              batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda"))
     sink = open_partial(partial, job, header if lines == ".csv" else "", done) if rank == 0 else None
