@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 CONFIG ?= configs/vit_cifar10.yaml
 ARGS   ?=
 
-.PHONY: train test docs test-lowest install clean
+.PHONY: train test test-fast docs test-lowest install clean
 
 # Train on CIFAR-10 with the default config (downloads CIFAR-10 unless ARGS point elsewhere). Installs
 # vitlab alone (what training needs); the test, docs and export extras come with `make test`.
@@ -18,6 +18,11 @@ train: $(VENV)/.installed
 # Serial: make test ARGS="-n 0".
 test: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -n auto --dist loadfile $(ARGS)
+
+# The edit-test loop: everything but the slow and the two-process tests (pytest markers), in about a minute and a
+# half on 2 cores. make test and .ci/run still run everything.
+test-fast: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -n auto --dist loadfile -m "not slow and not multiprocess" $(ARGS)
 
 # The documentation site (MkDocs), built with warnings as errors into site/.
 docs: $(VENV)/.installed-dev

@@ -49,6 +49,7 @@ def test_the_static_check_sees_a_name_that_moved(tmp_path):
         test_every_name_a_benchmark_imports_from_vitlab_exists(script)
 
 
+@pytest.mark.slow
 def test_the_streaming_benchmark_runs_one_epoch_on_tiny_data(tiny_imagefolder):
     """bench_streaming.py's child (one streamed epoch, its peak memory as JSON): what stopped at an ImportError when
     the transforms moved."""

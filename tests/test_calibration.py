@@ -53,6 +53,7 @@ def test_temperature_scaling_minimizes_the_validation_nll_as_scipy_finds_it():
     assert expected_calibration_error(scaled, labels) < expected_calibration_error(logits.softmax(-1), labels)
 
 
+@pytest.mark.slow
 def test_the_ece_objective_finds_the_temperature_of_the_least_calibration_error_a_dense_search_finds():
     # Two kinds of images, their logits at scales 1 and 4: no one temperature fits both, and the one of the least
     # NLL is not the one of the least ECE (here it is worse than none at all).

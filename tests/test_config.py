@@ -88,6 +88,7 @@ def test_missing_config_file_is_named():
         load_config("nope.yaml")
 
 
+@pytest.mark.slow
 def test_train_py_rejects_bad_config_with_exit_2_and_no_traceback(tmp_path):
     result = subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/vit_cifar10.yaml"),
                              "optim.lr=fast", f"train.output_dir={tmp_path / 'run'}"],

@@ -298,7 +298,16 @@ def _run_block(block: Block, run: PageRun, monkeypatch: pytest.MonkeyPatch) -> N
             _run_command(command, run, m)
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=lambda b: b.name)
+def _marked(block: Block) -> pytest.param:
+    """A block as a test case: slow (a docs page's commands train and evaluate for real), and multiprocess where it
+    launches two processes."""
+    marks = [pytest.mark.slow]
+    if re.search(r"\btorchrun\b|accelerate launch", block.code):
+        marks.append(pytest.mark.multiprocess)
+    return pytest.param(block, marks=marks, id=block.name)
+
+
+@pytest.mark.parametrize("block", [_marked(b) for b in BLOCKS])
 def test_snippet_runs(block: Block, page_runs: dict[Path, PageRun], monkeypatch: pytest.MonkeyPatch) -> None:
     run = page_runs[block.page]
     blocks = [b for b in BLOCKS if b.page == block.page]

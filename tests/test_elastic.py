@@ -70,6 +70,7 @@ def _weights(run_dir: Path) -> dict[str, dict[str, torch.Tensor]]:
                                                                                   "ema.safetensors")}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["shards", "folder"])
 def test_two_workers_stopped_in_epoch_two_continue_on_one_with_the_same_batches_bit_for_bit(
         source, uninterrupted, tiny_imagefolder, tiny_shards, tmp_path, monkeypatch, on_cpu):
@@ -107,6 +108,7 @@ def stopped_on_two(tiny_imagefolder, tiny_shards, tmp_path_factory) -> dict[str,
     return where
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("source", list(SOURCES))
 def test_two_processes_by_two_workers_stopped_in_epoch_two_continue_on_one_by_one_with_the_same_batches(
         source, uninterrupted, stopped_on_two, tiny_imagefolder, tiny_shards, monkeypatch, capsys, on_cpu):

@@ -29,6 +29,7 @@ def saved(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_onnx_export_of_the_cifar_vit_runs_in_onnxruntime_like_eager(saved, tmp_path):
     path = tmp_path / "vit.onnx"
     main(["export", "--checkpoint", str(saved / "vit"), "--format", "onnx", "--output", str(path)])
@@ -42,6 +43,7 @@ def test_onnx_export_of_the_cifar_vit_runs_in_onnxruntime_like_eager(saved, tmp_
             assert np.abs(got - model(x).numpy()).max() <= 1e-4
 
 
+@pytest.mark.slow
 def test_onnx_export_of_the_text_transformer_with_padding_runs_in_onnxruntime_like_eager(saved, tmp_path):
     model = vitlab.load_model(saved / "text")
     result = export_model(model, tmp_path / "text.onnx", "onnx")
@@ -54,6 +56,7 @@ def test_onnx_export_of_the_text_transformer_with_padding_runs_in_onnxruntime_li
         assert np.abs(got - model(src, tgt).numpy()).max() <= 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["vit", "text"])
 def test_torch_export_program_runs_like_eager(saved, tmp_path, name, capsys):
     path = tmp_path / f"{name}.pt2"
@@ -96,6 +99,7 @@ def calibrated(saved, tmp_path_factory):
     return root / "vit"
 
 
+@pytest.mark.slow
 def test_with_preprocess_takes_uint8_images_and_gives_vitlab_predicts_probabilities(calibrated, tmp_path):
     import json
 

@@ -79,6 +79,7 @@ def test_a_saved_datasetdict_trains_to_the_numbers_of_the_same_images_as_an_imag
     assert meta["classes"][:3] == ["airplane", "automobile", "bird"]
 
 
+@pytest.mark.slow
 def test_a_saved_datasetdict_streamed_from_its_arrow_files_trains_to_the_numbers_held_in_memory(cifar_copies,
                                                                                                   tmp_path, on_cpu):
     # Streamed: each image decoded from the memory-mapped Arrow table by a DataLoader worker when read.
@@ -92,6 +93,7 @@ def test_a_saved_datasetdict_streamed_from_its_arrow_files_trains_to_the_numbers
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_a_split_read_with_streaming_true_resumes_to_the_sample_bit_identical_and_evaluates_as_its_folder(
         cifar_copies, tmp_path, monkeypatch, on_cpu):
     # data.streaming=true: the split's 4 parquet files are its shards (an IterableDataset, nothing whole

@@ -159,6 +159,7 @@ def _issues(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+@pytest.mark.slow
 def test_inspect_finds_the_planted_labels_and_leaks_and_changes_no_file(planted, backbone, tmp_path, capsys,
                                                                                monkeypatch, on_cpu):
     from vitlab.cli import main
@@ -206,6 +207,7 @@ def test_inspect_finds_the_planted_labels_and_leaks_and_changes_no_file(planted,
     assert {(r["image"], r["duplicate_of"]) for r in again if r["issue"] == "leak"} == leaks
 
 
+@pytest.mark.slow
 def test_inspect_reads_streamed_shards_and_finds_what_it_finds_in_the_folders(planted, backbone, tmp_path, on_cpu):
     pytest.importorskip("webdataset")
     from vitlab.cli import main
@@ -220,6 +222,7 @@ def test_inspect_reads_streamed_shards_and_finds_what_it_finds_in_the_folders(pl
     assert (tmp_path / "s" / "leak.png").is_file()
 
 
+@pytest.mark.slow
 def test_inspect_multi_label_data(tmp_path, backbone, planted, on_cpu):
     """Label sets (a csv of JSON lists): cleanlab's multi-label rule; an image missing one of its two colours'
     classes is flagged, the suggestion showing both."""
@@ -349,6 +352,7 @@ def test_bad_requests_are_one_line_before_any_image_is_read(case, planted, backb
     assert {p: p.read_bytes() for p in tmp_path.rglob("*.csv")} == before  # no file of the user's changed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["mae", "dino"])
 def test_inspect_and_embed_read_a_self_supervised_models_backbone(kind, planted, tmp_path, on_cpu):
     """An MAE or DINO checkpoint has no head: embed and inspect read its backbone's pooled features (MAE's encoder,
@@ -380,6 +384,7 @@ def test_inspect_and_embed_read_a_self_supervised_models_backbone(kind, planted,
     assert found["counts"]["test"]["leak"] == 2  # the thumbnails find the copies whatever the features
 
 
+@pytest.mark.slow
 def test_inspects_cached_features_are_those_of_the_files_not_their_names(planted, backbone, tmp_path, monkeypatch,
                                                                            on_cpu):
     """The same names under another data.root, or a file changed in place, compute the features again."""
@@ -423,6 +428,7 @@ def test_the_agreement_is_scikit_learns_accuracy_or_micro_f1():
     assert agreement(probs, sets) == pytest.approx(f1_score(sets.numpy(), (probs >= 0.5).numpy(), average="micro"))
 
 
+@pytest.mark.slow
 def test_a_model_that_disagrees_with_most_labels_is_said_not_to_be_trusted(planted, backbone, tmp_path, capsys,
                                                                            on_cpu):
     from vitlab.inspection import inspect_data

@@ -125,6 +125,7 @@ def test_tiny_shakespeare_download_is_checked_and_never_left_half_written(tmp_pa
         assert tiny_shakespeare(tmp_path / "data") == path  # found, not fetched again
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SHAKESPEARE, reason="tiny Shakespeare not available: set VITLAB_TINYSHAKESPEARE")
 def test_char_gpt_learns_tiny_shakespeare_and_eval_and_sample_agree(tmp_path, capsys):
     run_dir = tmp_path / "lm"

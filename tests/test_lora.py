@@ -47,6 +47,7 @@ def test_the_adapted_layers_compute_w_x_plus_alpha_over_r_b_a_x_and_only_adapter
     assert torch.allclose(merged(images), adapted, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_a_lora_run_saves_its_adapters_alone_resumes_exactly_and_eval_and_export_use_them(
         tiny_imagefolder, tmp_path, monkeypatch, capsys, on_cpu):
     from conftest import train_until_signal

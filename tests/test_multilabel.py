@@ -180,6 +180,7 @@ def test_the_csv_layout_lists_label_sets_as_multi_hot_rows_with_the_train_files_
     assert test.labels.shape == (48, 4)
 
 
+@pytest.mark.multiprocess
 def test_a_run_learns_the_label_sets_and_eval_reports_map_as_scikit_learn_computes_it(quadrants, tmp_path, capsys,
                                                                                        on_cpu):
     from vitlab.evaluation import calibrate_checkpoint, evaluate_checkpoint

@@ -429,6 +429,7 @@ def test_photos_larger_than_the_model_are_read_as_vitlab_eval_reads_them(trained
             [float(expected[f"prob_{r[f'class_{k}']}"]) for k in (1, 2, 3)], abs=1e-5)
 
 
+@pytest.mark.multiprocess
 def test_two_processes_continue_a_one_process_job_into_one_file_in_the_inputs_order(trained, tiny_imagefolder,
                                                                                          tmp_path, on_cpu):
     import subprocess

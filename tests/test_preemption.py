@@ -44,6 +44,7 @@ def _state(run_dir: Path, which: str = "last") -> dict:
     return ckpt.read_json(run_dir / "checkpoints" / which / "trainer_state.json")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loader", ["torch", "gpu", "torch-streamed"])
 def test_a_signal_inside_an_epoch_checkpoints_there_and_the_same_command_ends_bit_identical(
         tiny_imagefolder, tmp_path, monkeypatch, on_cpu, loader):
@@ -220,6 +221,7 @@ def test_a_step_checkpoint_due_on_an_epochs_last_step_is_written_whatever_save_e
     assert _state(run_dir)["global_step"] == 6
 
 
+@pytest.mark.slow
 def test_resume_auto_continues_from_best_when_last_was_never_written_and_refuses_another_config(
         tiny_imagefolder, tmp_path, monkeypatch, capsys, on_cpu):
     # save_every=3 with a validation split: the run dies in epoch 2 with best/ (epoch 1) and no last/.
@@ -513,6 +515,7 @@ def two_process_whole(tiny_imagefolder, tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.multiprocess
 def test_sigterm_to_one_of_two_processes_stops_both_and_the_same_command_ends_bit_identical_through_a_killed_worker(
         two_process_whole, tiny_imagefolder, tmp_path):
     run_dir = tmp_path / "run"
@@ -561,6 +564,7 @@ def test_a_run_ends_its_dataloader_workers_however_it_ends(tiny_imagefolder, tmp
     assert multiprocessing.active_children() == []
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_whole_process_group_with_dataloader_workers_still_checkpoints_and_exits_75(
         tiny_imagefolder, tmp_path):
     # SLURM signals every process of a job step, a terminal's Ctrl-C the whole group: the DataLoader's

@@ -404,6 +404,7 @@ def test_a_classifier_starts_from_a_transformers_vitmae_directory(tmp_path):
     assert all(torch.equal(classifier.state_dict()[k], v) for k, v in encoder.items())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind,loader", [("mae", "memory"), ("dino", "streamed")])
 def test_a_signal_inside_an_epoch_and_the_same_command_end_bit_identical(kind, loader, loose_images, tmp_path,
                                                                           monkeypatch, on_cpu):
@@ -459,6 +460,7 @@ def test_a_dino_run_killed_between_checkpoints_continues_from_the_last_one_bit_i
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.multiprocess
 def test_two_processes_pretrain_the_weights_one_process_does(loose_images, tmp_path, on_cpu):
     # Each image's views and mask are drawn from the sample, the center's mean is over both processes' halves.
     argv = []

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from vitlab.config import load_config
 from vitlab.data import load_split
 from vitlab.training import train
@@ -21,6 +23,7 @@ def test_real_cifar10_loads_in_standard_label_order(cifar10_dir):
     assert all(abs(m - ref) < 0.06 for m, ref in zip(mean.tolist(), (0.4914, 0.4822, 0.4465)))
 
 
+@pytest.mark.slow
 def test_short_training_on_real_cifar10_beats_chance_clearly(cifar10_dir, tmp_path):
     cfg = load_config(ROOT / "configs/cifar10_cpu_quick.yaml", [
         "data.dataset=imagefolder", f"data.root={cifar10_dir}", "data.train_subset=2000", "data.test_subset=500",

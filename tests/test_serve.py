@@ -154,6 +154,7 @@ def test_a_multi_label_answer_lists_every_class_predict_lists(tiny_imagefolder, 
     assert [a["score"] for a in answer] == sorted((a["score"] for a in answer), reverse=True)
 
 
+@pytest.mark.slow
 def test_bad_uploads_get_one_line_each_and_the_next_request_is_served(run, tiny_imagefolder, tmp_path, on_cpu):
     from PIL import Image
 
@@ -257,6 +258,7 @@ def _peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+@pytest.mark.slow
 def test_the_api_key_guards_every_route_but_health_and_sigterm_answers_what_is_in_flight(run, tiny_imagefolder,
                                                                                            on_cpu):
     # --max-wait-ms 1500: a request waits 1.5 s for company before its forward pass (in flight when SIGTERM comes)
@@ -300,6 +302,7 @@ def test_the_api_key_guards_every_route_but_health_and_sigterm_answers_what_is_i
             time.sleep(0.5)  # in flight
             server.proc.send_signal(signal.SIGTERM)
             answer = pending.result()
+        server.proc.wait(60)  # exits by itself: a second SIGTERM from stop() while it exits would find the default
     finally:
         out = server.stop()
     assert answer.status_code == 200 and len(answer.json()) == 3
@@ -330,6 +333,8 @@ def _chromium() -> str | None:
     return next((p for p in (shutil.which("chromium"), shutil.which("chromium-browser")) if p), None)
 
 
+@pytest.mark.slow
+@pytest.mark.browser
 def test_the_page_in_a_real_browser_shows_the_top_1_vitlab_predict_gives(run, tiny_imagefolder, tmp_path, on_cpu):
     playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     browser_path = _chromium()

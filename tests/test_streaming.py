@@ -19,6 +19,7 @@ RANDOM = ("data.loader=torch", "data.augment=randaugment", "data.mixup_alpha=0.2
           "train.ema_decay=0.9")
 
 
+@pytest.mark.slow
 def test_streamed_and_in_memory_runs_of_the_same_images_end_with_the_same_weights(cifar10_dir, tmp_path, on_cpu):
     # 200 real CIFAR-10 training images (20 held out for validation) and 40 test images, 2 epochs with
     # RandAugment, mixup, drop path and EMA: decoded once into memory, or by 2 workers when read.
@@ -102,6 +103,7 @@ def test_every_streamed_sample_once_an_epoch_across_two_processes_and_two_worker
     assert orders[0] != orders[1]  # a new order each epoch
 
 
+@pytest.mark.slow
 def test_a_corrupt_image_met_while_streaming_stops_the_run_in_one_line_naming_it(tmp_path):
     # Decided: stop, not skip (a skipped image would change what an epoch is, silently). The worker's
     # error reaches the user as the one line it raised, not as a worker traceback. In a process of its
@@ -179,6 +181,7 @@ def forked_results() -> dict[str, dict]:
     return {}  # source -> the run with workers started by fork, the reference
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source, method", [("imagefolder", "forkserver"), ("imagefolder", "spawn"),
                                             ("hf", "spawn"), ("wds", "spawn")])
 def test_streamed_sources_train_with_workers_started_by_forkserver_and_spawn_as_by_fork(

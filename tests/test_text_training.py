@@ -81,6 +81,7 @@ def reverse_run(tmp_path_factory) -> tuple[Path, dict]:
     return run_dir, summary
 
 
+@pytest.mark.slow
 def test_reverse_task_reaches_99_percent_exact_match(reverse_run):
     run_dir, summary = reverse_run
     assert summary["test_exact_match"] >= 0.99, summary
@@ -134,6 +135,7 @@ def parallel_run(tmp_path_factory) -> Path:
     return run_dir
 
 
+@pytest.mark.slow
 def test_parallel_text_run_saves_its_tokenizer_and_scores_bleu(parallel_run):
     assert (parallel_run / "tokenizer.json").is_file()
     assert (parallel_run / "checkpoints" / "best" / "tokenizer.json").is_file()
@@ -250,6 +252,7 @@ def test_real_multi30k_reads_aligned_and_bpe_round_trips(tmp_path):
     assert [tok.decode(tok.encode(s).ids) for s in test_en] == test_en
 
 
+@pytest.mark.slow
 def test_translation_run_stopped_inside_an_epoch_resumes_bit_identical(tmp_path, monkeypatch, on_cpu):
     # Token-count batches with 2 accumulation steps, dropout and the saved tokenizer: stopped by SIGTERM
     # at step 3 of epoch 1, the same command resumes at micro-batch 7 and ends bit-identical.
@@ -308,6 +311,7 @@ def test_gradient_accumulation_is_exact_for_token_and_sentence_batches(tmp_path,
     assert max_weight_diff(weights[1], weights[2]) < 1e-5
 
 
+@pytest.mark.multiprocess
 def test_text_eval_under_two_processes_equals_one(reverse_run, tmp_path, on_cpu):
     # 500 test pairs in 11 batches of 48 over 2 processes: the last batches are uneven and
     # Accelerate pads them with repeats, which must not be counted. (A trained model: decoding an

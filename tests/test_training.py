@@ -140,6 +140,7 @@ def two_process_launch(tiny_imagefolder, identical_imagefolder, tmp_path_factory
 PROBE_KEYS = ("model.freeze=backbone", "train.cache_features=true", "data.val_size=12", "data.loader=torch")
 
 
+@pytest.mark.multiprocess
 def test_a_linear_probe_on_two_processes_fits_the_head_one_process_fits(two_process_launch, tiny_imagefolder,
                                                                          tmp_path, on_cpu):
     # Each process reads half of every batch of features; gathered, the fit is the one of all the images.
@@ -163,6 +164,7 @@ def two_process_runs(two_process_launch) -> tuple[Path, subprocess.CompletedProc
     return two_process_launch
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("loader", list(AGREE))
 def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder, tmp_path, loader, on_cpu,
                                                                two_process_runs):
@@ -370,6 +372,7 @@ def test_device_loader_resizes_as_the_dataloader_does():
         torch.testing.assert_close(device, torch.stack([dataset[i][0] for i in range(8)]), rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_eval_split_val_of_a_run_without_validation_is_refused(tiny_imagefolder, tmp_path):
     # A real `python -m vitlab.cli` process (the other command tests call main() in this one): its exit
     # status and stderr as a user sees them, without a traceback.
@@ -479,6 +482,7 @@ def test_a_failed_cifar10_download_is_one_line_naming_the_way_out(tmp_path, monk
     assert "data.dataset=imagefolder data.root=" in message
 
 
+@pytest.mark.slow
 def test_epoch_lines_reach_a_pipe_while_training_runs(tiny_imagefolder, tmp_path):
     # Block-buffered stdout would hold the first epoch lines (~150 bytes each) until ~8 KB or exit.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # as in a plain shell
@@ -528,6 +532,7 @@ def two_process_draws(two_process_launch) -> tuple[Path, subprocess.CompletedPro
     return root / "draws", launch
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("loader", ["torch", "gpu"])
 def test_two_processes_draw_different_augmentation_dropout_and_mixup(two_process_draws, loader):
     # Every training image is the same picture, so two processes' batches can differ only through
@@ -543,6 +548,7 @@ def test_two_processes_draw_different_augmentation_dropout_and_mixup(two_process
         assert draws[0][stream] != draws[1][stream], stream
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", ["train.mixed_precision=bf16", "train.compile=true"])
 def test_gpu_only_paths_train_evaluate_and_reload_on_the_cpu(tiny_imagefolder, tmp_path, option):
     # bf16 runs as CPU autocast, compile as inductor on the CPU: one step, one evaluation, a checkpoint
@@ -790,6 +796,7 @@ def test_early_stopping_stops_after_patience_epochs_without_improvement_and_surv
     assert all(torch.equal(a, b) for a, b in zip(_weights(whole).values(), _weights(parts).values()))
 
 
+@pytest.mark.multiprocess
 def test_eval_predictions_file_recomputes_every_metric_as_scikit_learn_on_one_and_two_processes(
         tiny_imagefolder, tmp_path, capsys, on_cpu):
     # A test split where a third of each class's images are its neighbour's (the model, which tells the colours

@@ -151,6 +151,7 @@ def _global_batches(index, processes: int, workers: int, epoch: int, start: int 
     return [[i for p in per_process for i in p[step]] for step in range(len(per_process[0]))]
 
 
+@pytest.mark.slow
 def test_the_global_batches_of_streamed_shards_are_the_same_on_any_processes_and_workers_and_resume_so(tiny_shards):
     # Elastic determinism (the epoch's plan, vitlab.data.plan): 96 samples in 7 uneven shards, 4
     # partitions, global batches of 24. Every layout that divides the partitions gives the plan's global
@@ -206,6 +207,7 @@ def test_shard_workers_live_across_epochs_and_read_each_epochs_plan(tiny_shards)
     assert len(pids[0]) == 2 and all(p == pids[0] for p in pids) and os.getpid() not in pids[0]
 
 
+@pytest.mark.slow
 def test_shards_without_an_index_are_listed_by_one_process_of_a_run_and_shared(tiny_shards, tmp_path):
     # Listing shards without an index reads every sample's cls (minutes for ImageNet-1k): process 0 lists,
     # the others get its listing, or its error, and read nothing.
@@ -230,6 +232,7 @@ def test_shards_without_an_index_are_listed_by_one_process_of_a_run_and_shared(t
     assert failed[0]["error"].startswith("DataError: no WebDataset shards match")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step,buffer", [(3, 1000), (4, 1000), (3, 5)])
 def test_a_signal_inside_an_epoch_of_streamed_shards_resumes_at_the_next_sample_bit_identical(
         tiny_shards, tmp_path, monkeypatch, on_cpu, step, buffer):
@@ -336,6 +339,7 @@ def test_bad_shards_are_one_line_before_training(tiny_shards, tmp_path, monkeypa
         index_shards(tiny_shards, "train")
 
 
+@pytest.mark.slow
 def test_a_corrupt_image_in_a_shard_stops_the_run_in_one_line_naming_sample_and_shard(tmp_path):
     # Decided as for folders: stop, not skip. In a process of its own (see test_streaming's twin).
     root = make_imagefolder(tmp_path / "data", {"train": 8, "test": 2})
