@@ -107,8 +107,8 @@ def stages(checkpoint: str, root: Path, batch: int, workers: int, repeats: int) 
             for batch_images, _ in make():
                 n += len(batch_images)
             timed.setdefault(name, []).append(n / (time.perf_counter() - start))
-        predictor = BatchPredictor(model, torch.device("cpu"), None, cpu_chunk(model, (3, *size)), "none", False,
-                                   names, 5)
+        predictor = BatchPredictor(model, device=torch.device("cpu"), chunk=cpu_chunk(model, (3, *size)), names=names,
+                                   k=5)
         start = time.perf_counter()
         for i in range(0, len(images), batch):
             predictor.probabilities(images[i:i + batch])

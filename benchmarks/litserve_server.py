@@ -25,8 +25,9 @@ class VitlabAPI(ls.LitAPI):
         cfg = self.model.pretrained_cfg
         self.names = list(cfg["label_names"])
         chunk = cpu_chunk(self.model, tuple(cfg["input_size"]))
-        self.predictor = BatchPredictor(self.model, torch.device("cpu"), autocast_dtype(self.model, "run",
-                                        torch.device("cpu")), chunk, "none", False, self.names, 1)
+        self.predictor = BatchPredictor(self.model, device=torch.device("cpu"),
+                                        dtype=autocast_dtype(self.model, "run", torch.device("cpu")), chunk=chunk,
+                                        names=self.names)
 
     def decode_request(self, request):
         from vitlab.serving.uploads import model_images

@@ -122,6 +122,27 @@ def tiny_imagefolder(tmp_path_factory) -> Path:
     return make_imagefolder(tmp_path_factory.mktemp("tiny"), {"train": 32, "test": 12})
 
 
+@pytest.fixture(scope="session")
+def _tiny_classifier_run(tiny_imagefolder, tmp_path_factory) -> Path:
+    from vitlab.config import load_config
+    from vitlab.training import train
+
+    run = tmp_path_factory.mktemp("tiny_run") / "run"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run, "train.epochs=1", "data.loader=torch")))
+    reset_accelerate()
+    return run
+
+
+@pytest.fixture(scope="module")
+def tiny_run(_tiny_classifier_run, tmp_path_factory) -> Path:
+    """A trained tiny classifier of the tiny data set (one epoch), trained once a session and copied for each module
+    that asks (its tests may calibrate it or write beside it)."""
+    import shutil
+
+    return Path(shutil.copytree(_tiny_classifier_run, tmp_path_factory.mktemp("tiny_run_copy") / "run",
+                                symlinks=True))
+
+
 def tiny_overrides(data_root: Path, output_dir: Path, *extra: str) -> list[str]:
     """A run that takes a few seconds on a CPU: a 1-block ViT on the tiny data set."""
     return [

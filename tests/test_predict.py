@@ -16,13 +16,8 @@ from vitlab.errors import ConfigError, DataError
 
 
 @pytest.fixture(scope="module")
-def trained(tiny_imagefolder, tmp_path_factory):
-    from vitlab.training import train
-
-    run = tmp_path_factory.mktemp("predict") / "run"
-    train(load_config(None, tiny_overrides(tiny_imagefolder, run, "train.epochs=1", "data.loader=torch")))
-    reset_accelerate()
-    return run
+def trained(tiny_run):
+    return tiny_run
 
 
 def test_a_folder_into_a_csv_file_gives_the_probabilities_vitlab_eval_gives(trained, tiny_imagefolder, tmp_path,

@@ -17,8 +17,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import reset_accelerate, tiny_overrides
-
 pytest.importorskip("fastapi", reason="vitlab[serve] is not installed")
 pytest.importorskip("multipart", reason="vitlab[serve] (python-multipart) is not installed")
 httpx = pytest.importorskip("httpx", reason="httpx (FastAPI's test client) is not installed")
@@ -27,14 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def run(tiny_imagefolder, tmp_path_factory):
-    from vitlab.config import load_config
-    from vitlab.training import train
-
-    out = tmp_path_factory.mktemp("serve") / "run"
-    train(load_config(None, tiny_overrides(tiny_imagefolder, out, "train.epochs=1", "data.loader=torch")))
-    reset_accelerate()
-    return out
+def run(tiny_run):
+    return tiny_run
 
 
 def _free_port() -> int:

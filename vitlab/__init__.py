@@ -3,8 +3,10 @@
 Public API: ``VisionTransformer``, ``create_model``, ``list_models``, ``load_model``,
 ``create_transform``. The packages, lowest first (a lower one never imports a higher one):
 ``attention`` (the one core and its variants), ``layers`` (norms, MLPs, MoE, positions, blocks),
-``models`` (ViT, encoder-decoder, registry), ``data``, ``tasks``; then the engine: ``config``,
-``training``, ``checkpoint``, ``evaluation``, ``interop``, ``cli``.
+``models`` (ViT, encoder-decoder, language model, RNN, MAE, DINO; registry), ``data``, ``inference`` (the one
+evaluation view and forward pass), ``tasks`` (classification, seq2seq, lm, mae, dino); then the engine:
+``config``, ``training``, ``checkpoint``, ``evaluation``, ``prediction``, ``inspection``, ``serving``, ``export``,
+``interop``, ``cli``.
 """
 from .checkpoint import load_model
 from .data import create_transform

@@ -163,19 +163,24 @@ def _inspect_parser(sub: Any) -> None:
 
 def _serve_parser(sub: Any) -> None:
     """``vitlab serve``."""
+    from .serving import defaults as d
+
     se = sub.add_parser("serve", help="serve a classifier over HTTP: an API with dynamic batching and a page to try "
                                       "it (pip install 'vitlab[serve]')")
     se.add_argument("--checkpoint", required=True)
     se.add_argument("--host", default="127.0.0.1", help="the address to bind (default 127.0.0.1: this machine only; "
                                                         "0.0.0.0: every interface)")
     se.add_argument("--port", type=int, default=8000)
-    se.add_argument("--max-batch-size", type=int, default=32, help="images a forward pass at most (1: no batching)")
-    se.add_argument("--max-wait-ms", type=float, default=5.0,
-                    help="how long a forward pass waits for more images to batch (default 5 ms)")
-    se.add_argument("--max-upload-mb", type=float, default=20.0, help="a larger request is refused (413)")
-    se.add_argument("--max-image-pixels", type=int, default=None, metavar="N",
+    se.add_argument("--max-batch-size", type=int, default=d.MAX_BATCH_SIZE,
+                    help=f"images a forward pass at most (1: no batching; default {d.MAX_BATCH_SIZE})")
+    se.add_argument("--max-wait-ms", type=float, default=d.MAX_WAIT_MS,
+                    help=f"how long a forward pass waits for more images to batch (default {d.MAX_WAIT_MS:g} ms)")
+    se.add_argument("--max-upload-mb", type=float, default=d.MAX_UPLOAD_MB,
+                    help=f"a larger request is refused (413; default {d.MAX_UPLOAD_MB:g})")
+    se.add_argument("--max-image-pixels", type=int, default=d.MAX_IMAGE_PIXELS, metavar="N",
                     help="an image whose header gives more pixels (width x height) is refused (413) before it is "
-                         "decoded, and the requests in flight decode at most N pixels at once (default 40,000,000)")
+                         f"decoded, and the requests in flight decode at most N pixels at once (default "
+                         f"{d.MAX_IMAGE_PIXELS:,})")
     se.add_argument("--api-key-env", metavar="VAR", help="every route but /health asks for the key in this "
                                                          "environment variable (Authorization: Bearer <key>)")
     se.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",

@@ -300,7 +300,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     loader = iter(DataLoader(image_dataset(model, index, files, [done + i for i in mine], batch_size, tta, max_pixels),
                              batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda"))
     sink = open_partial(partial, job, header if lines == ".csv" else "", done) if rank == 0 else None
-    predict = BatchPredictor(model, device, dtype, chunk, tta, embed, names, k)
+    predict = BatchPredictor(model, device=device, dtype=dtype, chunk=chunk, tta=tta, embed=embed, names=names, k=k)
     try:
         with Progress(total=len(files), initial=done, desc=f"predicting {len(files):,} images", unit="images",
                       interval=10.0, enabled=rank == 0) as progress:
@@ -329,10 +329,22 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
 class BatchPredictor:
     """A batch's rows (:func:`~vitlab.inference.files.rows`): its images read from the loader, made the model's
     input, run (:class:`~vitlab.inference.forward.ChunkedForward`: in cache-sized chunks on a CPU) for their
-    features (``embed``) or probabilities (softmax at the model's temperature, or sigmoids; ``tta``'s mean)."""
+    features (``embed``) or probabilities (softmax at the model's temperature, or sigmoids; ``tta``'s mean).
 
-    def __init__(self, model: nn.Module, device: torch.device, dtype: torch.dtype | None, chunk: int, tta: str,
-                 embed: bool, names: list[str], k: int) -> None:
+    Args:
+        model: A trained classifier or backbone in eval mode, on ``device``.
+        device: Where the forward pass runs.
+        dtype: Its autocast precision (None: float32).
+        chunk: Images a forward pass on a CPU (:func:`~vitlab.inference.forward.cpu_chunk`); 0: the batch whole.
+        tta: Test-time augmentation (``'none'``, ``'flip'``, ``'crops'``).
+        embed: Rows of pooled features instead of probabilities.
+        names: The class names rows name (a multi-label model's thresholds: its own, 0.5 where it has none).
+        k: Classes a single-label row lists.
+    """
+
+    def __init__(self, model: nn.Module, *, device: torch.device, dtype: torch.dtype | None = None, chunk: int = 0,
+                 tta: str = "none", embed: bool = False, names: list[str] | None = None, k: int = 1) -> None:
+        names = list(names or [])
         cfg = model.pretrained_cfg
         self.model, self.device, self.tta, self.embed, self.names, self.k = model, device, tta, embed, names, k
         self.multi, self.size = bool(cfg.get("multi_label")), tuple(cfg["input_size"][1:])

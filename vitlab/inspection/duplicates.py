@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from ..tasks.knn import nearest
+
 __all__ = ["THUMBNAIL", "MAX_SHIFT", "DUPLICATE_THRESHOLD", "thumbnails", "duplicate_pairs"]
 
 THUMBNAIL = 32  # the side of the thumbnails the pixels are compared at
@@ -53,16 +55,8 @@ def aligned_correlation(query: Tensor, candidates: Tensor, shift: int = MAX_SHIF
 
 
 def _nearest(query: Tensor, bank: Tensor, k: int, offset: int | None, chunk: int) -> Tensor:
-    """``(M, k)`` positions in ``bank`` of each query row's ``k`` nearest (cosine; rows unit length); ``offset``:
-    the queries are ``bank[offset:offset + M]``, each leaving itself out."""
-    found = []
-    for start in range(0, len(query), chunk):
-        sims = query[start:start + chunk] @ bank.T
-        if offset is not None:
-            rows = torch.arange(len(sims))
-            sims[rows, rows + offset + start] = -2.0
-        found.append(sims.topk(min(k, len(bank) - (offset is not None)), dim=1).indices)
-    return torch.cat(found)
+    """``(M, k)`` positions in ``bank`` of each query row's ``k`` nearest (:func:`~vitlab.tasks.knn.nearest`)."""
+    return torch.cat([index for _, index in nearest(query, bank, k, offset, chunk)])
 
 
 def duplicate_pairs(features: Tensor, thumbs: Tensor, bank_features: Tensor | None = None,

@@ -4,7 +4,7 @@ set and writes only under ``output``; the user's files are never changed."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -67,34 +67,44 @@ def _probabilities(features: Tensor, labels: Tensor, num_classes: int, knn: int,
         knn_out_of_sample(features, labels, num_classes, knn)
 
 
+class Searched(NamedTuple):
+    """A split's images that the label, outlier and duplicate searches read: their positions in the split, features
+    ``(n, E)`` and thumbnails ``(n, 3, 32, 32)``."""
+
+    positions: np.ndarray
+    features: Tensor
+    thumbs: Tensor
+
+
+def _row(split: Split, i: int, kind: str, score: float, classes: list[str], suggested: str = "",
+         duplicate_of: str = "") -> dict[str, Any]:
+    """The row of issues.csv (:data:`~vitlab.inspection.report.COLUMNS`) of image ``i`` of ``split``."""
+    return {"split": split.name, "image": split.names[i], "issue": kind, "score": score,
+            "given_label": label_cell(split.labels[i], classes), "suggested_label": suggested,
+            "duplicate_of": duplicate_of}
+
+
 def _label_rows(split: Split, rows: np.ndarray, issues: Any, probs: Tensor, classes: list[str],
                 multi_label: bool) -> list[dict[str, Any]]:
     found = []
     for r in np.flatnonzero(issues["is_label_issue"].to_numpy()).tolist():
-        i = int(rows[r])
         suggested = label_cell(probs[r] >= 0.5, classes) if multi_label else classes[int(issues["predicted_label"][r])]
-        found.append({"split": split.name, "image": split.names[i], "issue": "label",
-                      "score": 1 - float(issues["label_score"][r]), "given_label": label_cell(split.labels[i], classes),
-                      "suggested_label": suggested, "duplicate_of": ""})
+        found.append(_row(split, int(rows[r]), "label", 1 - float(issues["label_score"][r]), classes, suggested))
     for r in np.flatnonzero(issues["is_outlier_issue"].to_numpy()).tolist():
-        i = int(rows[r])
-        found.append({"split": split.name, "image": split.names[i], "issue": "outlier",
-                      "score": 1 - float(issues["outlier_score"][r]),
-                      "given_label": label_cell(split.labels[i], classes), "suggested_label": "", "duplicate_of": ""})
+        found.append(_row(split, int(rows[r]), "outlier", 1 - float(issues["outlier_score"][r]), classes))
     return found
 
 
 def _pair_rows(kind: str, a: Split, b: Split, pairs: list[tuple[int, int, float]], rows_a: np.ndarray,
                rows_b: np.ndarray, classes: list[str]) -> list[dict[str, Any]]:
-    return [{"split": a.name, "image": a.names[int(rows_a[i])], "issue": kind, "score": s,
-             "given_label": label_cell(a.labels[int(rows_a[i])], classes), "suggested_label": "",
-             "duplicate_of": f"{b.name}:{b.names[int(rows_b[j])]}"} for i, j, s in pairs]
+    return [_row(a, int(rows_a[i]), kind, s, classes, duplicate_of=f"{b.name}:{b.names[int(rows_b[j])]}")
+            for i, j, s in pairs]
 
 
 def _inspect_split(model: nn.Module, split: Split, features_dir: Path, classes: list[str], multi_label: bool,
                    voting: tuple[int, int, int], duplicate_threshold: float,
                    reading: tuple[int, int, str]
-                   ) -> tuple[tuple[np.ndarray, Tensor, Tensor], list[dict[str, Any]], float]:
+                   ) -> tuple[Searched, list[dict[str, Any]], float]:
     """One split's findings: what its pixels alone say (CleanVision), then, on the images that are readable and carry
     information, wrong labels and outliers (cleanlab on the out-of-sample probabilities of ``voting``: k-NN ``k``,
     or ``folds`` heads dealt by ``seed``) and near-duplicates within it. Returns the images searched (their
@@ -115,12 +125,10 @@ def _inspect_split(model: nn.Module, split: Split, features_dir: Path, classes: 
     alone = [("unreadable", i, 1.0) for i in np.flatnonzero(~readable).tolist()]
     alone += [(kind, i, float(score[i])) for kind, (flag, score) in pixels.items()
               for i in np.flatnonzero(flag & readable).tolist()]
-    rows += [{"split": split.name, "image": split.names[i], "issue": kind, "score": score,
-              "given_label": label_cell(split.labels[i], classes), "suggested_label": "", "duplicate_of": ""}
-             for kind, i, score in alone]
+    rows += [_row(split, i, kind, score, classes) for kind, i, score in alone]
     pairs = duplicate_pairs(x, small, threshold=duplicate_threshold)
     rows += _pair_rows("near_duplicate", split, split, pairs, searched, searched, classes)
-    return (searched, x, small), rows, agreement(probs, labels)
+    return Searched(searched, x, small), rows, agreement(probs, labels)
 
 
 def inspect_data(model: nn.Module, data: list[str], output: str | Path, *, splits: list[str] | None = None,
@@ -175,8 +183,8 @@ def inspect_data(model: nn.Module, data: list[str], output: str | Path, *, split
     for later, split in enumerate(listed):
         for earlier in listed[:later]:
             a, b = kept[split.name], kept[earlier.name]
-            pairs = duplicate_pairs(a[1], a[2], b[1], b[2], threshold=duplicate_threshold)
-            found[split.name] += _pair_rows("leak", split, earlier, pairs, a[0], b[0], classes)
+            pairs = duplicate_pairs(a.features, a.thumbs, b.features, b.thumbs, threshold=duplicate_threshold)
+            found[split.name] += _pair_rows("leak", split, earlier, pairs, a.positions, b.positions, classes)
     for split in listed:
         counts[split.name] = {kind: sum(1 for r in found[split.name] if r["issue"] == kind) for kind in KINDS}
         rows += found[split.name]

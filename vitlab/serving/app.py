@@ -41,11 +41,10 @@ from ..inference.forward import cpu_chunk
 from ..prediction import BatchPredictor
 from ..runtime import autocast_dtype, default_device
 from .batching import DynamicBatcher
+from .defaults import MAX_BATCH_SIZE, MAX_IMAGE_PIXELS, MAX_IMAGES, MAX_UPLOAD_MB, MAX_WAIT_MS
 from .uploads import PixelBudget, checked_pixels, model_images
 
-__all__ = ["create_app", "MAX_IMAGE_PIXELS"]
-
-MAX_IMAGE_PIXELS = 40_000_000  # a 40-megapixel photo (7,744 x 5,164) is served; a 9,000 x 9,000 PNG is not
+__all__ = ["create_app"]
 
 
 def _key_given(header: str, key: str) -> bool:
@@ -79,8 +78,9 @@ def _model_record(model: nn.Module, checkpoint: str | Path | None) -> dict[str, 
     return record
 
 
-def create_app(model: nn.Module, *, checkpoint: str | Path | None = None, max_batch_size: int = 32,
-               max_wait_ms: float = 5.0, max_upload_mb: float = 20.0, max_images: int = 64, api_key: str | None = None,
+def create_app(model: nn.Module, *, checkpoint: str | Path | None = None, max_batch_size: int = MAX_BATCH_SIZE,
+               max_wait_ms: float = MAX_WAIT_MS, max_upload_mb: float = MAX_UPLOAD_MB, max_images: int = MAX_IMAGES,
+               api_key: str | None = None,
                cors_origins: tuple[str, ...] = (), device: str | torch.device | None = None,
                precision: str = "run", max_image_pixels: int = MAX_IMAGE_PIXELS) -> FastAPI:
     """The FastAPI application serving ``model`` (a vitlab image classifier): the routes of the module's table.
@@ -96,7 +96,8 @@ def create_app(model: nn.Module, *, checkpoint: str | Path | None = None, max_ba
     model = model.to(device).eval()
     size = tuple(model.pretrained_cfg["input_size"][1:])
     chunk = cpu_chunk(model, (3, *size)) if device.type == "cpu" else 0
-    predictor = BatchPredictor(model, device, autocast_dtype(model, precision, device), chunk, "none", False, names, 1)
+    predictor = BatchPredictor(model, device=device, dtype=autocast_dtype(model, precision, device), chunk=chunk,
+                               names=names)
 
     def run(kind: str, images: Tensor) -> Tensor:
         with torch.no_grad():

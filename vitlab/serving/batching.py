@@ -13,14 +13,16 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from .defaults import MAX_BATCH_SIZE, MAX_WAIT_MS
+
 __all__ = ["DynamicBatcher"]
 
 
 class DynamicBatcher:
     """Batches items of a kind (``"predict"``, ``"embed"``) for ``run(kind, images)`` -> one row an image."""
 
-    def __init__(self, run: Callable[[str, Tensor], Tensor], max_batch_size: int = 32,
-                 max_wait_ms: float = 5.0) -> None:
+    def __init__(self, run: Callable[[str, Tensor], Tensor], max_batch_size: int = MAX_BATCH_SIZE,
+                 max_wait_ms: float = MAX_WAIT_MS) -> None:
         self.run, self.max_batch_size, self.max_wait = run, max_batch_size, max_wait_ms / 1000
         self.queue: asyncio.Queue | None = None
         self.task: asyncio.Task | None = None

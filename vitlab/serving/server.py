@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 from ..errors import ConfigError
+from .defaults import MAX_BATCH_SIZE, MAX_IMAGE_PIXELS, MAX_UPLOAD_MB, MAX_WAIT_MS
 
 __all__ = ["require_serving", "serve"]
 
@@ -21,10 +22,10 @@ def require_serving() -> None:
                 from None
 
 
-def serve(checkpoint: str | Path, host: str = "127.0.0.1", port: int = 8000, *, max_batch_size: int = 32,
-          max_wait_ms: float = 5.0, max_upload_mb: float = 20.0, api_key_env: str | None = None,
+def serve(checkpoint: str | Path, host: str = "127.0.0.1", port: int = 8000, *, max_batch_size: int = MAX_BATCH_SIZE,
+          max_wait_ms: float = MAX_WAIT_MS, max_upload_mb: float = MAX_UPLOAD_MB, api_key_env: str | None = None,
           cors_origins: tuple[str, ...] = (), device: str | None = None, precision: str = "run",
-          log_level: str = "info", max_image_pixels: int | None = None) -> None:
+          log_level: str = "info", max_image_pixels: int = MAX_IMAGE_PIXELS) -> None:
     """Serve the classifier in ``checkpoint`` at ``http://host:port`` until SIGTERM; ``api_key_env``: the
     environment variable holding the key every route but ``/health`` asks for."""
     require_serving()
@@ -32,7 +33,7 @@ def serve(checkpoint: str | Path, host: str = "127.0.0.1", port: int = 8000, *, 
         raise ConfigError(f"--max-batch-size {max_batch_size}: give 1 (a forward pass a request) to 4096")
     if max_wait_ms < 0 or max_upload_mb <= 0:
         raise ConfigError("--max-wait-ms must be >= 0 and --max-upload-mb > 0")
-    if max_image_pixels is not None and max_image_pixels < 1:
+    if max_image_pixels < 1:
         raise ConfigError(f"--max-image-pixels {max_image_pixels}: give the most pixels (width x height) an image may "
                           f"have, 1 or more")
     key = None
@@ -44,14 +45,14 @@ def serve(checkpoint: str | Path, host: str = "127.0.0.1", port: int = 8000, *, 
     import uvicorn
 
     from ..checkpoint import load_model
-    from .app import MAX_IMAGE_PIXELS, create_app
+    from .app import create_app
 
     model = load_model(checkpoint)
     if not (model.pretrained_cfg or {}).get("label_names"):
         raise ConfigError(f"{checkpoint}: not an image classifier with class names; vitlab serve serves one")
     app = create_app(model, checkpoint=checkpoint, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
                      max_upload_mb=max_upload_mb, api_key=key, cors_origins=cors_origins, device=device,
-                     precision=precision, max_image_pixels=max_image_pixels or MAX_IMAGE_PIXELS)
+                     precision=precision, max_image_pixels=max_image_pixels)
     print(f"serving {checkpoint} at http://{host}:{port} (the page: /, the API: /docs"
           f"{'; every route but /health asks for the key in $' + api_key_env if key else ''})", flush=True)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the handler it found: this one

@@ -1,5 +1,6 @@
 """What the training loop needs from a task. The loop (``vitlab.training``) is the same for every
-task; a task (:mod:`.classification`, :mod:`.seq2seq`, :mod:`.lm`) only says how to build, batch and score."""
+task; a task (:mod:`.classification`, :mod:`.seq2seq`, :mod:`.lm`, :mod:`.mae`, :mod:`.dino`) only says how to
+build, batch and score."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -16,7 +17,25 @@ from ..models.freeze import freeze_parameters
 if TYPE_CHECKING:
     from ..config import Config
 
-__all__ = ["TaskSetup", "build_model"]
+__all__ = ["TaskSetup", "build_model", "resumed_statistics"]
+
+
+def resumed_statistics(d: Any, resume_from: Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The image normalization a resumed run keeps: its checkpoint's ``mean`` and ``std`` (``config.json``).
+
+    Raises:
+        ConfigError: one line, if ``data.mean`` / ``data.std`` (``d``) are given otherwise.
+    """
+    from ..models.hub import read_json
+
+    meta = read_json(resume_from / "config.json")
+    for key in ("mean", "std"):
+        given = getattr(d, key)
+        if given is not None and tuple(given) != tuple(meta[key]):
+            raise ConfigError(f"data.{key}={list(given)} differs from the run's {list(meta[key])} (its checkpoint "
+                              f"{resume_from}); resume with the run's statistics, or start a new run (another "
+                              f"train.output_dir)")
+    return tuple(meta["mean"]), tuple(meta["std"])
 
 
 def build_model(cfg: Config, **derived: Any) -> nn.Module:

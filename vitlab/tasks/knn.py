@@ -7,7 +7,7 @@ share of the weight of the neighbours showing each class), out of sample when ea
 vote (``leave_one_out``): what ``vitlab inspect --knn`` gives cleanlab."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from ..inference.forward import gathered, pooled_features
 
 # pooled_features: vitlab.inference's
-__all__ = ["pooled_features", "collect_features", "knn_predict", "knn_probabilities"]
+__all__ = ["pooled_features", "collect_features", "knn_predict", "knn_probabilities", "nearest"]
 
 
 def collect_features(model: nn.Module, loader: Any, accelerator: Accelerator,
@@ -26,6 +26,21 @@ def collect_features(model: nn.Module, loader: Any, accelerator: Accelerator,
     gathered over the processes (``loader`` prepared by ``accelerator``, or one that shards itself exactly):
     :func:`~vitlab.inference.forward.gathered` of :func:`~vitlab.inference.forward.pooled_features`."""
     return gathered(model, loader, accelerator, lambda net, images: pooled_features(net, images).float(), model_input)
+
+
+def nearest(queries: Tensor, bank: Tensor, k: int, offset: int | None = None,
+            chunk: int = 1024) -> Iterator[tuple[Tensor, Tensor]]:
+    """Each ``chunk`` of ``queries`` ``(M, E)`` against ``bank`` ``(N, E)`` (rows unit length: cosine similarity): the
+    similarities and positions in ``bank`` of each row's ``k`` nearest, highest first, ``(m, k)`` each (``k`` cut to
+    what the bank holds). ``offset``: the queries are ``bank[offset:offset + M]`` themselves, each leaving itself
+    out. Chunks keep the similarity matrix at ``chunk x N``."""
+    k = min(k, len(bank) - (offset is not None))
+    for start in range(0, len(queries), chunk):
+        sims = queries[start:start + chunk] @ bank.T
+        if offset is not None:
+            rows = torch.arange(len(sims))
+            sims[rows, rows + offset + start] = -float("inf")
+        yield sims.topk(k, dim=1)
 
 
 def knn_probabilities(train_features: Tensor, train_labels: Tensor, features: Tensor, num_classes: int, k: int = 20,
@@ -38,14 +53,9 @@ def knn_probabilities(train_features: Tensor, train_labels: Tensor, features: Te
     ``i`` (an out-of-sample probability for every image of the bank)."""
     train = F.normalize(train_features.float(), dim=1)
     onehot = train_labels.float() if train_labels.dim() == 2 else F.one_hot(train_labels.long(), num_classes).float()
-    k = min(k, len(train) - int(leave_one_out))
     shares = []
-    for start in range(0, len(features), chunk):
-        sims = F.normalize(features[start:start + chunk].float(), dim=1) @ train.T
-        if leave_one_out:
-            rows = torch.arange(len(sims))
-            sims[rows, rows + start] = -float("inf")
-        top, index = sims.topk(k, dim=1)
+    queries = F.normalize(features.float(), dim=1)
+    for top, index in nearest(queries, train, k, 0 if leave_one_out else None, chunk):
         weights = ((top - top[:, :1]) / temperature).exp()  # shifted by the nearest: the shares alike, no overflow
         shares.append(torch.einsum("mk,mkc->mc", weights, onehot[index]) / weights.sum(1, keepdim=True))
     return torch.cat(shares)

@@ -26,14 +26,14 @@ from ..data.rules import streamed_in_shards
 from ..data.shard_stream import ShardLoader
 from ..data.transforms import CIFAR10_MEAN, CIFAR10_STD
 from ..errors import ConfigError, DataError
-from ..inference.forward import gathered, pooled_features
 from ..inference.view import eval_dataset
 from ..models.hub import read_json
 from ..runtime import bare_model
+from .base import resumed_statistics
 from .classification.data import in_memory
 from .classification.shards import shard_streams
 from .classification.splits import decode_size_of, index_splits, load_test_data, load_train_val_data
-from .knn import knn_predict
+from .knn import collect_features, knn_predict
 
 if TYPE_CHECKING:
     from ..config import Config, DataConfig
@@ -66,13 +66,7 @@ def normalization(cfg: Config, resume_from: Path | None) -> tuple[tuple[float, .
     """
     d = cfg.data
     if resume_from is not None:
-        meta = read_json(resume_from / "config.json")
-        for key in ("mean", "std"):
-            given = getattr(d, key)
-            if given is not None and tuple(given) != tuple(meta[key]):
-                raise ConfigError(f"data.{key}={list(given)} differs from the run's {list(meta[key])} (its checkpoint "
-                                  f"{resume_from}); resume with the run's statistics, or start a new run")
-        return tuple(meta["mean"]), tuple(meta["std"])
+        return resumed_statistics(d, resume_from)
     return tuple(d.mean or CIFAR10_MEAN), tuple(d.std or CIFAR10_STD)
 
 
@@ -182,9 +176,8 @@ def knn_monitor(backbone: nn.Module, monitor: KNNMonitor, accelerator: Accelerat
                 model_input: Callable[[Tensor], Tensor], k: int) -> dict[str, float]:
     """The top-1 of the queries by the vote of their ``k`` nearest bank images (cosine similarity of the pooled
     features, votes weighted by ``exp(similarity / 0.07)``: :func:`~vitlab.tasks.knn.knn_predict`)."""
-    compute = lambda net, images: pooled_features(net, images).float()
-    bank, bank_labels = gathered(backbone, monitor.bank, accelerator, compute, model_input)
-    queries, labels = gathered(backbone, monitor.queries, accelerator, compute, model_input)
+    bank, bank_labels = collect_features(backbone, monitor.bank, accelerator, model_input)
+    queries, labels = collect_features(backbone, monitor.queries, accelerator, model_input)
     predicted = knn_predict(bank, bank_labels, queries, monitor.num_classes, k)
     return {"knn_top1": (predicted == labels).double().mean().item()}
 

@@ -1,7 +1,7 @@
 """The training loop on Hugging Face Accelerate: config -> task -> loop -> checkpoints.
 
-One straight line for every task (image classification, sequence-to-sequence, language modelling) on
-one CPU, one GPU or several processes (``accelerate launch``). ``train.batch_size`` is global:
+One straight line for every task (image classification, sequence-to-sequence, language modelling, MAE and DINO
+pretraining) on one CPU, one GPU or several processes (``accelerate launch``). ``train.batch_size`` is global:
 Accelerate splits each batch across processes (``split_batches=True``), and gradient accumulation splits
 it further in time. This file is :func:`train`, the run from its config to its last line; :mod:`.loop` is the
 loop, read top to bottom: :class:`~.loop.Loop`'s step, epoch, epoch's end and checkpoint. Its other jobs have

@@ -1,5 +1,6 @@
 """A run set up before its first step: the task of its config (image classification, sequence-to-sequence,
-language model), LoRA's adapters, the metric ``best/`` is chosen on, and the line that says what will run."""
+language model, MAE or DINO pretraining), LoRA's adapters, the metric ``best/`` is chosen on, and the line that
+says what will run."""
 from __future__ import annotations
 
 from pathlib import Path

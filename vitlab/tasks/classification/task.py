@@ -20,7 +20,7 @@ from ...data.transforms import CIFAR10_MEAN, CIFAR10_STD, ModelInput
 from ...errors import ConfigError
 from ...models.hub import image_input_size, read_json
 from ...models.pretrained import load_pretrained, pretrained_architecture
-from ..base import TaskSetup, build_model
+from ..base import TaskSetup, build_model, resumed_statistics
 from ..distill import DistillationLoss, load_teacher
 from ..knn import collect_features
 from ..linear_probe import probe_head
@@ -51,14 +51,7 @@ def _normalization(cfg: Config, model: nn.Module, resume_from: Path | None) -> t
     if resume_from is not None:
         if cfg.model.lora_r:  # the checkpoint holds the adapters and head alone: the base comes from its source
             load_pretrained(model, cfg.model.pretrained, cfg.model.pretrained_file, cfg.model.name)
-        meta = read_json(resume_from / "config.json")
-        for key in ("mean", "std"):
-            given = getattr(d, key)
-            if given is not None and tuple(given) != tuple(meta[key]):
-                raise ConfigError(f"data.{key}={list(given)} differs from the run's {list(meta[key])} (its checkpoint "
-                                  f"{resume_from}); resume with the run's statistics, or start a new run "
-                                  f"(another train.output_dir)")
-        return tuple(meta["mean"]), tuple(meta["std"])
+        return resumed_statistics(d, resume_from)
     mean, std = CIFAR10_MEAN, CIFAR10_STD
     if cfg.model.pretrained:
         pretrained = load_pretrained(model, cfg.model.pretrained, cfg.model.pretrained_file, cfg.model.name)
