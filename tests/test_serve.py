@@ -232,8 +232,8 @@ def test_the_pixels_decoded_at_once_are_bounded_across_requests():
     b.start()
     c.start()
     c.join(10)
-    time.sleep(0.2)
-    assert order == ["a in", "c in", "c out"] and budget.held == 70
+    b.join(0.2)
+    assert b.is_alive() and order == ["a in", "c in", "c out"] and budget.held == 70  # b still waits for a
     first_out.set()
     a.join(10)
     b.join(10)
