@@ -18,8 +18,12 @@ ROOMS: list[tuple[str, set[str]]] = [
     ("inference", {"inference"}),
     ("visualize", {"visualize"}),
     ("tasks", {"tasks"}),
-    ("engine", {"config", "checkpoint", "preemption", "training", "evaluation", "prediction", "inspection", "serving",
-                "interop", "export", "cli", "commands", "__init__"}),
+    # The engine, in floors: what a run is made of (its config, checkpoints, stop signals, conversions), the jobs on a
+    # trained model (evaluation, prediction), what runs them (the training loop, inspection, the server), commands.
+    ("engine", {"config", "checkpoint", "preemption", "interop", "export"}),
+    ("jobs", {"evaluation", "prediction"}),
+    ("runs", {"training", "inspection", "serving"}),
+    ("commands", {"cli", "commands", "__init__"}),
 ]
 ALLOWED_BELOW = {  # models and data are siblings: neither needs the other
     "data": {"foundation"},
