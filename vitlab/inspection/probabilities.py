@@ -20,9 +20,8 @@ from ..tasks.linear_probe import fit_linear_probe
 __all__ = ["knn_out_of_sample", "cross_fitted", "fold_of", "agreement", "TRUSTED_AGREEMENT"]
 
 # Below this agreement of the out-of-sample probabilities with the given labels, cleanlab reads many of the model's
-# own mistakes as wrong labels: on CIFAR-10 with 10% of its labels planted wrong, a model of 33% top-1 flagged 3,294
-# of 6,760 images at a precision of 0.13 (issue 70), a backbone of 89.5% top-1 flagged at a precision of 0.61
-# (docs/inspect.md). A rule of thumb, not a measured boundary.
+# own mistakes as wrong labels (the figures behind it: docs/inspect.md, "How it decides"). A rule of thumb, not a
+# measured boundary.
 TRUSTED_AGREEMENT = 0.7
 
 
