@@ -163,3 +163,23 @@ def test_a_run_from_a_transformers_directory_takes_its_architecture_from_the_che
     with torch.no_grad():  # every weight but the head's is the checkpoint's
         theirs = (hf.vit if kind == "vit" else hf.deit)(pixel_values=x).last_hidden_state
         torch.testing.assert_close(model.eval().forward_features(x), theirs, atol=1e-4, rtol=0)  # fresh: O(1)
+
+
+def test_a_run_from_a_transformers_directory_continues_with_the_config_it_began_with(tmp_path, tiny_imagefolder):
+    """The architecture read from the checkpoint's config is part of the run's config before the run is looked for:
+    the same config continues it (train.resume=auto, --resume RUN key=value), rather than reading as another one."""
+    from conftest import reset_accelerate
+    from vitlab.config import load_config
+    from vitlab.training import train
+
+    _hf("vit").save_pretrained(tmp_path / "hf")
+    base = ["model.name=vit_cifar_tiny_patch4_32", f"model.pretrained=transformers:{tmp_path / 'hf'}",
+            "data.dataset=imagefolder", f"data.root={tiny_imagefolder}", "data.num_workers=0", "data.loader=torch",
+            "train.batch_size=16", "optim.warmup_epochs=0", "model.num_classes=3", f"train.output_dir={tmp_path / 'r'}"]
+    train(load_config(None, [*base, "train.epochs=1"]))
+    reset_accelerate()
+    train(load_config(None, [*base, "train.epochs=1", "train.resume=auto"]))  # the same config: the same run
+    reset_accelerate()
+    summary = train(load_config(None, [*base, "train.epochs=2"]), resume=tmp_path / "r")  # one more epoch
+    reset_accelerate()
+    assert summary["epochs_done"] == 2

@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from .hub import CONFIG_NAME, load_model_dir, read_json, resolve_checkpoint
 from .interop import from_timm, from_transformers
 from .dino import DINO
@@ -31,7 +31,7 @@ from .mae import MaskedAutoencoder
 from .timm_classifier import TIMM_PREFIX, TimmClassifier
 from .vit import checkpoint_filter_fn
 
-__all__ = ["load_pretrained", "timm_model", "timm_filter", "pretrained_architecture"]
+__all__ = ["load_pretrained", "timm_model", "timm_filter", "pretrained_architecture", "take_pretrained_architecture"]
 
 # The arguments that shape a ViT's weights: what a classifier must share with the backbone it starts from.
 _BACKBONE_KEYS = ("patch_size", "embed_dim", "depth", "num_heads", "mlp_ratio", "qkv_bias", "class_token", "reg_tokens",
@@ -180,6 +180,27 @@ def pretrained_architecture(source: str) -> dict[str, Any]:
     elif c.model_type == "deit":
         args["reg_tokens"] = 1  # the distillation token without its head: a register with a position of its own
     return args
+
+
+def take_pretrained_architecture(model: Any) -> None:
+    """Complete a config's model section ``model`` (its ``name``, ``pretrained``, ``args``) with the architecture its
+    ``pretrained`` weights fix (:func:`pretrained_architecture`), as ``from_pretrained`` builds a model from its
+    checkpoint: a run's config holds it before the run is looked for, so the same config continues the run. A key
+    given with another value is one line naming both.
+
+    Raises:
+        ConfigError: one line, for a key that contradicts the checkpoint's config.
+    """
+    if not model.pretrained or model.name.startswith(TIMM_PREFIX):
+        return
+    fixed, given = pretrained_architecture(model.pretrained), model.args
+    conflicts = [f"model.{k}={given[k]} (the checkpoint's: {v})" for k, v in fixed.items() if k in given and
+                 (tuple(given[k]) if isinstance(given[k], list) else given[k]) != v]
+    if conflicts:
+        raise ConfigError(f"model.pretrained={model.pretrained} fixes the architecture, and this config gives "
+                          f"{', '.join(conflicts)}: leave those keys out (the checkpoint's config is read) or start "
+                          f"from another checkpoint")
+    model.args = {**fixed, **given}
 
 
 def _from_transformers(source: str) -> tuple[dict[str, Tensor], dict[str, Any]]:

@@ -25,6 +25,7 @@ from typing import Any
 from .. import checkpoint as ckpt
 from ..config import Config
 from ..errors import PREEMPTED_EXIT_CODE, Preempted
+from ..models.pretrained import take_pretrained_architecture
 from ..preemption import StopSignals, elastic_restart_advice
 from ..runtime import cpu_requested, create_accelerator
 from .loop import Loop, set_epoch
@@ -53,6 +54,7 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     start_time = time.time()
     if cfg.train.cache_features:
         cfg = probe_config(cfg)
+    take_pretrained_architecture(cfg.model)  # part of the run's config, before the run is looked for
     run_dir, resume_from, note = find_resume_point(cfg, resume)  # bad input fails here, before data is read
     loop = Loop(cfg, run_dir, resume_from)
     t, acc, state = cfg.train, loop.accelerator, loop.state

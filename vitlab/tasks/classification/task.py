@@ -19,7 +19,7 @@ from ...data.split import SplitIndex, held_out_count, multi_label_reason
 from ...data.transforms import CIFAR10_MEAN, CIFAR10_STD, ModelInput
 from ...errors import ConfigError
 from ...models.hub import image_input_size, read_json
-from ...models.pretrained import load_pretrained, pretrained_architecture
+from ...models.pretrained import load_pretrained
 from ..base import TaskSetup, build_model, resumed_statistics
 from ..distill import DistillationLoss, load_teacher
 from ..knn import collect_features
@@ -59,24 +59,6 @@ def _normalization(cfg: Config, model: nn.Module, resume_from: Path | None) -> t
     return tuple(d.mean or mean), tuple(d.std or std)
 
 
-def _take_pretrained_architecture(cfg: Config) -> None:
-    """``model.args`` completed with the architecture ``model.pretrained`` fixes
-    (:func:`~vitlab.models.pretrained.pretrained_architecture`: a transformers checkpoint's config), as
-    ``from_pretrained`` builds a model from its checkpoint; a key the config sets to another value is one line
-    naming both."""
-    if not cfg.model.pretrained or cfg.model.name.startswith("timm:"):
-        return
-    fixed = pretrained_architecture(cfg.model.pretrained)
-    given = cfg.model.args
-    conflicts = [f"model.{k}={given[k]} (the checkpoint's: {v})" for k, v in fixed.items() if k in given and
-                 (tuple(given[k]) if isinstance(given[k], list) else given[k]) != v]
-    if conflicts:
-        raise ConfigError(f"model.pretrained={cfg.model.pretrained} fixes the architecture, and this config gives "
-                          f"{', '.join(conflicts)}: leave those keys out (the checkpoint's config is read) or start "
-                          f"from another checkpoint")
-    cfg.model.args = {**fixed, **given}
-
-
 def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch: int,
                               resume_from: Path | None = None) -> TaskSetup:
     """Build the ViT (from ``model.pretrained`` weights, if set), decode the data and define the loss;
@@ -87,7 +69,6 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     if mixing and (micro_batch // accelerator.num_processes) % 2:
         raise ConfigError(f"mixup/cutmix need an even per-process batch; train.batch_size={t.batch_size} gives "
                           f"{micro_batch // accelerator.num_processes}")
-    _take_pretrained_architecture(cfg)
     model = build_model(cfg)
     if t.cache_features:
         probe_head(model)  # one linear head, or one line before any image is decoded
