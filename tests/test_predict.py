@@ -132,6 +132,9 @@ def test_an_image_over_the_pixel_limit_is_a_row_with_its_error_and_training_refu
     assert result["unreadable"] == 1 and set(rows["large.jpg"]) == {"image", "error"}
     assert "is 40 x 30 = 1,200 pixels, more than the 1,100 this reader takes" in rows["large.jpg"]["error"]
     assert sum("error" not in r for r in rows.values()) == 12
+    predict_images(load_model(trained), [str(images)], tmp_path / "free.jsonl", num_workers=0)  # no limit
+    free = {Path(r["image"]).name: r for r in map(json.loads, (tmp_path / "free.jsonl").read_text().splitlines())}
+    assert all(free[n] == r for n, r in rows.items() if "error" not in r)  # the images under it: the same pixels
     with pytest.raises(DataError, match=r"is 32 x 32 = 1,024 pixels, more than the 1,000 this reader takes"):
         train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "run", "data.max_image_pixels=1000",
                                                   "data.loader=torch", "data.in_memory=false")))

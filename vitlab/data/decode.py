@@ -162,6 +162,8 @@ def open_image(path: str | Path | io.BytesIO, size: tuple[int, int] | None = Non
     try:
         with Image.open(path) as img:
             return to_rgb(img, size, exif_transpose)
+    except UnidentifiedImageError:  # PIL's own words name a file object by its repr
+        raise DataError(f"cannot read image {str(path)!r}: not an image file PIL can identify") from None
     except (OSError, ValueError, Image.DecompressionBombError) as e:
         raise DataError(f"cannot read image {str(path)!r}: {e}") from None
 

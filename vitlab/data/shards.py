@@ -28,11 +28,16 @@ from ..progress import Progress
 from .decode import EncodedImage, decode_image
 
 __all__ = ["IMAGE_SUFFIXES", "ShardIndex", "expand_shards", "index_shards", "read_samples", "decode_sample",
-           "write_shards", "read_classes"]
+           "write_shards", "read_classes", "is_local"]
 
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp")
 _META = re.compile(r"__[^/]*__($|/)")  # webdataset's skip_meta: members it never yields
 _REMOTE = ("pipe:", "http://", "https://")  # shards webdataset opens as streams, not local files
+
+
+def is_local(url: str) -> bool:
+    """Whether a shard's URL is a file on this machine (else a stream webdataset opens)."""
+    return not url.startswith(_REMOTE)
 
 
 def _webdataset() -> Any:

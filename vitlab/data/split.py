@@ -91,8 +91,8 @@ class SplitIndex:
         as large as ``size`` needs (:func:`~vitlab.data.decode.decode_region`)."""
         if self.pixels is not None:
             return self.pixels[i]
-        if self.max_pixels and self.encoded is not None and not scaled:  # its header first (scaled: below)
-            self._checked(i)
+        if self.max_pixels and self.encoded is not None and not scaled:  # its header first, then the bytes in hand
+            return decode_image(self._checked(i), self._where(i), size, self.upright)  # (scaled: below)
         if size is None and self.read is not None:
             return self.read(i)
         if scaled and self.encoded is not None:

@@ -101,13 +101,18 @@ def index_csv(root: Path, split: str, classes: list[str] | None = None, exif_tra
     missing = [n for n, f in zip(names, files) if not f.is_file()]
     if missing:
         raise DataError(f"{where}: {len(missing)} of its {len(files)} images are not there ({missing[0]!r} "
-                        f"{'and others ' if len(missing) > 1 else ''}under data.root); image paths are relative to data.root, "
-                        f"or absolute")
-    if "labels" not in needed:  # listed without labels: each image class 0
-        reader_ = FolderFiles(files, exif_transpose, root)
-        return SplitIndex(torch.zeros(len(files), dtype=torch.long), list(classes or ["?"]), reader_.open, where,
-                          encoded=reader_.encoded, read=reader_.read, key=reader_.key, upright=exif_transpose,
-                          stamp=reader_.stamp, path=reader_.path)
+                        f"{'and others ' if len(missing) > 1 else ''}under data.root); image paths are relative to "
+                        f"data.root, or absolute")
+    labels, classes = _labels(rows, names, classes, where, multi_label) if "labels" in needed else \
+        (torch.zeros(len(files), dtype=torch.long), list(classes or ["?"]))  # listed without labels: each class 0
+    reader_ = FolderFiles(files, exif_transpose, root)
+    return SplitIndex(labels, classes, reader_.open, where, encoded=reader_.encoded, read=reader_.read,
+                      key=reader_.key, upright=exif_transpose, stamp=reader_.stamp, path=reader_.path)
+
+
+def _labels(rows: list[tuple[str, list[str]]], names: list[str], classes: list[str] | None, where: str,
+            multi_label: bool | None) -> tuple[torch.Tensor, list[str]]:
+    """The rows' labels as class indices or multi-hot rows (see :func:`index_csv`), and the classes."""
     label_lists = [labels for _, labels in rows]
     single = all(len(labels) == 1 for labels in label_lists)
     if multi_label is False and not single:
@@ -116,12 +121,8 @@ def index_csv(root: Path, split: str, classes: list[str] | None = None, exif_tra
                         f"and data.multi_label=false asks for one class an image; set data.multi_label=true (or auto) "
                         f"to train on label sets")
     if multi_label or (multi_label is None and not single):
-        labels, classes = label_sets(label_lists, classes, where)
-    else:
-        labels, classes = label_indices([labels[0] for labels in label_lists], classes, where)
-    reader_ = FolderFiles(files, exif_transpose, root)
-    return SplitIndex(labels, classes, reader_.open, where, encoded=reader_.encoded, read=reader_.read,
-                      key=reader_.key, upright=exif_transpose, stamp=reader_.stamp, path=reader_.path)
+        return label_sets(label_lists, classes, where)
+    return label_indices([labels[0] for labels in label_lists], classes, where)
 
 
 def one_hot_index(index: SplitIndex) -> SplitIndex:

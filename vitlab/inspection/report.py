@@ -25,9 +25,8 @@ KINDS = {
     **PIXEL_KINDS,
 }
 NAMES = {"label": "label issue", "leak": "leak", "near_duplicate": "near-duplicate", "outlier": "outlier",
-         "unreadable": "unreadable", "low_information": "low-information", "dark": "dark", "light": "light",
-         "blurry": "blurry", "odd_size": "odd-size", "odd_aspect_ratio": "odd-aspect-ratio"}
-_ALWAYS = ("label", "leak", "near_duplicate", "outlier", "unreadable")  # in the summary even when 0
+         "unreadable": "unreadable", **{kind: kind.replace("_", "-") for kind in PIXEL_KINDS}}
+_COUNTED = ("label", "leak", "near_duplicate", "outlier")  # nouns (a plural), in the summary even when 0
 
 
 def write_issues(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -92,8 +91,8 @@ def summary_lines(counts: dict[str, dict[str, int]], balance: dict[str, dict[str
         per = sorted(b["classes"].items(), key=lambda kv: kv[1])
         ratio = per[-1][1] / max(per[0][1], 1)
         lines.append(f"{split}: {b['images']:,} images; " + ", ".join(
-            f"{n:,} {NAMES[kind]}{'s' if n != 1 and kind in ('label', 'leak', 'near_duplicate', 'outlier') else ''}"
-            for kind, n in kinds.items() if n or kind in _ALWAYS)
+            f"{n:,} {NAMES[kind]}{'s' if n != 1 and kind in _COUNTED else ''}"
+            for kind, n in kinds.items() if n or kind in (*_COUNTED, "unreadable"))
             + f"; classes from {per[0][1]:,} ({per[0][0]}) to {per[-1][1]:,} "
             f"({per[-1][0]}) images, {ratio:.1f}x")
     lines.append(f"label issues and outliers from {how}; near-duplicates and leaks: thumbnails compared pixel by "

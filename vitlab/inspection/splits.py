@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..data.shards import ShardIndex
+from ..data.shards import ShardIndex, is_local
 from ..data.split import SplitIndex
 from ..errors import ConfigError, DataError
 from ..inference.files import job_record
@@ -91,7 +91,7 @@ def _listing_digest(split: Split) -> str:
     another ``data.root``, or a file changed since, give another digest."""
     h = hashlib.sha256("\n".join(split.names).encode())
     files = split.files if split.files is not None else [Path(u) for u in getattr(split.index, "urls", [])
-                                                         if "://" not in u and not u.startswith("pipe:")]
+                                                         if is_local(u)]
     for f in files:
         stat = Path(f).stat()
         h.update(f"\n{Path(f).resolve()}\t{stat.st_size}\t{stat.st_mtime_ns}".encode())

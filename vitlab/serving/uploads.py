@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import re
 import threading
 from typing import Iterator
 
@@ -57,7 +56,7 @@ def model_images(model: nn.Module, blobs: list[bytes], names: list[str]) -> Tens
         try:
             images.append(shown[i][0])
         except DataError as e:
-            reason = re.sub(r"\s*<_io\.BytesIO object at 0x[0-9a-fA-F]+>", "", str(e).rsplit("': ", 1)[-1])
+            reason = str(e).rsplit("': ", 1)[-1]
             raise DataError(f"{names[i]} is not an image that can be read ({reason})") from None
     return torch.stack(images)
 
