@@ -187,7 +187,8 @@ def test_a_stopped_job_is_continued_only_by_the_same_job(trained, tiny_imagefold
     with torch.no_grad():
         other.head.weight.add_(1e-3)  # another checkpoint: other weights
     changes = [((other,), {}, r"another checkpoint \(weights\)"),
-               ((model,), {"precision": "bf16"}, r"precision float32 there, bfloat16 now")]
+               ((model,), {"precision": "bf16"}, r"precision float32 there, bfloat16 now"),
+               ((model,), {"max_pixels": 10**6}, r"max_pixels None there, 1000000 now")]  # which images are errors
     if suffix != ".npy":  # embeddings have no top k, and no augmented views
         changes += [((model,), {"topk": 1}, r"topk 3 there, 1 now"),
                     ((model,), {"tta": "flip"}, r"tta none there, flip now")]

@@ -288,7 +288,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     partial = out.with_name(out.name + ".partial") if out is not None else None
     device = default_device() if device is None else torch.device(device)
     dtype = autocast_dtype(model, precision, device)
-    job = job_record(model, k, tta, dtype, embed) if partial is not None and rank == 0 else {}
+    job = job_record(model, k, tta, dtype, embed, max_pixels) if partial is not None and rank == 0 else {}
     done, unreadable = listed_once(lambda: resume_rows(partial, header, files, lines, job)
                                    if partial is not None and partial.is_file() else (0, 0), world)
     model = model.to(device).eval()

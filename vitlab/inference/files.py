@@ -148,10 +148,12 @@ def to_npy(partial: Path, out: Path) -> None:
     partial.unlink()
 
 
-def job_record(model: nn.Module, k: int, tta: str, dtype: torch.dtype | None, embed: bool) -> dict[str, Any]:
+def job_record(model: nn.Module, k: int, tta: str, dtype: torch.dtype | None, embed: bool,
+               max_pixels: int = 0) -> dict[str, Any]:
     """What decides a job's rows besides its inputs: the weights (a digest of every tensor), the checkpoint's
     record (classes, preprocessing, temperature, thresholds: a digest of ``pretrained_cfg``), what a row holds
-    (embeddings or predictions, top ``k``), the test-time augmentation and the precision."""
+    (embeddings or predictions, top ``k``), the test-time augmentation, the precision, and a pixel limit where one
+    is set (``max_pixels``: which images are rows of an error; absent when 0, as in the records written before it)."""
     weights = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         weights.update(name.encode())
@@ -159,7 +161,8 @@ def job_record(model: nn.Module, k: int, tta: str, dtype: torch.dtype | None, em
     record = json.dumps(getattr(model, "pretrained_cfg", None) or {}, sort_keys=True, default=str)
     return {"rows": "embeddings" if embed else "predictions", "topk": None if embed else k, "tta": tta,
             "precision": str(dtype or torch.float32).removeprefix("torch."), "weights": weights.hexdigest(),
-            "checkpoint record": hashlib.sha256(record.encode()).hexdigest()}
+            "checkpoint record": hashlib.sha256(record.encode()).hexdigest(),
+            **({"max_pixels": max_pixels} if max_pixels else {})}
 
 
 def job_file(partial: Path) -> Path:
@@ -191,7 +194,8 @@ def resume_rows(partial: Path, header: str, files: list[str], suffix: str, job: 
     if said != job:
         differ = ["no record of the job that wrote it"] if said is None else \
             [f"{key} {said.get(key)} there, {value} now" if key not in ("weights", "checkpoint record") else
-             f"another checkpoint ({key})" for key, value in job.items() if said.get(key) != value]
+             f"another checkpoint ({key})" for key in sorted(job.keys() | said.keys())
+             if said.get(key) != (value := job.get(key))]
         raise DataError(f"{partial} holds rows of another job ({'; '.join(differ)}); run the job it was started with "
                         f"to continue it, or remove it to start again")
     data = partial.read_bytes()
