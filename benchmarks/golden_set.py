@@ -10,7 +10,8 @@ before the change and again after, at the same place, and compare:
 The set: the quick config for one epoch on 1,000 images (100 held out for validation) and its ``metrics.jsonl``
 and weights; ``vitlab eval --output`` and ``--predictions``, with ``--tta flip``, ``--tta crops`` and ``--knn 5``;
 ``vitlab calibrate``; ``vitlab predict`` into CSV and JSON lines; ``vitlab embed`` into ``.npy``; a multi-label
-csv run (CIFAR-10 mosaics) with its eval; a LoRA run and a cached-feature probe from the quick run. ``compare``
+csv run (CIFAR-10 mosaics) with its eval; a LoRA run and a cached-feature probe from the quick run; a short run of
+MAE, DINO, the character language model and the copy task, each with its eval (``--only-tasks``: those alone). ``compare``
 says which files differ: JSON and JSON lines with their timings left out (they are the clock's, not the
 computation's), every other file byte for byte (weights, CSV, ``.npy``).
 """
@@ -74,6 +75,27 @@ def record(data: Path, out: Path) -> None:
          f"model.pretrained={quick}", "model.freeze=backbone", "train.cache_features=true",
          f"train.output_dir={out / 'probe'}")
     shutil.rmtree(mosaics / "images")  # the inputs, not outputs
+    record_tasks(data, out)
+
+
+def record_tasks(data: Path, out: Path) -> None:
+    """One short run of each task but classification (MAE, DINO with their k-NN monitor, the character language
+    model on tiny Shakespeare beside ``data``, the copy task's sequence-to-sequence) and ``vitlab eval`` of each."""
+    tasks = out / "tasks"
+    ssl = ["data.dataset=imagefolder", f"data.root={data}", "data.train_subset=300", "train.epochs=1",
+           "train.batch_size=64", f"monitor.root={data}", "monitor.train_subset=200", "monitor.test_subset=100",
+           "monitor.val_size=50", "monitor.k=5"]
+    text = data.parent / "tinyshakespeare" / "input.txt"
+    runs = {"mae": ["--config", str(ROOT / "configs/mae_cifar10_cpu.yaml"), *ssl],
+            "dino": ["--config", str(ROOT / "configs/dino_cifar10_cpu.yaml"), *ssl],
+            "lm": ["--config", str(ROOT / "configs/lm_shakespeare_char_cpu.yaml"), f"data.root={text}",
+                   "data.steps_per_epoch=20", "train.epochs=1", "train.log_every=5"],
+            "seq2seq": ["--config", str(ROOT / "configs/seq2seq_copy.yaml"), "data.num_train=512", "data.num_test=64",
+                        "train.epochs=1", "train.log_every=2"]}
+    for kind, args in runs.items():
+        _run("train.py", *args, f"train.output_dir={tasks / kind}")
+        _cli("eval", "--checkpoint", str(tasks / kind), "--output", str(tasks / f"{kind}_eval.json"),
+             *(["--knn", "5"] if kind in ("mae", "dino") else []))
 
 
 def _strip(value: object) -> object:
@@ -114,12 +136,13 @@ def main() -> None:
     r = sub.add_parser("record")
     r.add_argument("--data", type=Path, required=True)
     r.add_argument("--out", type=Path, required=True)
+    r.add_argument("--only-tasks", action="store_true", help="only the runs of the tasks but classification")
     c = sub.add_parser("compare")
     c.add_argument("before", type=Path)
     c.add_argument("after", type=Path)
     args = parser.parse_args()
     if args.cmd == "record":
-        record(args.data.resolve(), args.out.resolve())
+        (record_tasks if args.only_tasks else record)(args.data.resolve(), args.out.resolve())
     else:
         sys.exit(compare(args.before, args.after))
 
