@@ -91,11 +91,10 @@ def test_a_run_on_a_busy_machine_says_how_many_threads_to_give_torch(monkeypatch
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     threads = torch.get_num_threads()  # a pytest-xdist worker runs one (conftest): a run's default is a core each
     torch.set_num_threads(os.cpu_count())
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])  # another job on one core
+    spinner = subprocess.Popen([sys.executable, "-c", "print('spinning', flush=True)\nwhile True: pass"],
+                               stdout=subprocess.PIPE, text=True)  # another job on one core
     try:
-        import time
-
-        time.sleep(0.5)
+        assert spinner.stdout.readline() == "spinning\n"  # it runs from now on
         advice = _busy_machine_advice()
     finally:
         spinner.kill()

@@ -260,7 +260,7 @@ def test_the_api_key_guards_every_route_but_health_and_sigterm_answers_what_is_i
     image = _test_images(tiny_imagefolder)[0].read_bytes()
     try:
         url = server.url
-        assert httpx.get(f"{url}/health").status_code == 200
+        assert httpx.get(f"{url}/health").json() == {"status": "ok", "images_pending": 0}
         for path in ("/v1/model", "/", "/openapi.json"):
             refused = httpx.get(f"{url}{path}")
             assert refused.status_code == 401 and "Authorization: Bearer" in refused.json()["error"]
@@ -291,7 +291,10 @@ def test_the_api_key_guards_every_route_but_health_and_sigterm_answers_what_is_i
         with ThreadPoolExecutor(1) as pool:
             pending = pool.submit(httpx.post, f"{url}/v1/predict", content=image,
                                   headers={"Content-Type": "image/png", **key}, timeout=60)
-            time.sleep(0.5)  # in flight
+            deadline = time.time() + 30
+            while httpx.get(f"{url}/health").json()["images_pending"] < 1:  # in flight
+                assert time.time() < deadline and not pending.done(), "the request was not seen in flight"
+                time.sleep(0.02)
             server.proc.send_signal(signal.SIGTERM)
             answer = pending.result()
         server.proc.wait(60)  # exits by itself: a second SIGTERM from stop() while it exits would find the default

@@ -9,7 +9,8 @@
 ``POST /v1/embed``         the same images: ``{"embeddings": [[...], ...]}``, the pooled features
 ``POST /v1/attention``     one image: its attention rollout over the patch grid (``{"rows", "cols", "grid"}``)
 ``GET /v1/model``          the classes, the input size, the temperature and thresholds, the run's test metrics
-``GET /health``            ``{"status": "ok"}``, the only route open without the key
+``GET /health``            ``{"status": "ok", "images_pending": n}`` (images taken, not yet answered), the only
+                           route open without the key
 ``GET /``                  a page to try it: drop or pick images, see the top 5 and where the model looked
 ``GET /docs``              the OpenAPI page (its script comes from a CDN; ``/openapi.json`` is served here)
 =========================  ==========================================================================================
@@ -260,9 +261,9 @@ def _routes(app: FastAPI, model: nn.Module, device: torch.device, batcher: Dynam
     async def model_info() -> Any:
         return record
 
-    @app.get("/health", summary="whether the server is up (no key asked)")
+    @app.get("/health", summary="whether the server is up, and the images it is working on (no key asked)")
     async def health() -> Any:
-        return {"status": "ok"}
+        return {"status": "ok", "images_pending": batcher.pending}
 
     app.head("/health", include_in_schema=False)(health)  # what load balancers send
 

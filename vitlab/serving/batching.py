@@ -28,6 +28,7 @@ class DynamicBatcher:
         self.task: asyncio.Task | None = None
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="vitlab-forward")
         self.batches = 0  # forward passes run (for tests and the log)
+        self.pending = 0  # images submitted and not yet answered (GET /health says it)
 
     def start(self) -> None:
         self.queue = asyncio.Queue()
@@ -47,7 +48,11 @@ class DynamicBatcher:
         futures = [loop.create_future() for _ in range(len(images))]
         for image, future in zip(images, futures):
             self.queue.put_nowait((kind, image, future))
-        return torch.stack(await asyncio.gather(*futures))
+        self.pending += len(images)
+        try:
+            return torch.stack(await asyncio.gather(*futures))
+        finally:
+            self.pending -= len(images)
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
