@@ -10,8 +10,8 @@ Two families, chosen by ``data.train_crop``:
   crop (``scale``, ``ratio``) of each image at its own size; evaluation resizes the shorter side to
   ``floor(img_size / crop_pct)`` and crops the center, as ``timm.data.create_transform(is_training=False,
   crop_pct=..., interpolation='bicubic')``, through PIL as timm (a tensor is made a PIL image first).
-  Training crops are torch's (antialiased bicubic on uint8 tensors: 0.40 ms an image against PIL's
-  0.94 ms at 224 px, one core).
+  Training crops are torch's (antialiased bicubic on uint8 tensors, faster than PIL's: benchmarks/RESULTS.md,
+  "The ImageNet-style pipeline against timm's loader").
 
 Both flip and augment (``'randaugment'``, ``'trivialaugment'``, ``'autoaugment'`` with the CIFAR-10 or
 ImageNet policy) with torchvision's v2 transforms, per image, in the loaders' workers, and hand over
@@ -58,7 +58,8 @@ def normalize(x: torch.Tensor, mean: tuple[float, ...], std: tuple[float, ...]) 
     """uint8 images ``(..., C, H, W)`` -> float32 ``(x - 255 mean) / (255 std)``: the one normalization of
     every path (training's and evaluation's batches, :func:`create_transform`'s single images), the
     operations of timm's ``PrefetchLoader``; two passes over the batch (torchvision's ``ToDtype`` then
-    ``Normalize`` make three: 0.46 against 0.20 ms an image at 224 px on one core)."""
+    ``Normalize`` make three, and take twice as long: benchmarks/RESULTS.md, "The ImageNet-style pipeline against timm's
+    loader")."""
     m, s = _scaled(tuple(mean), tuple(std), x.device)
     return x.to(torch.float32).sub_(m).div_(s)
 
@@ -268,8 +269,8 @@ def rrc_train_transform(size: tuple[int, int], scale: tuple[float, float] = (0.0
     """``'rrc'``: a random resized crop to ``size`` (an area of ``scale`` of the image, an aspect ratio in
     ``ratio``, bicubic), horizontal flip, ``augment``; a PIL image or uint8 ``(C, H, W)`` of any size in,
     uint8 ``(C, *size)`` out (:class:`ModelInput` normalizes the batch and erases at random). A PIL image
-    is made a tensor first (laid out channels-last, as decoded): torch's uint8 resize there took 0.40 ms
-    an image against PIL's 0.94 ms (a ~400 x 370 photograph to 224, one core)."""
+    is made a tensor first (laid out channels-last, as decoded): torch's uint8 resize there is faster than PIL's
+    (benchmarks/RESULTS.md, "The ImageNet-style pipeline against timm's loader")."""
     ops: list[v2.Transform] = [v2.ToImage(), RandomResizedCropDecode(size, scale=scale, ratio=ratio, **_RESIZE)]
     if hflip:
         ops.append(v2.RandomHorizontalFlip())

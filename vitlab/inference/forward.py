@@ -63,8 +63,8 @@ def gathered(model: nn.Module, loader: Any, accelerator: Accelerator, compute: C
 
 
 # On a CPU the forward pass runs over chunks of a batch whose widest layer output fits this many bytes (or the
-# weights' size, where larger: each chunk reads them again): 256 images of 32 px at once spill the caches, and
-# chunks of about 30 ran the quick model 1.7x as fast. The rows do not depend on it.
+# weights' size, where larger: each chunk reads them again): a whole batch at once spills the caches
+# (benchmarks/RESULTS.md, "The forward pass in cache-sized chunks"). The rows do not depend on it.
 CPU_ACTIVATION_BUDGET = 2 * 2**20
 
 

@@ -6,8 +6,8 @@ out-of-sample probabilities (:mod:`vitlab.inspection.probabilities`).
 - Outliers: cleanlab's out-of-distribution score of the probabilities (the entropy of each image's probabilities,
   adjusted by each class's typical confidence); ``outlier_score`` low = likely out of place. Not the features' own
   nearest-neighbour distances (Datalab's choice when it has features): a classifier's features draw noise and
-  foreign images into its classes' clusters (on CIFAR-10 with vitlab's 89% backbone 16 of 100 planted outliers
-  ranked in the top 200 by the features, 73 by the k-NN probabilities: docs/inspect.md). Multi-label data: by the
+  foreign images into its classes' clusters (on CIFAR-10 the features ranked far fewer planted outliers near the
+  top than the k-NN probabilities: docs/inspect.md). Multi-label data: by the
   features (cleanlab scores no multi-label probabilities for outliers).
 
 Near-duplicates are :mod:`vitlab.inspection.duplicates`' (why: there).

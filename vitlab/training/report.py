@@ -15,9 +15,9 @@ __all__ = ["busy_machine_advice", "summary_of", "result_line", "read_records", "
 
 
 def busy_machine_advice() -> str:
-    """One line when torch will spin several threads while other threads run on the machine, '' otherwise.
-    On 2 cores with one kept busy by another process the quick CPU config trained at 296 images/s with
-    torch's 2 threads and at 996 with one (``benchmarks/bench_threads.py``). The running threads are
+    """One line when torch will spin several threads while other threads run on the machine, '' otherwise: torch's
+    threads wait for each other when another process takes a core (benchmarks/RESULTS.md, "Torch's threads on a
+    busy machine"). The running threads are
     read from ``/proc/loadavg`` (the 1-minute load average lags: it counts what just ended), the lowest
     of up to five samples 50 ms apart, so that a process passing by does not count."""
     threads, cores = torch.get_num_threads(), os.cpu_count() or 1
@@ -106,7 +106,7 @@ def plot_curves(metrics_file: Path, path: Path) -> None:
     trains = [r for r in records if r["split"] == "train"]
     steps_per_epoch = max(1, evals[0]["step"]) if evals else 1
     # Fixed margins, not tight_layout: measuring the labels drew the figure once more, and every finished run draws
-    # its curves (0.22 s a figure with it, 0.12 s without, on 2 cores), for the same picture.
+    # its curves (benchmarks/RESULTS.md, "The run's curves"), for the same picture.
     fig, axes = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw=dict(left=0.06, right=0.985, bottom=0.13, top=0.92,
                                                                      wspace=0.22))
     axes[0].plot([r["step"] / steps_per_epoch for r in trains], [r["loss"] for r in trains], label="train")
