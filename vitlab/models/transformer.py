@@ -146,7 +146,8 @@ class Seq2SeqTransformer(nn.Module, HubMixin, GradCheckpointing):
         for name, p in self.named_parameters():
             if p.dim() > 1 and "embed" not in name and name != "pos_encoding" and ".score." not in name:
                 nn.init.xavier_uniform_(p)
-        for emb in {self.src_embed, self.tgt_embed}:
+        # source then target, once where tied (a set's order is the modules' addresses, not a function of the seed)
+        for emb in dict.fromkeys((self.src_embed, self.tgt_embed)):
             nn.init.normal_(emb.weight, std=self.d_model ** -0.5)  # times sqrt(d_model): unit scale
             with torch.no_grad():
                 emb.weight[self.pad_id].zero_()
