@@ -82,6 +82,7 @@ def record_tasks(data: Path, out: Path) -> None:
     """One short run of each task but classification (MAE, DINO with their k-NN monitor, the character language
     model on tiny Shakespeare beside ``data``, the copy task's sequence-to-sequence) and ``vitlab eval`` of each."""
     tasks = out / "tasks"
+    shutil.rmtree(tasks, ignore_errors=True)  # a run left there would be taken as finished (train.resume=auto)
     ssl = ["data.dataset=imagefolder", f"data.root={data}", "data.train_subset=300", "train.epochs=1",
            "train.batch_size=64", f"monitor.root={data}", "monitor.train_subset=200", "monitor.test_subset=100",
            "monitor.val_size=50", "monitor.k=5"]
