@@ -295,7 +295,7 @@ def shard_pipeline(args: argparse.Namespace) -> None:
     from vitlab.data.shard_stream import ShardLoader
     from vitlab.data.shards import read_samples
     from vitlab.data.transforms import ModelInput, center_crop_transform
-    from vitlab.tasks.classification import shard_streams
+    from vitlab.tasks.image_data import shard_streams
 
     size, batch, workers = (args.size, args.size), args.batch, int(args.workers.split(",")[-1])
     d = load_config(None, ["data.dataset=wds", f"data.root={args.shards}", "data.train_crop=rrc",

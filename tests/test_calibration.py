@@ -153,13 +153,13 @@ def test_a_temperature_belongs_to_the_weights_it_was_fitted_on(tiny_imagefolder,
     def fitted_on(use_ema: bool) -> float:  # the reference: SciPy's minimizer of the NLL of those weights' logits
         from vitlab.checkpoint import resolve_checkpoint
         from vitlab.data.transforms import ModelInput
-        from vitlab.evaluation import _classifier_split
+        from vitlab.tasks.classification.evaluation import classifier_split
         from vitlab.tasks.classification import evaluate_classifier
 
         directory = resolve_checkpoint(run)
         model = load_model(run, use_ema=use_ema)
         cfg = load_config(directory / "run_config.yaml", recorded=True)
-        acc, loader, classes, _, _ = _classifier_split(directory, cfg, model, "val", 64)
+        acc, loader, classes, _, _ = classifier_split(directory, cfg, model, "val", 64)
         info = model.pretrained_cfg
         m = evaluate_classifier(model, loader, acc, len(classes), ModelInput(info["mean"], info["std"]),
                                 keep_probs=True)

@@ -141,7 +141,7 @@ def test_device_loader_runs_randaugment_after_crop_and_flip():
 def test_loader_auto_is_the_device_loader_on_cuda_only():
     from vitlab.config import load_config
     from vitlab.errors import ConfigError
-    from vitlab.tasks.classification import resolve_loader
+    from vitlab.tasks.image_data import resolve_loader
 
     assert load_config(None, []).data.loader == "auto"
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")

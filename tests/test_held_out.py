@@ -15,7 +15,7 @@ from vitlab.config import load_config
 from vitlab.errors import ConfigError, DataError
 from vitlab.data.images import balanced_indices, stratified_indices
 from vitlab.evaluation import evaluate_checkpoint
-from vitlab.tasks.classification import index_splits
+from vitlab.tasks.image_data import index_splits
 from vitlab.training import train
 
 
@@ -191,7 +191,7 @@ def test_a_skewed_folder_keeps_its_rare_class_in_training_and_says_how_many_it_h
     held = json.loads((tmp_path / "run/checkpoints/last/trainer_state.json").read_text())["data"]["held_out"]
     assert held["images"] == 13 and held["rule"] == "stratified"
     # the same rule for the validation images, chosen before any image is decoded
-    from vitlab.tasks.classification import load_train_val_data
+    from vitlab.tasks.image_data import load_train_val_data
 
     val_cfg = load_config(None, _overrides(skewed, "u", "data.test_size=0.2", "data.val_size=10")).data
     train_data, val_data = load_train_val_data(val_cfg, 0, (32, 32), train_index)
@@ -206,7 +206,7 @@ def test_a_class_with_one_image_is_refused_in_one_line_before_decoding(skewed, t
     cfg = load_config(None, _overrides(one, tmp_path / "r", "data.test_size=0.2"))
     with pytest.raises(DataError, match=r"^data.test_size=0.2 of .*: class\(es\) \['class_1'\] have a single image"):
         index_splits(cfg.data, seed=0)
-    from vitlab.tasks.classification import load_train_val_data
+    from vitlab.tasks.image_data import load_train_val_data
 
     train_index, _ = index_splits(load_config(None, _overrides(skewed, "u", "data.test_size=0.2")).data, seed=0)
     lone = train_index.subset(torch.tensor([0, 1, 2, 48]), train_index.where)  # 3 of class_0, 1 of class_1

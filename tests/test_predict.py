@@ -482,7 +482,7 @@ def test_tta_in_eval_and_predict_gives_the_mean_prediction_of_the_reference_view
     from vitlab import load_model
     from vitlab.cli import main
     from vitlab.prediction import predict_images
-    from vitlab.tasks.classification import flip_tta
+    from vitlab.inference.tta import flip_tta
 
     a, b = torch.randn(4, 5), torch.randn(4, 5)
     net = lambda x: torch.cat([a, b]) if len(x) == 8 else None  # noqa: E731  (the image's logits, then the mirror's)

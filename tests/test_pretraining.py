@@ -273,7 +273,7 @@ def test_the_teacher_runs_without_drop_path_in_training_mode():
 def test_dino_views_are_two_large_and_n_small_of_whole_patches_drawn_from_the_samples_generator():
     from torchvision.transforms import v2
 
-    from vitlab.config.sections import DINOConfig
+    from vitlab.schema import DINOConfig
     from vitlab.data.images import seeded_transform
     from vitlab.tasks.dino import dino_views, local_view_size
 

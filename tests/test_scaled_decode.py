@@ -128,7 +128,7 @@ def test_a_streamed_run_of_photos_sees_the_full_decodes_pixels_to_40_db(photo, t
                                  "model.depth=1", *data,
                                  "data.train_crop=rrc", "data.in_memory=false", "data.num_workers=0",
                                  f"data.scaled_decode={scaled}", "train.batch_size=4", "train.output_dir=unused"])
-        task = image_classification_task(cfg, Accelerator(cpu=True), 4)
+        task = image_classification_task(cfg, Accelerator(cpu=True), 4, tmp_path / "run")
         loader = task.train_loader
         (loader if source == "shards" else loader.dataset).set_epoch(1)
         torch.manual_seed(0)

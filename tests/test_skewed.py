@@ -12,7 +12,8 @@ import torch
 from conftest import make_imagefolder, reset_accelerate, tiny_overrides
 from vitlab.config import load_config
 from vitlab.errors import DataError
-from vitlab.tasks.classification import class_weights, index_splits, logit_adjustment, training_class_counts
+from vitlab.tasks.classification import class_weights, logit_adjustment
+from vitlab.tasks.image_data import index_splits, training_class_counts
 from vitlab.training import train
 
 

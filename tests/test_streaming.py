@@ -59,7 +59,7 @@ def test_auto_streams_a_data_set_over_the_memory_budget_and_says_why(tiny_imagef
 def test_auto_streams_imagenet_style_crops_of_files_at_their_own_sizes(tiny_imagefolder):
     # In memory the images would be squashed to one size before the random resized crops and the
     # evaluation's center crop: other pixels than streaming gives. auto keeps them at their own sizes.
-    from vitlab.tasks.classification import in_memory, index_splits
+    from vitlab.tasks.image_data import in_memory, index_splits
 
     cfg = load_config(None, tiny_overrides(tiny_imagefolder, tiny_imagefolder / "unused", "data.train_crop=rrc"))
     train_index, test_index = index_splits(cfg.data)
@@ -139,7 +139,7 @@ def test_a_corrupt_image_met_while_streaming_stops_the_run_in_one_line_naming_it
 def test_the_memory_budget_is_the_cgroups_limit_where_one_is_set(tmp_path, layout, expected_gib):
     # A 4 GiB SLURM job on a 512 GiB node must plan for 4 GiB: data.in_memory=auto decoded everything and
     # was killed. The limit is read from this process's cgroup and every cgroup above it.
-    from vitlab.tasks.classification.data import _memory_bytes
+    from vitlab.tasks.image_data.loaders import _memory_bytes
 
     root = tmp_path / "cgroup"
     for name, text in layout.items():

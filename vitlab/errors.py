@@ -2,8 +2,11 @@
 command-line tools print it as one line (no traceback) and exit non-zero."""
 from __future__ import annotations
 
+import difflib
+from typing import Any, Iterable
+
 __all__ = ["VitlabError", "ConfigError", "DataError", "CheckpointError", "TrainingError", "Preempted",
-           "PREEMPTED_EXIT_CODE"]
+           "PREEMPTED_EXIT_CODE", "need", "close_matches"]
 
 
 class VitlabError(ValueError):
@@ -12,6 +15,18 @@ class VitlabError(ValueError):
 
 class ConfigError(VitlabError):
     """A configuration key, type or value that is not allowed (exit status 2)."""
+
+
+def need(cond: bool, key: str, value: Any, allowed: str) -> None:
+    """The rule of a config key: unless ``cond``, one line naming ``key``, its ``value`` and what is ``allowed``."""
+    if not cond:
+        raise ConfigError(f"{key}={value!r} is invalid; expected {allowed}")
+
+
+def close_matches(key: str, options: Iterable[str]) -> str:
+    """``; did you mean a, b?`` with the up to 3 names of ``options`` closest to ``key``, or ''."""
+    matches = difflib.get_close_matches(key, list(options), n=3, cutoff=0.5)
+    return f"; did you mean {', '.join(matches)}?" if matches else ""
 
 
 class DataError(VitlabError):

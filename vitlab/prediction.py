@@ -38,7 +38,7 @@ from .inference.tta import tta_logits
 from .inference.view import crops_view_size, eval_view, model_dataset
 from .progress import Progress
 from .runtime import autocast_dtype, default_device, listed_once, processes
-from .tasks.classification import streamed_in_shards
+from .tasks.image_data import streamed_in_shards
 
 __all__ = ["list_images", "data_split", "image_dataset", "predict_images", "embed_images", "BatchPredictor",
            "default_device", "autocast_dtype", "FORMATS", "EMBED_FORMATS"]
@@ -105,7 +105,7 @@ def data_split(model: nn.Module, keys: list[str], split: str = "") -> SplitIndex
                     else keys).data
     cfg = model.pretrained_cfg
     if streamed_in_shards(d):
-        from .tasks.classification import index_stream
+        from .tasks.image_data import index_stream
 
         d.exif_transpose = decode_upright(model)
         return index_stream(d, split or d.test_split, list(cfg["label_names"]) if cfg.get("label_names") else None)

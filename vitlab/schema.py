@@ -1,6 +1,8 @@
-"""The sections of a run's configuration, typed dataclasses: ``model``, ``data`` (images, text pairs or a
-language model's text, by the task), ``optim``, ``train``, ``generate``, ``distill``. What each key means is said
-beside it; what values it takes, :mod:`.rules`."""
+"""The schema of a run's configuration: its sections as typed dataclasses, ``model``, ``data`` (images, text pairs or
+a language model's text, by the task), ``optim``, ``train``, ``generate``, ``distill``, and the sections of one task
+alone (``mae``, ``dino``, ``monitor``). What each key means is said beside it; what values it takes,
+:mod:`vitlab.config.rules` and each task's own checks (:mod:`vitlab.tasks.registry`). It imports nothing of vitlab:
+every room may read it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -357,7 +359,7 @@ class Config:
     """A run: ``task`` picks image classification (a ViT), sequence-to-sequence (a text Transformer), a language
     model, or pretraining a ViT backbone without labels (``mae``, ``dino``)."""
 
-    task: Literal["classification", "seq2seq", "lm", "mae", "dino"] = "classification"
+    task: str = "classification"      # a task of vitlab.tasks.registry.TASKS
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig | TextDataConfig | LMDataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -11,7 +11,7 @@ def list_shards(rank: int, roots: list[str], port: str, out: str) -> None:
 
     from vitlab.config import load_config
     from vitlab.data import shards
-    from vitlab.tasks.classification import shard_streams
+    from vitlab.tasks.image_data import shard_streams
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     dist.init_process_group("gloo", rank=rank, world_size=2)

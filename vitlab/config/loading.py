@@ -1,6 +1,7 @@
 """A run's configuration read: a YAML file (or a dict of the same form) and ``section.key=value`` overrides onto
-the typed sections (:mod:`.sections`), every value coerced to its key's type, unknown keys named with close
-matches; then every rule checked (:mod:`.rules`). And written back: as YAML, as a dict, as flat keys."""
+the typed sections (:mod:`vitlab.schema`), every value coerced to its key's type, unknown keys named with close
+matches; then every rule checked (:mod:`.rules`, then the task's own: :mod:`vitlab.tasks.registry`, which also says
+each task's data section, models and sections). And written back: as YAML, as a dict, as flat keys."""
 from __future__ import annotations
 
 import dataclasses
@@ -11,12 +12,13 @@ from typing import Any, Literal
 
 import yaml
 
-from ..errors import ConfigError
+from ..errors import ConfigError, close_matches
 from ..models import list_models, preset_class
 from ..models.timm_classifier import TIMM_PREFIX, TimmClassifier, timm_problem
-from .rules import check_values, close_matches
-from .sections import Config, DataConfig, DINOConfig, DistillConfig, GenerateConfig, LMDataConfig, MAEConfig, \
-    ModelConfig, MonitorConfig, OptimConfig, TextDataConfig, TrainConfig
+from ..schema import Config, DataConfig, DINOConfig, DistillConfig, GenerateConfig, MAEConfig, ModelConfig, \
+    MonitorConfig, OptimConfig, TrainConfig
+from ..tasks.registry import TASKS, get_task
+from .rules import check_values
 
 __all__ = ["load_config", "config_to_dict", "config_to_flat", "save_config"]
 
@@ -25,10 +27,9 @@ _SECTIONS = ("model", "data", "optim", "train", "generate", "distill", "mae", "d
 _SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig,
                   "generate": GenerateConfig, "distill": DistillConfig, "mae": MAEConfig, "dino": DINOConfig,
                   "monitor": MonitorConfig}
+# Sections of one kind of run alone (its registry entry's): written and read for it, refused in any other.
+_OWNED_SECTIONS = {name for task in TASKS.values() for name in task.sections}
 # Set by the data and tokenizer, or by the task's own section (mae.mask_ratio), not by the model section.
-# Sections of one kind of run alone: written and read for it, refused in any other.
-_TASK_SECTIONS = {"mae": ("mae", "monitor"), "dino": ("dino", "monitor")}
-_OWNED_SECTIONS = {name: task for task, names in _TASK_SECTIONS.items() for name in names}
 _DERIVED_MODEL_ARGS = {"src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "vocab_size", "block_size",
                        "mask_ratio", "norm_pix_loss"}
 
@@ -87,21 +88,15 @@ def _type_name(annotation: Any) -> str:
 
 _MODEL_OPTIONS = ["name", "pretrained", "pretrained_file", "grad_checkpointing", "freeze", "lora_r", "lora_alpha",
                   "lora_dropout", "lora_targets"]
-_TASK_MODELS = {"classification": ("VisionTransformer",), "seq2seq": ("Seq2SeqTransformer", "RNNSeq2Seq"),
-                "lm": ("GPT",), "mae": ("MaskedAutoencoder",), "dino": ("DINO",)}
-_TASK_DEFAULT_MODELS = {"classification": ModelConfig.name, "seq2seq": "transformer_tiny", "lm": "gpt_char_tiny",
-                        "mae": "mae_vit_cifar_tiny_patch4_32", "dino": "dino_vit_cifar_tiny_patch4_32"}
-_TASK_DATA = {"classification": DataConfig, "seq2seq": TextDataConfig, "lm": LMDataConfig, "mae": DataConfig,
-              "dino": DataConfig}
 
 
 def _task_presets(task: str) -> list[str]:
-    return [n for n in list_models() if preset_class(n).__name__ in _TASK_MODELS[task]]
+    return [n for n in list_models() if preset_class(n).__name__ in get_task(task).models]
 
 
 def _build_model_section(raw: dict[str, Any], task: str) -> ModelConfig:
     raw = dict(raw)
-    default = _TASK_DEFAULT_MODELS[task]
+    default = get_task(task).default_model
     name = _coerce("model.name", raw.pop("name", default), str)
     if name.startswith(TIMM_PREFIX):
         return _timm_model_section(name, raw, task)
@@ -127,7 +122,7 @@ def _build_model_section(raw: dict[str, Any], task: str) -> ModelConfig:
 def _timm_model_section(name: str, raw: dict[str, Any], task: str) -> ModelConfig:
     """``model.name: timm:<name>``: timm's classifier; its arguments are timm's, checked by timm when the
     model is built (before any data is read), those vitlab sets itself (classes, input size) here."""
-    if task != "classification":
+    if not get_task(task).timm:
         raise ConfigError(f"model.name={name!r}: timm models are image classifiers, and this is a {task} config")
     problem = timm_problem(name.removeprefix(TIMM_PREFIX))
     if problem:
@@ -145,7 +140,7 @@ def _timm_model_section(name: str, raw: dict[str, Any], task: str) -> ModelConfi
 
 
 def _build_section(name: str, raw: Any, task: str) -> Any:
-    cls = _TASK_DATA[task] if name == "data" else _SECTION_TYPES[name]
+    cls = get_task(task).data if name == "data" else _SECTION_TYPES[name]
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
@@ -213,16 +208,18 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         if section not in (*_SECTIONS, "task"):
             raise ConfigError(f"unknown section {section!r}{close_matches(section, _SECTIONS)} "
                               f"(sections: task, {', '.join(_SECTIONS)})")
-    task = _coerce("task", raw.get("task", "classification"), typing.get_type_hints(Config)["task"])
+    task = get_task(raw.get("task", Config.task)).name
     for section in raw:
-        if section in _OWNED_SECTIONS and section not in _TASK_SECTIONS.get(task, ()):
-            owners = " or ".join(t for t, names in _TASK_SECTIONS.items() if section in names)
+        if section in _OWNED_SECTIONS and section not in get_task(task).sections:
+            owners = " or ".join(t.name for t in TASKS.values() if section in t.sections)
             raise ConfigError(f"section {section!r} is read by task: {owners} runs alone, and this is a task: {task} "
                               f"config; remove it, or set task: {owners.split(' or ')[0]}")
     cfg = Config(task=task, **{name: _build_section(name, raw.get(name), task) for name in _SECTIONS})
     if lr_given or "optim.lr" in {item.split("=", 1)[0].strip() for item in overrides}:
         cfg.optim.lr_base = 0.0
     check_values(cfg)
+    if get_task(task).check is not None:
+        get_task(task).check(cfg)
     return cfg
 
 
@@ -230,7 +227,7 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     """The config as plain YAML-able data; the model section in its YAML form (name + arguments)."""
     out: dict[str, Any] = {"task": cfg.task}
     out.update({name: dataclasses.asdict(getattr(cfg, name)) for name in _SECTIONS
-                if name not in _OWNED_SECTIONS or name in _TASK_SECTIONS.get(cfg.task, ())})
+                if name not in _OWNED_SECTIONS or name in get_task(cfg.task).sections})
     m = cfg.model
     out["model"] = {"name": m.name, **{k: getattr(m, k) for k in _MODEL_OPTIONS[1:] if getattr(m, k)}, **m.args}
     if cfg.optim.lr_base:  # optim.lr would win over it when the file is read again

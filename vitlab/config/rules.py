@@ -2,36 +2,23 @@
 :func:`check_values` calls each section's check (distillation, data by the task's kind, generation, the optimizer,
 the model, training) and the rules between sections. A broken rule is one :class:`~vitlab.errors.ConfigError`
 line naming the key, its value and what it may be. What a way of reading data takes (shards, the device-resident
-loader) and what multi-label data takes are stated once where they are also used
-(:mod:`vitlab.data.rules`, :mod:`vitlab.tasks.multilabel`)."""
+loader) is stated once where it is also used (:mod:`vitlab.data.rules`); the rules of one task alone (multi-label
+data, a self-supervised run's sections) are its own, checked after these (its entry in
+:mod:`vitlab.tasks.registry`)."""
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import signal
-import typing
 from typing import Any
 
 from ..data.rules import SHARDS, device_loader_problems, streamed_in_shards
 from ..data.transforms import AUGMENTS, timm_augment_problem
-from ..errors import ConfigError
+from ..errors import ConfigError, close_matches, need
 from ..models.freeze import check_freeze
-from ..tasks.multilabel import multi_label_problem
-from .sections import Config, DataConfig, LMDataConfig
+from ..schema import Config, DataConfig, LMDataConfig
+from ..tasks.registry import get_task
 
-__all__ = ["check_values", "close_matches"]
-
-
-def close_matches(key: str, options: typing.Iterable[str]) -> str:
-    """``; did you mean a, b?`` with the up to 3 names of ``options`` closest to ``key``, or ''."""
-    matches = difflib.get_close_matches(key, list(options), n=3, cutoff=0.5)
-    return f"; did you mean {', '.join(matches)}?" if matches else ""
-
-
-def need(cond: bool, key: str, value: Any, allowed: str) -> None:
-    """The rule of ``key``: unless ``cond``, one line naming ``value`` and what is ``allowed``."""
-    if not cond:
-        raise ConfigError(f"{key}={value!r} is invalid; expected {allowed}")
+__all__ = ["check_values"]
 
 
 def check_values(cfg: Config) -> None:
@@ -48,8 +35,6 @@ def check_values(cfg: Config) -> None:
     _check_optim(cfg)
     _check_model(cfg)
     _check_train(cfg)
-    if cfg.task in ("mae", "dino"):
-        _check_pretraining(cfg)
 
 
 def _check_distill(cfg: Config) -> None:
@@ -167,10 +152,6 @@ def _check_losses(cfg: Config) -> None:
     need(t.class_weights == "none" or not shards, "train.class_weights", t.class_weights, f"'none' with {SHARDS}: "
          f"the weights need the count of each class before training, which a stream does not list")
     need(0 < t.class_weights_beta < 1, "train.class_weights_beta", t.class_weights_beta, "a number in (0, 1)")
-    if isinstance(d, DataConfig) and d.multi_label is True:
-        problem = multi_label_problem(cfg, "data.multi_label=true asks for label sets")
-        if problem is not None:
-            raise problem
     need(not isinstance(t.pos_weight, list) or all(w > 0 for w in t.pos_weight), "train.pos_weight", t.pos_weight,
          "none, balanced, or a positive number a class")
     need(t.loss != "logit_adjusted" or not shards, "train.loss", t.loss, f"'ce' or 'bce' with {SHARDS}: the "
@@ -282,9 +263,9 @@ def _check_train(cfg: Config) -> None:
 
 def _check_validation(cfg: Config) -> None:
     """What reads the validation split (the best metric, early stopping, calibration, a plateau schedule) needs
-    one: ``data.val_size`` of an image classifier, ``monitor.val_size`` of a self-supervised run (its k-NN
-    monitor's queries)."""
-    t, d = cfg.train, cfg.data
+    one, as the run's task holds it out (its entry's ``validation``: ``data.val_size`` of an image classifier,
+    ``monitor.val_size`` of a self-supervised run, its k-NN monitor's queries)."""
+    t = cfg.train
     plateau = cfg.optim.schedule == "plateau"
     if not (t.best_metric or t.early_stop_patience or t.calibrate or plateau):
         return
@@ -292,61 +273,10 @@ def _check_validation(cfg: Config) -> None:
         else "train.calibrate" if t.calibrate else "optim.schedule"
     section, name = key.split(".")
     said = f"{key}={getattr(getattr(cfg, section), name)!r} reads the validation split, and this run holds out none"
-    if cfg.task == "classification" and isinstance(d, DataConfig) and not d.val_size:
-        raise ConfigError(f"{said}: set data.val_size=N (e.g. 5000 of CIFAR-10's training images)")
-    if cfg.task in ("mae", "dino") and not (cfg.monitor.root and cfg.monitor.val_size):
-        raise ConfigError(f"{said}: a self-supervised run's is its k-NN monitor's: set monitor.root (labelled "
-                          f"images) and monitor.val_size=N")
-
-
-def _check_pretraining(cfg: Config) -> None:
-    """A self-supervised run (``task: mae``, ``task: dino``): its section's values, its k-NN monitor's, and what a
-    run without labels cannot take (mixing labels, a class sampler, frozen or adapted weights, a teacher, the
-    device loader, whose per-batch crops are classification's)."""
-    d, m, t = cfg.data, cfg.monitor, cfg.train
-    said = f"with task: {cfg.task} (pretraining without labels)"
-    if cfg.task == "mae":
-        a = cfg.mae
-        need(0 < a.mask_ratio < 1, "mae.mask_ratio", a.mask_ratio, "a share in (0, 1) of each image's patches to "
-             "hide from the encoder (MAE: 0.75)")
-        need(a.pictures >= 0, "mae.pictures", a.pictures, "an integer >= 0 (0: no picture)")
-    else:
-        _check_dino(cfg)
-    need(m.k >= 1, "monitor.k", m.k, "an integer >= 1 (the neighbours that vote; DINO's 20)")
-    for key in ("val_size", "train_subset", "test_subset"):
-        need(getattr(m, key) >= 0, f"monitor.{key}", getattr(m, key), "an integer >= 0")
-    need(d.loader != "gpu", "data.loader", d.loader, f"torch or auto {said}: its views are the DataLoader's")
-    for key in ("mixup_alpha", "cutmix_alpha"):
-        need(getattr(d, key) == 0, f"data.{key}", getattr(d, key), f"0 {said}: there are no labels to mix")
-    need(d.sampler == "uniform", "data.sampler", d.sampler, f"uniform {said}: there are no classes to balance")
-    need(d.aug_repeats == 1, "data.aug_repeats", d.aug_repeats, f"1 {said}")
-    need(d.test_size == 0 and d.val_size == 0, "data.val_size" if d.val_size else "data.test_size",
-         d.val_size or d.test_size, f"0 {said}: held-out labelled images are the monitor's (monitor.val_size)")
-    need(cfg.model.freeze == "none" and not cfg.model.lora_r, "model.freeze" if cfg.model.freeze != "none" else
-         "model.lora_r", cfg.model.freeze if cfg.model.freeze != "none" else cfg.model.lora_r,
-         f"none {said}: pretraining trains the whole model")
-    need(not cfg.model.pretrained, "model.pretrained", cfg.model.pretrained,
-         f"'' {said}; fine-tune from the pretrained run instead: task: classification model.pretrained=RUN")
-    need(cfg.distill.type == "none", "distill.type", cfg.distill.type, f"'none' {said}")
-    need(not t.cache_features, "train.cache_features", t.cache_features, f"false {said}")
-
-
-def _check_dino(cfg: Config) -> None:
-    s = cfg.dino
-    need(s.global_crops >= 1 and s.global_crops + s.local_crops >= 2, "dino.global_crops", s.global_crops,
-         "at least 1, and at least 2 views in all with dino.local_crops (the loss pairs the teacher's large views "
-         "with the student's other views; DINO: 2 large, 6-10 small)")
-    need(s.local_crops >= 0, "dino.local_crops", s.local_crops, "an integer >= 0")
-    for key in ("global_crops_scale", "local_crops_scale"):
-        low, high = getattr(s, key)
-        need(0 < low <= high <= 1, f"dino.{key}", [low, high], "[min, max] with 0 < min <= max <= 1")
-    need(s.local_size >= 0, "dino.local_size", s.local_size, "an integer >= 0 (0: the multiple of the patch nearest 3/7 of the model's input)")
-    for key in ("teacher_temp", "warmup_teacher_temp", "student_temp"):
-        need(getattr(s, key) > 0, f"dino.{key}", getattr(s, key), "a temperature > 0")
-    need(0 <= s.momentum_teacher < 1, "dino.momentum_teacher", s.momentum_teacher, "a number in [0, 1) (DINO: 0.996)")
-    need(0 <= s.center_momentum < 1, "dino.center_momentum", s.center_momentum, "a number in [0, 1) (DINO: 0.9)")
-    need(0 <= s.warmup_teacher_temp_epochs <= cfg.train.epochs, "dino.warmup_teacher_temp_epochs",
-         s.warmup_teacher_temp_epochs, f"an integer in [0, train.epochs={cfg.train.epochs}]")
+    validation = get_task(cfg.task).validation
+    fix = validation(cfg) if validation is not None else ""
+    if fix:
+        raise ConfigError(f"{said}: {fix}")
 
 
 def _check_probe(cfg: Config) -> None:

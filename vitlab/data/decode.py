@@ -48,7 +48,8 @@ _XMP_ORIENTATION = re.compile(rb'tiff:Orientation(="|>)([0-9])')  # PIL's patter
 def jpeg_orientation(data: bytes) -> int:
     """A JPEG's EXIF orientation, 1 (upright, no tag, or a value not 1-8) to 8, read from its bytes as PIL's
     ``getexif`` reads it (the Exif APP1 segment's first IFD, else an XMP segment's ``tiff:Orientation``)
-    without opening it, a fifth of the time through PIL takes (benchmarks/RESULTS.md, "Decoding at the size the crop needs"). A file this reader does not expect (two Exif segments, a malformed one) is left to PIL."""
+    without opening it, a fifth of the time through PIL takes (benchmarks/RESULTS.md, "Decoding at the size the crop
+    needs"). A file this reader does not expect (two Exif segments, a malformed one) is left to PIL."""
     value = _scan_orientation(data)
     if value is None:
         with Image.open(io.BytesIO(data)) as img:

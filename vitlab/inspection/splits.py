@@ -56,7 +56,7 @@ def list_splits(keys: list[str], splits: list[str], upright: bool) -> tuple[list
     split's classes numbering them all: the splits, the classes, whether the labels are label sets."""
     from ..config import load_config
     from ..data.sources import index_split
-    from ..tasks.classification import index_stream, streamed_in_shards
+    from ..tasks.image_data import index_stream, streamed_in_shards
 
     bad = [k for k in keys if not k.startswith("data.")]
     if bad:

@@ -1,6 +1,7 @@
-"""What the training loop needs from a task. The loop (``vitlab.training``) is the same for every
-task; a task (:mod:`.classification`, :mod:`.seq2seq`, :mod:`.lm`, :mod:`.mae`, :mod:`.dino`) only says how to
-build, batch and score."""
+"""What the training loop needs from a task (:class:`TaskSetup`), what a task is given when it goes on from a
+checkpoint (:class:`Resumed`) and when ``vitlab eval`` evaluates one of its runs (:class:`EvalRequest`). The loop
+(``vitlab.training``) is the same for every task; a task (:mod:`.classification`, :mod:`.seq2seq`, :mod:`.lm`,
+:mod:`.mae`, :mod:`.dino`) only says how to build, batch and score."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,25 +16,65 @@ from ..models import create_model
 from ..models.freeze import freeze_parameters
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..schema import Config
 
-__all__ = ["TaskSetup", "build_model", "resumed_statistics"]
+__all__ = ["TaskSetup", "Resumed", "EvalRequest", "build_model", "resumed_statistics"]
 
 
-def resumed_statistics(d: Any, resume_from: Path) -> tuple[tuple[float, ...], tuple[float, ...]]:
+@dataclass(frozen=True)
+class Resumed:
+    """The checkpoint a run goes on from, read by the training engine before the task is built.
+
+    Attributes:
+        directory: The checkpoint (``checkpoints/last``); where a task finds files of its own it saved there
+            (``save_files``: a tokenizer).
+        meta: Its ``config.json``: what inference needs, the normalization the run keeps among it.
+        data_state: What the data fixed when the run started (``TaskSetup.data_state``, kept in
+            ``trainer_state.json``): the held-out test split, the epoch plan's partitions of streamed shards.
+    """
+
+    directory: Path
+    meta: dict[str, Any]
+    data_state: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """What ``vitlab eval`` asks of a run: the split, and the options its task takes (its registry entry's
+    ``eval_options``; the others are refused before the model is read).
+
+    Attributes:
+        directory: The checkpoint evaluated; ``given``: as the user named it (a run, ``best/``, ``last/``).
+        output: The metrics' JSON file, beside which a classifier's other files go (else the checkpoint).
+        predictions: A classifier's CSV of every image's probabilities.
+        adjust_logits: A classifier's logit adjustment ``tau`` (Menon et al. 2021).
+        tta: A classifier's test-time augmentation (``none``, ``flip``, ``crops``).
+        knn: The neighbours of an image model's k-NN vote (0: none).
+    """
+
+    directory: Path
+    given: str
+    split: str
+    batch_size: int
+    output: Path | None = None
+    predictions: Path | None = None
+    adjust_logits: float | None = None
+    tta: str = "none"
+    knn: int = 0
+
+
+def resumed_statistics(d: Any, resumed: Resumed) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The image normalization a resumed run keeps: its checkpoint's ``mean`` and ``std`` (``config.json``).
 
     Raises:
         ConfigError: one line, if ``data.mean`` / ``data.std`` (``d``) are given otherwise.
     """
-    from ..models.hub import read_json
-
-    meta = read_json(resume_from / "config.json")
+    meta = resumed.meta
     for key in ("mean", "std"):
         given = getattr(d, key)
         if given is not None and tuple(given) != tuple(meta[key]):
             raise ConfigError(f"data.{key}={list(given)} differs from the run's {list(meta[key])} (its checkpoint "
-                              f"{resume_from}); resume with the run's statistics, or start a new run (another "
+                              f"{resumed.directory}); resume with the run's statistics, or start a new run (another "
                               f"train.output_dir)")
     return tuple(meta["mean"]), tuple(meta["std"])
 

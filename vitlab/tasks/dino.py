@@ -19,18 +19,16 @@ from accelerate import Accelerator
 from torch import Tensor, nn
 from torchvision.transforms import v2
 
-from ..data.transforms import ModelInput
-from ..errors import ConfigError
+from ..errors import ConfigError, need
 from ..models.dino import cosine_momentum, dino_loss, teacher_temperature, update_center
-from ..models.hub import image_input_size
 from ..runtime import bare_model
-from .base import TaskSetup, build_model
-from .pretraining import backbone_of, knn_monitor, monitor_loaders, normalization, pretraining_loader
+from .base import Resumed, TaskSetup, build_model
+from .pretraining import check_unlabelled, pretraining_task, unlabelled_data
 
 if TYPE_CHECKING:
-    from ..config import Config, DINOConfig
+    from ..schema import Config, DINOConfig
 
-__all__ = ["dino_task", "MultiCropView", "dino_views", "local_view_size"]
+__all__ = ["dino_task", "check_dino", "MultiCropView", "dino_views", "local_view_size"]
 
 
 class MultiCropView:
@@ -80,18 +78,15 @@ def dino_views(size: tuple[int, int], local: int, s: DINOConfig) -> MultiCropVie
     return MultiCropView([first, second], small, s.global_crops, s.local_crops)
 
 
-def dino_task(cfg: Config, accelerator: Accelerator, micro_batch: int, resume_from: Path | None = None) -> TaskSetup:
+def dino_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
+              resumed: Resumed | None = None) -> TaskSetup:
     """DINO of ``model.name`` (``dino_<preset>``): its views, loss, teacher schedules and k-NN monitor."""
-    d, t, s = cfg.data, cfg.train, cfg.dino
+    t, s = cfg.train, cfg.dino
     model = build_model(cfg)
-    mean, std = normalization(cfg, resume_from)
-    size = image_input_size(model)[1:]
-    views = dino_views(size, local_view_size(size, model.student_backbone.patch_embed.patch_size[0], s), s)
-    train_loader, prepare, train_size, data_state = pretraining_loader(
-        cfg, accelerator, micro_batch, size, lambda stored: views, resume_from)
-    monitors = monitor_loaders(cfg, accelerator, size, micro_batch)
-    model_input = ModelInput(mean, std)
-    steps_per_epoch = len(train_loader) // t.grad_accum_steps
+    patch = model.student_backbone.patch_embed.patch_size[0]
+    views = lambda stored, size, mean: dino_views(size, local_view_size(size, patch, s), s)
+    data = unlabelled_data(cfg, accelerator, micro_batch, model, resumed, views)
+    steps_per_epoch = len(data.train_loader) // t.grad_accum_steps
     now = {"temp": s.warmup_teacher_temp}  # the teacher's temperature of the step being run
 
     def before_step(step: int) -> None:
@@ -102,7 +97,7 @@ def dino_task(cfg: Config, accelerator: Accelerator, micro_batch: int, resume_fr
         net.update_teacher(cosine_momentum(step, steps_per_epoch * t.epochs, s.momentum_teacher))
 
     def loss(net: nn.Module, batch: Any) -> Tensor:
-        crops = [model_input(c, train=True) for c in batch[0]]
+        crops = [data.model_input(c, train=True) for c in batch[0]]
         bare = bare_model(net, accelerator)
         with accelerator.autocast():  # the student's forward is under it (Accelerate's prepared model)
             teacher = bare.teacher_forward(crops[:s.global_crops])
@@ -110,13 +105,26 @@ def dino_task(cfg: Config, accelerator: Accelerator, micro_batch: int, resume_fr
         update_center(bare.center, teacher, s.center_momentum)
         return value
 
-    def score(net: nn.Module, monitor: Any, acc: Accelerator) -> dict[str, float]:
-        return knn_monitor(backbone_of(net, acc), monitor, acc, model_input, cfg.monitor.k)
+    return pretraining_task(cfg, data, model, loss, before_step=before_step, after_step=after_step)
 
-    meta = {"task": "dino", "mean": list(mean), "std": list(std),
-            **({"decode_size": d.decode_size} if d.decode_size and d.dataset != "cifar10" else {}),
-            **({"exif_transpose": False} if not d.exif_transpose else {})}
-    return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=prepare, eval_loaders=monitors,
-                     prepare_eval_loaders=False, loss=loss, count=lambda batch: len(batch[1]), evaluate=score,
-                     select="knn_top1", meta=meta, train_size=train_size, data_state=data_state, metrics=("knn_top1",),
-                     before_step=before_step, after_step=after_step)
+
+def check_dino(cfg: Config) -> None:
+    """The ``dino`` section's values, then what any run without labels cannot take
+    (:func:`~vitlab.tasks.pretraining.check_unlabelled`)."""
+    s = cfg.dino
+    need(s.global_crops >= 1 and s.global_crops + s.local_crops >= 2, "dino.global_crops", s.global_crops,
+         "at least 1, and at least 2 views in all with dino.local_crops (the loss pairs the teacher's large views "
+         "with the student's other views; DINO: 2 large, 6-10 small)")
+    need(s.local_crops >= 0, "dino.local_crops", s.local_crops, "an integer >= 0")
+    for key in ("global_crops_scale", "local_crops_scale"):
+        low, high = getattr(s, key)
+        need(0 < low <= high <= 1, f"dino.{key}", [low, high], "[min, max] with 0 < min <= max <= 1")
+    need(s.local_size >= 0, "dino.local_size", s.local_size,
+         "an integer >= 0 (0: the multiple of the patch nearest 3/7 of the model's input)")
+    for key in ("teacher_temp", "warmup_teacher_temp", "student_temp"):
+        need(getattr(s, key) > 0, f"dino.{key}", getattr(s, key), "a temperature > 0")
+    need(0 <= s.momentum_teacher < 1, "dino.momentum_teacher", s.momentum_teacher, "a number in [0, 1) (DINO: 0.996)")
+    need(0 <= s.center_momentum < 1, "dino.center_momentum", s.center_momentum, "a number in [0, 1) (DINO: 0.9)")
+    need(0 <= s.warmup_teacher_temp_epochs <= cfg.train.epochs, "dino.warmup_teacher_temp_epochs",
+         s.warmup_teacher_temp_epochs, f"an integer in [0, train.epochs={cfg.train.epochs}]")
+    check_unlabelled(cfg)

@@ -13,12 +13,14 @@ from torch import Tensor, nn
 
 from ..data.corpus import (CharTokenizer, WindowLoader, load_lm_tokenizer, read_corpus, split_tokens, tiny_shakespeare,
                            train_lm_bpe)
-from .base import TaskSetup, build_model
+from ..models.hub import write_json
+from ..runtime import create_accelerator
+from .base import EvalRequest, Resumed, TaskSetup, build_model
 
 if TYPE_CHECKING:
-    from ..config import Config, LMDataConfig
+    from ..schema import Config, LMDataConfig
 
-__all__ = ["lm_task", "evaluate_lm", "load_lm_data"]
+__all__ = ["lm_task", "evaluate_lm", "load_lm_data", "evaluate_run"]
 
 
 def load_lm_data(d: "LMDataConfig", tokenizer: Any = None) -> tuple[Any, Tensor, Tensor]:
@@ -59,12 +61,12 @@ def evaluate_lm(model: nn.Module, loader: WindowLoader, accelerator: Accelerator
     return metrics
 
 
-def lm_task(cfg: "Config", accelerator: Accelerator, micro_batch: int, run_dir: Path,
-            resume_from: Path | None) -> TaskSetup:
+def lm_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
+            resumed: Resumed | None = None) -> TaskSetup:
     """Corpus, tokenizer (saved with the run), decoder-only model, windows, loss and validation metrics."""
     d, t = cfg.data, cfg.train
     build_model(cfg, vocab_size=8, block_size=d.block_size)  # bad model arguments fail before reading data
-    saved = resume_from / "tokenizer.json" if resume_from is not None else None
+    saved = resumed.directory / "tokenizer.json" if resumed is not None else None
     tokenizer, train_tokens, val_tokens = load_lm_data(
         d, load_lm_tokenizer(saved) if saved is not None and saved.is_file() else None)
     torch.manual_seed(t.seed)
@@ -92,3 +94,24 @@ def lm_task(cfg: "Config", accelerator: Accelerator, micro_batch: int, run_dir: 
                      meta={"task": "lm", "tokenizer_type": d.tokenizer},
                      save_files=lambda directory: tokenizer.save(str(directory / "tokenizer.json")),
                      train_size=len(train_loader) * micro_batch * d.block_size)  # tokens per epoch
+
+
+def evaluate_run(request: EvalRequest, cfg: Config, model: nn.Module) -> dict[str, Any]:
+    """``vitlab eval`` of a language model: its loss, perplexity (and bits a character) on the validation part of
+    its text (``--split test`` too: the text has a training and a validation part), or its training part."""
+    
+    r, d = request, cfg.data
+    split = "val" if r.split == "test" else r.split
+    _, train_tokens, val_tokens = load_lm_data(d, load_lm_tokenizer(model.pretrained_cfg["tokenizer"]))
+    accelerator = create_accelerator(cfg.train.mixed_precision)
+    tokens = val_tokens if split == "val" else train_tokens
+    loader = WindowLoader(tokens, d.block_size, r.batch_size, accelerator.device, train=False,
+                          num_processes=accelerator.num_processes, process_index=accelerator.process_index)
+    metrics = evaluate_lm(accelerator.prepare(model), loader, accelerator, d.tokenizer == "char")
+    if accelerator.is_main_process:
+        print(f"checkpoint {r.directory} | {split} split: {loader.num_targets} tokens")
+        print("  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        if r.output:
+            write_json(r.output, {**metrics, "num_tokens": loader.num_targets, "checkpoint": str(r.directory),
+                                  "split": split})
+    return metrics

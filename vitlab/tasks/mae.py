@@ -12,52 +12,49 @@ import torch
 from accelerate import Accelerator
 from torch import Tensor, nn
 
-from ..data.transforms import ModelInput
-from ..models.hub import image_input_size
-from .base import TaskSetup, build_model
-from .classification.data import train_transform_of
-from .pretraining import MaskedView, backbone_of, knn_monitor, monitor_loaders, normalization, pretraining_loader
+from ..errors import need
+from .base import Resumed, TaskSetup, build_model
+from .image_data import train_transform_of
+from .pretraining import MaskedView, check_unlabelled, pretraining_task, unlabelled_data
 
 if TYPE_CHECKING:
-    from ..config import Config
+    from ..schema import Config
 
-__all__ = ["mae_task", "save_reconstructions"]
+__all__ = ["mae_task", "check_mae", "save_reconstructions"]
 
 
-def mae_task(cfg: Config, accelerator: Accelerator, micro_batch: int, resume_from: Path | None = None) -> TaskSetup:
+def mae_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
+             resumed: Resumed | None = None) -> TaskSetup:
     """The masked autoencoder of ``model.name`` (``mae_<preset>``) with ``mae.mask_ratio`` and ``mae.norm_pix_loss``,
     its images, loss and k-NN monitor."""
     d, t = cfg.data, cfg.train
     model = build_model(cfg, mask_ratio=cfg.mae.mask_ratio, norm_pix_loss=cfg.mae.norm_pix_loss)
-    mean, std = normalization(cfg, resume_from)
-    size = image_input_size(model)[1:]
     patches = model.patch_embed.num_patches
-    make_view = lambda stored: MaskedView(train_transform_of(d, size, stored, mean), patches)
-    train_loader, prepare, train_size, data_state = pretraining_loader(
-        cfg, accelerator, micro_batch, size, make_view, resume_from, lazy=d.train_crop == "rrc")
-    monitors = monitor_loaders(cfg, accelerator, size, micro_batch)
-    model_input = ModelInput(mean, std)
+    data = unlabelled_data(cfg, accelerator, micro_batch, model, resumed,
+                           lambda stored, size, mean: MaskedView(train_transform_of(d, size, stored, mean), patches),
+                           lazy=d.train_crop == "rrc")
 
     def loss(net: nn.Module, batch: Any) -> Tensor:
         (images, noise), _ = batch
-        return net(model_input(images, train=True), noise).loss
-
-    def score(net: nn.Module, monitor: Any, acc: Accelerator) -> dict[str, float]:
-        return knn_monitor(backbone_of(net, acc), monitor, acc, model_input, cfg.monitor.k)
+        return net(data.model_input(images, train=True), noise).loss
 
     def finish(net: nn.Module, run_dir: Path) -> None:
         if cfg.mae.pictures:
-            save_reconstructions(net, next(iter(train_loader))[0][0][:cfg.mae.pictures], model_input, mean, std,
-                                 run_dir / "reconstructions.png", seed=t.seed)
+            save_reconstructions(net, next(iter(data.train_loader))[0][0][:cfg.mae.pictures], data.model_input,
+                                 data.mean, data.std, run_dir / "reconstructions.png", seed=t.seed)
 
-    meta = {"task": "mae", "mean": list(mean), "std": list(std),
-            **({"decode_size": d.decode_size} if d.decode_size and d.dataset != "cifar10" else {}),
-            **({"crop_pct": d.crop_pct} if d.train_crop != "pad" else {}),
-            **({"exif_transpose": False} if not d.exif_transpose else {})}
-    return TaskSetup(model=model, train_loader=train_loader, prepare_train_loader=prepare, eval_loaders=monitors,
-                     prepare_eval_loaders=False, loss=loss, count=lambda batch: len(batch[1]), evaluate=score,
-                     select="knn_top1", meta=meta, train_size=train_size, data_state=data_state, metrics=("knn_top1",),
-                     finish=finish)
+    return pretraining_task(cfg, data, model, loss, {"crop_pct": d.crop_pct} if d.train_crop != "pad" else {},
+                            finish=finish)
+
+
+def check_mae(cfg: Config) -> None:
+    """The ``mae`` section's values, then what any run without labels cannot take
+    (:func:`~vitlab.tasks.pretraining.check_unlabelled`)."""
+    a = cfg.mae
+    need(0 < a.mask_ratio < 1, "mae.mask_ratio", a.mask_ratio, "a share in (0, 1) of each image's patches to "
+         "hide from the encoder (MAE: 0.75)")
+    need(a.pictures >= 0, "mae.pictures", a.pictures, "an integer >= 0 (0: no picture)")
+    check_unlabelled(cfg)
 
 
 def save_reconstructions(model: nn.Module, images: Tensor, model_input: Any, mean: tuple[float, ...],

@@ -8,6 +8,9 @@ and the k-NN monitor, the only place labels enter.
   epoch and the sample: the crops, flips and masks are the same on any processes and workers, and after a resume).
 - :func:`monitor_loaders`, :func:`knn_monitor`: a labelled data set of its own (``monitor.*``), whose images vote
   by the backbone's pooled features (DINO's weighted k-NN) each evaluated epoch.
+- :func:`unlabelled_data` and :func:`pretraining_task`: what a self-supervised task is built of, but its model,
+  views and loss; :func:`check_unlabelled`: what a run without labels cannot take; :func:`evaluate_run`: ``vitlab
+  eval`` of such a run.
 """
 from __future__ import annotations
 
@@ -27,20 +30,21 @@ from ..data.shard_stream import ShardLoader
 from ..data.transforms import CIFAR10_MEAN, CIFAR10_STD
 from ..errors import ConfigError, DataError
 from ..inference.view import eval_dataset
-from ..models.hub import read_json
+from ..data.transforms import ModelInput
+from ..errors import need
+from ..models.hub import image_input_size, write_json
 from ..runtime import bare_model
-from .base import resumed_statistics
-from .classification.data import in_memory
-from .classification.shards import shard_streams
-from .classification.splits import decode_size_of, index_splits, load_test_data, load_train_val_data
+from .base import EvalRequest, Resumed, TaskSetup, resumed_statistics
+from .image_data import decode_size_of, in_memory, index_splits, load_test_data, load_train_val_data, shard_streams
 from .knn import collect_features, knn_predict
 
 if TYPE_CHECKING:
-    from ..config import Config, DataConfig
+    from ..schema import Config, DataConfig
     from ..data.split import SplitIndex
 
 __all__ = ["unlabelled_images", "pretraining_loader", "normalization", "MaskedView", "KNNMonitor", "monitor_loaders",
-           "knn_monitor", "backbone_of", "evaluate_backbone"]
+           "knn_monitor", "backbone_of", "evaluate_backbone", "Unlabelled", "unlabelled_data", "pretraining_task",
+           "check_unlabelled", "monitor_validation", "evaluate_run"]
 
 
 def unlabelled_images(d: DataConfig) -> SplitIndex:
@@ -58,20 +62,20 @@ def unlabelled_images(d: DataConfig) -> SplitIndex:
     return index
 
 
-def normalization(cfg: Config, resume_from: Path | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def normalization(cfg: Config, resumed: Resumed | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """The images' normalization: a resumed run's own; else ``data.mean`` / ``data.std`` where set, else CIFAR-10's.
 
     Raises:
         ConfigError: one line, if a resumed run is given other statistics than it started with.
     """
     d = cfg.data
-    if resume_from is not None:
-        return resumed_statistics(d, resume_from)
+    if resumed is not None:
+        return resumed_statistics(d, resumed)
     return tuple(d.mean or CIFAR10_MEAN), tuple(d.std or CIFAR10_STD)
 
 
 def pretraining_loader(cfg: Config, accelerator: Accelerator, micro_batch: int, size: tuple[int, int],
-                       make_view: Callable[[tuple[int, int] | None], Callable[[Any], Any]], resume_from: Path | None,
+                       make_view: Callable[[tuple[int, int] | None], Callable[[Any], Any]], resumed: Resumed | None,
                        lazy: bool = False) -> tuple[Any, bool, int, dict[str, Any]]:
     """The training loader of a self-supervised run: its images (:func:`unlabelled_images`, or shards) through
     the view ``make_view(stored)`` makes for images stored at a size (None: each its own; each sample's view drawn
@@ -81,7 +85,7 @@ def pretraining_loader(cfg: Config, accelerator: Accelerator, micro_batch: int, 
     d, t = cfg.data, cfg.train
     if streamed_in_shards(d):
         view = make_view(decode_size_of(d, size, keep_in_memory=False))
-        kept = read_json(resume_from / "trainer_state.json").get("data", {}) if resume_from is not None else {}
+        kept = resumed.data_state if resumed is not None else {}
         streams, _ = shard_streams(d, t.seed, size, micro_batch // accelerator.num_processes,
                                    accelerator.num_processes, accelerator.process_index, splits=("train",),
                                    partitions=kept.get("partitions", 0), train_view=view)
@@ -101,6 +105,55 @@ def pretraining_loader(cfg: Config, accelerator: Accelerator, micro_batch: int, 
     if len(loader) == 0:
         raise ConfigError(f"train.batch_size={t.batch_size} is larger than the {len(dataset)} training images")
     return loader, True, len(dataset), {}
+
+
+@dataclasses.dataclass
+class Unlabelled:
+    """What a self-supervised task trains and is monitored on (:func:`unlabelled_data`)."""
+
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    size: tuple[int, int]           # the model's input
+    model_input: ModelInput         # uint8 images -> the model's normalized floats
+    train_loader: Any
+    prepare_train_loader: bool
+    train_size: int
+    data_state: dict[str, Any]
+    monitors: dict[str, KNNMonitor]
+
+
+def unlabelled_data(cfg: Config, accelerator: Accelerator, micro_batch: int, model: nn.Module, resumed: Resumed | None,
+                    make_view: Callable[[tuple[int, int] | None, tuple[int, int], tuple[float, ...]], Any],
+                    lazy: bool = False) -> Unlabelled:
+    """The images of a self-supervised run of ``model`` through its view, ``make_view(stored, size, mean)`` (the
+    size images are stored at, None: each its own; the model's input size; the normalization's mean), and its k-NN
+    monitor (:func:`pretraining_loader`, :func:`monitor_loaders`)."""
+    mean, std = normalization(cfg, resumed)
+    size = image_input_size(model)[1:]
+    loader, prepare, train_size, data_state = pretraining_loader(
+        cfg, accelerator, micro_batch, size, lambda stored: make_view(stored, size, mean), resumed, lazy=lazy)
+    monitors = monitor_loaders(cfg, accelerator, size, micro_batch)
+    return Unlabelled(mean, std, size, ModelInput(mean, std), loader, prepare, train_size, data_state, monitors)
+
+
+def pretraining_task(cfg: Config, data: Unlabelled, model: nn.Module, loss: Callable[[nn.Module, Any], Tensor],
+                     meta: dict[str, Any] | None = None, **hooks: Any) -> TaskSetup:
+    """A self-supervised task: ``model`` trained by ``loss`` on ``data``, scored by its k-NN monitor (``knn_top1``,
+    which picks ``best/``), its ``config.json`` holding the task, the normalization, how its images are read and
+    the task's own ``meta``; ``hooks``: its ``before_step``, ``after_step``, ``finish``
+    (:class:`~vitlab.tasks.base.TaskSetup`)."""
+    d = cfg.data
+
+    def score(net: nn.Module, monitor: Any, acc: Accelerator) -> dict[str, float]:
+        return knn_monitor(backbone_of(net, acc), monitor, acc, data.model_input, cfg.monitor.k)
+
+    meta = {"task": cfg.task, "mean": list(data.mean), "std": list(data.std),
+            **({"decode_size": d.decode_size} if d.decode_size and d.dataset != "cifar10" else {}), **(meta or {}),
+            **({"exif_transpose": False} if not d.exif_transpose else {})}
+    return TaskSetup(model=model, train_loader=data.train_loader, prepare_train_loader=data.prepare_train_loader,
+                     eval_loaders=data.monitors, prepare_eval_loaders=False, loss=loss,
+                     count=lambda batch: len(batch[1]), evaluate=score, select="knn_top1", meta=meta,
+                     train_size=data.train_size, data_state=data.data_state, metrics=("knn_top1",), **hooks)
 
 
 class MaskedView:
@@ -213,3 +266,53 @@ def evaluate_backbone(cfg: Config, model: nn.Module, split: str, k: int, batch_s
     metrics = knn_monitor(backbone, monitors[split], accelerator, ModelInput(info["mean"], info["std"]), k)
     return {**metrics, "knn_k": k, "knn_train_images": len(monitors[split].bank.dataset),
             "num_images": len(monitors[split].queries.dataset)}
+
+
+def evaluate_run(request: EvalRequest, cfg: Config, model: nn.Module) -> dict[str, Any]:
+    """``vitlab eval`` of a self-supervised run: the k-NN top-1 of its backbone on its monitor's labelled images
+    (:func:`evaluate_backbone`), printed, and written to ``request.output`` where given."""
+    from accelerate import PartialState
+
+    r = request
+    metrics = evaluate_backbone(cfg, model, r.split, r.knn, r.batch_size, r.given)
+    if PartialState().is_main_process:
+        print(f"{r.directory} [{r.split}] ({cfg.task} backbone) k-NN top-1 {100 * metrics['knn_top1']:.2f}% ({r.knn} "
+              f"neighbours among the {metrics['knn_train_images']} labelled images of monitor.root, "
+              f"{metrics['num_images']} queries)")
+        if r.output is not None:
+            write_json(r.output, {**metrics, "checkpoint": str(r.directory), "split": r.split})
+    return metrics
+
+
+def monitor_validation(cfg: Config) -> str:
+    """'' when the k-NN monitor of ``cfg`` holds out queries (``monitor.val_size``), a self-supervised run's
+    validation split, else what to set for them."""
+    if cfg.monitor.root and cfg.monitor.val_size:
+        return ""
+    return "a self-supervised run's is its k-NN monitor's: set monitor.root (labelled images) and monitor.val_size=N"
+
+
+def check_unlabelled(cfg: Config) -> None:
+    """What a run without labels (``task: mae``, ``task: dino``) cannot take (mixing labels, a class sampler, frozen
+    or adapted weights, a teacher, the device loader, whose per-batch crops are classification's), and its k-NN
+    monitor's values; each task's own section is its own check (:func:`vitlab.tasks.mae.check_mae`,
+    :func:`vitlab.tasks.dino.check_dino`), run before this."""
+    d, m, t = cfg.data, cfg.monitor, cfg.train
+    said = f"with task: {cfg.task} (pretraining without labels)"
+    need(m.k >= 1, "monitor.k", m.k, "an integer >= 1 (the neighbours that vote; DINO's 20)")
+    for key in ("val_size", "train_subset", "test_subset"):
+        need(getattr(m, key) >= 0, f"monitor.{key}", getattr(m, key), "an integer >= 0")
+    need(d.loader != "gpu", "data.loader", d.loader, f"torch or auto {said}: its views are the DataLoader's")
+    for key in ("mixup_alpha", "cutmix_alpha"):
+        need(getattr(d, key) == 0, f"data.{key}", getattr(d, key), f"0 {said}: there are no labels to mix")
+    need(d.sampler == "uniform", "data.sampler", d.sampler, f"uniform {said}: there are no classes to balance")
+    need(d.aug_repeats == 1, "data.aug_repeats", d.aug_repeats, f"1 {said}")
+    need(d.test_size == 0 and d.val_size == 0, "data.val_size" if d.val_size else "data.test_size",
+         d.val_size or d.test_size, f"0 {said}: held-out labelled images are the monitor's (monitor.val_size)")
+    need(cfg.model.freeze == "none" and not cfg.model.lora_r, "model.freeze" if cfg.model.freeze != "none" else
+         "model.lora_r", cfg.model.freeze if cfg.model.freeze != "none" else cfg.model.lora_r,
+         f"none {said}: pretraining trains the whole model")
+    need(not cfg.model.pretrained, "model.pretrained", cfg.model.pretrained,
+         f"'' {said}; fine-tune from the pretrained run instead: task: classification model.pretrained=RUN")
+    need(cfg.distill.type == "none", "distill.type", cfg.distill.type, f"'none' {said}")
+    need(not t.cache_features, "train.cache_features", t.cache_features, f"false {said}")

@@ -17,13 +17,14 @@ from torch.utils.data import DataLoader, Dataset
 from ..data.text import BOS_ID, EOS_ID, PAD_ID, TokenBatchSampler, collate_pairs, load_tokenizer, read_lines, \
     synthetic_pairs, train_bpe
 from ..errors import ConfigError, DataError
-from ..runtime import bare_model
-from .base import TaskSetup, build_model
+from ..models.hub import write_json
+from ..runtime import bare_model, create_accelerator
+from .base import EvalRequest, Resumed, TaskSetup, build_model
 
 if TYPE_CHECKING:
-    from ..config import Config, TextDataConfig
+    from ..schema import Config, TextDataConfig
 
-__all__ = ["seq2seq_task", "load_text_split", "evaluate_seq2seq", "translate", "alignment", "strip_eos",
+__all__ = ["seq2seq_task", "evaluate_run", "load_text_split", "evaluate_seq2seq", "translate", "alignment", "strip_eos",
            "collate_indexed", "PairDataset"]
 
 
@@ -168,12 +169,12 @@ def alignment(model: nn.Module, tokenizer: Any, sentence: str, beam_size: int = 
     return weights, [tokenizer.id_to_token(i) for i in src_ids], [tokenizer.id_to_token(i) for i in out]
 
 
-def _tokenizer(cfg: Config, accelerator: Accelerator, run_dir: Path, resume_from: Path | None) -> Any:
+def _tokenizer(cfg: Config, accelerator: Accelerator, run_dir: Path, resumed: Resumed | None) -> Any:
     """The run's BPE: reloaded on resume, else trained on the training text (main process) and saved."""
     d = cfg.data
     path = run_dir / "tokenizer.json"
-    if resume_from is not None and (resume_from / "tokenizer.json").is_file():
-        return load_tokenizer(resume_from / "tokenizer.json")
+    if resumed is not None and (resumed.directory / "tokenizer.json").is_file():
+        return load_tokenizer(resumed.directory / "tokenizer.json")
     if accelerator.is_main_process:
         texts = read_lines(d.root, d.train_split, d.src_lang) + read_lines(d.root, d.train_split, d.tgt_lang)
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -187,11 +188,11 @@ def _build(cfg: Config, vocab: int) -> nn.Module:
 
 
 def seq2seq_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
-                 resume_from: Path | None) -> TaskSetup:
+                 resumed: Resumed | None = None) -> TaskSetup:
     """Data, tokenizer, Transformer, label-smoothed loss (padding ignored) and decoding metrics."""
     d, t, g = cfg.data, cfg.train, cfg.generate
     _build(cfg, 8)  # bad model arguments fail here, before any data is read
-    tokenizer = _tokenizer(cfg, accelerator, run_dir, resume_from) if d.dataset == "parallel" else None
+    tokenizer = _tokenizer(cfg, accelerator, run_dir, resumed) if d.dataset == "parallel" else None
     vocab = tokenizer.get_vocab_size() if tokenizer is not None else d.vocab_size
     torch.manual_seed(t.seed)  # the initial weights do not depend on how long tokenizing took
     model = _build(cfg, vocab)
@@ -244,3 +245,23 @@ def seq2seq_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_di
                      meta={"task": "seq2seq", "dataset": d.dataset, "src_lang": d.src_lang, "tgt_lang": d.tgt_lang},
                      save_files=save_files,
                      train_size=len(train_set))
+
+
+def evaluate_run(request: EvalRequest, cfg: Config, model: nn.Module) -> dict[str, Any]:
+    """``vitlab eval`` of a sequence-to-sequence run: its loss, token accuracy, exact matches (and BLEU of real text)
+    on ``request.split``, decoded as ``generate.*`` says."""
+    
+    r, g = request, cfg.generate
+    tokenizer = load_tokenizer(model.pretrained_cfg["tokenizer"]) if model.pretrained_cfg["tokenizer"] else None
+    dataset = load_text_split(cfg.data, r.split, cfg.train.seed, tokenizer)
+    accelerator = create_accelerator(cfg.train.mixed_precision)
+    loader = DataLoader(dataset, batch_size=r.batch_size, collate_fn=collate_indexed)
+    metrics = evaluate_seq2seq(accelerator.prepare(model), accelerator.prepare(loader), accelerator, dataset,
+                               tokenizer, g.beam_size, g.length_penalty, g.max_new_tokens)
+    if accelerator.is_main_process:
+        print(f"checkpoint {r.directory} | {r.split} split: {len(dataset)} pairs | beam {g.beam_size}")
+        print("  ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        if r.output:
+            write_json(r.output, {**metrics, "num_pairs": len(dataset), "checkpoint": str(r.directory),
+                                  "split": r.split, "beam_size": g.beam_size})
+    return metrics

@@ -1,5 +1,5 @@
-"""A run set up before its first step: the task of its config (image classification, sequence-to-sequence,
-language model, MAE or DINO pretraining), LoRA's adapters, the metric ``best/`` is chosen on, and the line that
+"""A run set up before its first step: the task of its config (its registry entry's: image classification,
+sequence-to-sequence, language model, MAE or DINO pretraining), LoRA's adapters, the metric ``best/`` is chosen on, and the line that
 says what will run."""
 from __future__ import annotations
 
@@ -12,32 +12,21 @@ from torch import nn
 
 from ..config import Config, TrainConfig
 from ..errors import ConfigError
+from ..models.hub import read_json
 from ..tasks import TaskSetup
+from ..tasks.base import Resumed
+from ..tasks.registry import get_task
 
 __all__ = ["setup_task", "add_lora", "choose_best_metric", "run_header"]
 
 
 def setup_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
-                resume_from: Path | None) -> TaskSetup:
-    if cfg.task == "seq2seq":
-        from ..tasks.seq2seq import seq2seq_task
-
-        return seq2seq_task(cfg, accelerator, micro_batch, run_dir, resume_from)
-    if cfg.task == "lm":
-        from ..tasks.lm import lm_task
-
-        return lm_task(cfg, accelerator, micro_batch, run_dir, resume_from)
-    if cfg.task == "mae":
-        from ..tasks.mae import mae_task
-
-        return mae_task(cfg, accelerator, micro_batch, resume_from)
-    if cfg.task == "dino":
-        from ..tasks.dino import dino_task
-
-        return dino_task(cfg, accelerator, micro_batch, resume_from)
-    from ..tasks.classification import image_classification_task
-
-    return image_classification_task(cfg, accelerator, micro_batch, resume_from)
+               resume_from: Path | None) -> TaskSetup:
+    """The task of ``cfg.task`` (its entry in :mod:`vitlab.tasks.registry`) built, given what the checkpoint it goes
+    on from holds (``resume_from``'s ``config.json`` and the data's state of ``trainer_state.json``, read here)."""
+    resumed = None if resume_from is None else Resumed(
+        resume_from, read_json(resume_from / "config.json"), read_json(resume_from / "trainer_state.json").get("data", {}))
+    return get_task(cfg.task).build(cfg, accelerator, micro_batch, run_dir, resumed)
 
 
 def add_lora(cfg: Config, task: TaskSetup, accelerator: Accelerator) -> None:

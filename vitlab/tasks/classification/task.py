@@ -6,7 +6,7 @@ and mAP."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import torch
 from accelerate import Accelerator
@@ -18,28 +18,40 @@ from ...data.shard_stream import ShardLoader
 from ...data.split import SplitIndex, held_out_count, multi_label_reason
 from ...data.transforms import CIFAR10_MEAN, CIFAR10_STD, ModelInput
 from ...errors import ConfigError
-from ...models.hub import image_input_size, read_json
+from ...models.hub import image_input_size
 from ...models.pretrained import load_pretrained
-from ..base import TaskSetup, build_model, resumed_statistics
+from ...schema import Config, DataConfig
+from ..base import Resumed, TaskSetup, build_model, resumed_statistics
 from ..distill import DistillationLoss, load_teacher
 from ..knn import collect_features
 from ..linear_probe import probe_head
+from ..image_data import build_loaders, class_counts, in_memory, index_splits, load_test_data, load_train_val_data, \
+    require_trained_classes, shard_streams, streamed_in_shards, training_class_counts
 from ..multilabel import SCORES as MULTI_LABEL_SCORES, MultiHotMixup, MultiLabelLoss, multi_label_problem, \
     positive_weights
-from .data import build_loaders, in_memory
 from .losses import classification_criterion
 from .metrics import SCORES, evaluate_classifier
-from .shards import shard_streams, streamed_in_shards
-from .splits import class_counts, index_splits, load_test_data, load_train_val_data, require_trained_classes, \
-    training_class_counts
 
-if TYPE_CHECKING:
-    from ...config import Config, DataConfig
-
-__all__ = ["image_classification_task"]
+__all__ = ["image_classification_task", "check_classification", "classification_validation"]
 
 
-def _normalization(cfg: Config, model: nn.Module, resume_from: Path | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def classification_validation(cfg: Config) -> str:
+    """'' when ``cfg`` holds out validation images (``data.val_size``), else what to set for them."""
+    return "" if cfg.data.val_size else "set data.val_size=N (e.g. 5000 of CIFAR-10's training images)"
+
+
+def check_classification(cfg: Config) -> None:
+    """What image classification checks of a config beside each section's rules: data said to be multi-label
+    (``data.multi_label=true``) with a key multi-label training cannot take
+    (:func:`~vitlab.tasks.multilabel.multi_label_problem`; data found multi-label is checked when listed)."""
+    if isinstance(cfg.data, DataConfig) and cfg.data.multi_label is True:
+        problem = multi_label_problem(cfg, "data.multi_label=true asks for label sets")
+        if problem is not None:
+            raise problem
+
+
+def _normalization(cfg: Config, model: nn.Module,
+                   resumed: Resumed | None) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Load ``model.pretrained`` into ``model`` (not when resuming: the checkpoint's weights replace
     them) and return the normalization its images need: ``data.mean`` / ``data.std`` where set, else the
     pretrained weights', else CIFAR-10's statistics; on resume the run's own.
@@ -48,10 +60,10 @@ def _normalization(cfg: Config, model: nn.Module, resume_from: Path | None) -> t
         ConfigError: one line, if a resumed run is given other statistics than it started with.
     """
     d = cfg.data
-    if resume_from is not None:
+    if resumed is not None:
         if cfg.model.lora_r:  # the checkpoint holds the adapters and head alone: the base comes from its source
             load_pretrained(model, cfg.model.pretrained, cfg.model.pretrained_file, cfg.model.name)
-        return resumed_statistics(d, resume_from)
+        return resumed_statistics(d, resumed)
     mean, std = CIFAR10_MEAN, CIFAR10_STD
     if cfg.model.pretrained:
         pretrained = load_pretrained(model, cfg.model.pretrained, cfg.model.pretrained_file, cfg.model.name)
@@ -59,8 +71,8 @@ def _normalization(cfg: Config, model: nn.Module, resume_from: Path | None) -> t
     return tuple(d.mean or mean), tuple(d.std or std)
 
 
-def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch: int,
-                              resume_from: Path | None = None) -> TaskSetup:
+def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
+                              resumed: Resumed | None = None) -> TaskSetup:
     """Build the ViT (from ``model.pretrained`` weights, if set), decode the data and define the loss;
     ``micro_batch`` is the global batch per step. Images are kept at ``data.decode_size`` (ImageFolder;
     CIFAR-10 at 32) and resized to the model's input by the loaders."""
@@ -72,16 +84,16 @@ def image_classification_task(cfg: Config, accelerator: Accelerator, micro_batch
     model = build_model(cfg)
     if t.cache_features:
         probe_head(model)  # one linear head, or one line before any image is decoded
-    mean, std = _normalization(cfg, model, resume_from)
+    mean, std = _normalization(cfg, model, resumed)
     size = image_input_size(model)[1:]
     if streamed_in_shards(d):
-        return _shards_task(cfg, accelerator, micro_batch, model, mean, std, size, resume_from)
-    kept = read_json(resume_from / "trainer_state.json").get("data", {}) if resume_from is not None else None
+        return _shards_task(cfg, accelerator, micro_batch, model, mean, std, size, resumed)
+    kept = resumed.data_state if resumed is not None else None
     # Labels checked before any image is decoded; a held-out test split is the one the run started with.
     train_index, test_index = index_splits(d, seed=t.seed, held_out=None if kept is None else kept.get("held_out", {}))
     multi_label = train_index.labels.ndim == 2  # decided here, once: the training split's labels are sets
     teacher = _teacher(cfg, len(train_index.classes), accelerator, mean, std, size)  # before any image is decoded too
-    _check_listing(cfg, accelerator, train_index, test_index, multi_label, resume_from is not None)
+    _check_listing(cfg, accelerator, train_index, test_index, multi_label, resumed is not None)
     keep, where = in_memory(d, train_index, test_index, size)
     accelerator.print(where)
     train_data, val_data = load_train_val_data(d, t.seed, size, train_index, keep)
@@ -165,12 +177,12 @@ def _say_sampling(d: DataConfig, accelerator: Accelerator, train_data: Any, trai
 
 
 def _shards_task(cfg: Config, accelerator: Accelerator, micro_batch: int, model: nn.Module, mean: tuple[float, ...],
-                 std: tuple[float, ...], size: tuple[int, int], resume_from: Path | None) -> TaskSetup:
+                 std: tuple[float, ...], size: tuple[int, int], resumed: Resumed | None) -> TaskSetup:
     """Shards (:func:`streamed_in_shards`) streamed (:func:`shard_streams`) by loaders that shard themselves
     over the processes (not prepared by Accelerate). A resumed run keeps the partitions it started with
     (``data`` in ``trainer_state.json``), so its global batches do not depend on its processes or workers."""
     d = cfg.data
-    kept = read_json(resume_from / "trainer_state.json").get("data", {}) if resume_from is not None else {}
+    kept = resumed.data_state if resumed is not None else {}
     streams, classes = shard_streams(d, cfg.train.seed, size, micro_batch // accelerator.num_processes,
                                      accelerator.num_processes, accelerator.process_index,
                                      partitions=kept.get("partitions", 0), mean=mean)

@@ -22,7 +22,7 @@ from ...inference.view import eval_dataset
 from .splits import decode_size_of
 
 if TYPE_CHECKING:
-    from ...config import DataConfig
+    from ...schema import DataConfig
 
 __all__ = ["in_memory", "resolve_loader", "train_transform_of", "build_loaders"]
 

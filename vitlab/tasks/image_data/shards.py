@@ -12,11 +12,11 @@ from ...data.transforms import CIFAR10_MEAN
 from ...errors import ConfigError
 from ...inference.view import eval_view
 from ...runtime import listed_once
-from .data import train_transform_of
+from .loaders import train_transform_of
 from .splits import decode_size_of
 
 if TYPE_CHECKING:
-    from ...config import DataConfig
+    from ...schema import DataConfig
 
 __all__ = ["streamed_in_shards", "index_stream", "shard_streams"]
 

@@ -15,7 +15,7 @@ from ...data.split import SplitIndex, hold_out
 from ...errors import ConfigError, DataError
 
 if TYPE_CHECKING:
-    from ...config import DataConfig
+    from ...schema import DataConfig
 
 __all__ = ["decode_size_of", "index_splits", "training_class_counts", "class_counts", "require_trained_classes",
            "load_train_val_data", "load_test_data"]
