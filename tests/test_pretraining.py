@@ -297,6 +297,10 @@ def test_dino_views_are_two_large_and_n_small_of_whole_patches_drawn_from_the_sa
 
 # ---- training runs -----------------------------------------------------------------------------------------------
 
+# MAE's crops and flips made on the device, of images kept in memory at 32 px
+DEVICE_VIEWS = ("data.train_crop=rrc", "data.scale=[0.2,1.0]", "data.decode_size=32", "data.views=device")
+
+
 def ssl_overrides(kind: str, data: Path, output_dir: Path, *extra: str, monitor: Path | None = None) -> list[str]:
     """A self-supervised run of a few seconds: a 1-block backbone on the images under ``data``."""
     head = ("model.decoder_embed_dim=16", "model.decoder_depth=1", "model.decoder_num_heads=2") if kind == "mae" else (
@@ -405,13 +409,14 @@ def test_a_classifier_starts_from_a_transformers_vitmae_directory(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind,loader", [("mae", "memory"), ("dino", "streamed")])
+@pytest.mark.parametrize("kind,loader", [("mae", "memory"), ("dino", "streamed"), ("mae", "device")])
 def test_a_signal_inside_an_epoch_and_the_same_command_end_bit_identical(kind, loader, loose_images, tmp_path,
                                                                           monkeypatch, on_cpu):
     # The masks, crops, flips, colour jitter and drop path drawn from the run's seed and the sample; the teacher and
-    # the center in the checkpoint; streamed: each image decoded by 2 DataLoader workers when read.
-    extra = ("model.drop_path_rate=0.1", *(("data.in_memory=false", "data.num_workers=2") if loader == "streamed"
-                                           else ()))
+    # the center in the checkpoint; streamed: each image decoded by 2 DataLoader workers when read; device: the
+    # crops and flips drawn by 2 workers, made a batch at a time.
+    extra = ("model.drop_path_rate=0.1", *{"streamed": ("data.in_memory=false", "data.num_workers=2"),
+                                           "device": DEVICE_VIEWS + ("data.num_workers=2",)}.get(loader, ()))
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train(load_config(None, ssl_overrides(kind, loose_images, whole, *extra)))
     reset_accelerate()
@@ -462,21 +467,23 @@ def test_a_dino_run_killed_between_checkpoints_continues_from_the_last_one_bit_i
 
 @pytest.mark.multiprocess
 def test_two_processes_pretrain_the_weights_one_process_does(loose_images, tmp_path, on_cpu):
-    # Each image's views and mask are drawn from the sample, the center's mean is over both processes' halves.
+    # Each image's views and mask are drawn from the sample, the center's mean is over both processes' halves; MAE's
+    # views made on the device too (one launch for the three runs).
+    runs = {"mae": ("mae",), "dino": ("dino",), "mae_device": ("mae", *DEVICE_VIEWS)}
     argv = []
-    for kind in ("mae", "dino"):
-        argv += [*(["--then"] if argv else []), *ssl_overrides(kind, loose_images, tmp_path / "two" / kind,
-                                                               "train.epochs=1", "model.drop_path_rate=0")]
+    for name, (kind, *extra) in runs.items():
+        argv += [*(["--then"] if argv else []), *ssl_overrides(kind, loose_images, tmp_path / "two" / name,
+                                                               "train.epochs=1", "model.drop_path_rate=0", *extra)]
     launched = subprocess.run([*TORCHRUN_2, str(ROOT / "tests/helpers/dist_train.py"), *argv], capture_output=True,
                               text=True, env={**launch_env(2, exact=True), "OMP_NUM_THREADS": "1"})
     assert launched.returncode == 0, launched.stderr[-3000:]
-    for kind in ("mae", "dino"):
-        train(load_config(None, ssl_overrides(kind, loose_images, tmp_path / "one" / kind, "train.epochs=1",
-                                              "model.drop_path_rate=0")))
+    for name, (kind, *extra) in runs.items():
+        train(load_config(None, ssl_overrides(kind, loose_images, tmp_path / "one" / name, "train.epochs=1",
+                                              "model.drop_path_rate=0", *extra)))
         reset_accelerate()
-        one, two = (load_file(str(tmp_path / run / kind / "checkpoints/last/model.safetensors"))
+        one, two = (load_file(str(tmp_path / run / name / "checkpoints/last/model.safetensors"))
                     for run in ("one", "two"))
-        assert max_weight_diff(one, two) < 1e-5, kind
+        assert max_weight_diff(one, two) < 1e-5, name
 
 
 @pytest.mark.parametrize("kind", ["mae", "dino"])
@@ -564,3 +571,15 @@ def test_the_monitors_data_errors_name_monitor_keys(loose_images, tiny_imagefold
     with pytest.raises(DataError, match=r"monitor\.root") as raised:
         train(load_config(None, ssl_overrides("mae", loose_images, tmp_path / "run", monitor=tmp_path / "nowhere")))
     assert "data.root" not in str(raised.value)
+
+
+@pytest.mark.parametrize("task, extra, said", [
+    ("classification", (), r"^data\.views='device' is invalid; expected loader with task: classification"),
+    ("dino", (), r"^data\.views='device' is invalid; expected loader with task: dino"),
+    ("mae", ("data.train_crop=pad",), r"^data\.train_crop='pad' is invalid; expected rrc with data\.views=device"),
+    ("mae", ("data.train_crop=rrc", "data.augment=randaugment"), r"^data\.augment='randaugment' is invalid"),
+    ("mae", ("data.train_crop=rrc", "data.in_memory=false"), r"^data\.in_memory=False is invalid; expected images "
+                                                              r"held in memory")])
+def test_views_on_the_device_are_refused_in_one_line_where_they_do_not_apply(task, extra, said):
+    with pytest.raises(ConfigError, match=said):
+        load_config(None, [f"task={task}", "data.views=device", "train.output_dir=unused", *extra])

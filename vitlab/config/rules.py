@@ -26,6 +26,8 @@ def check_values(cfg: Config) -> None:
     _check_distill(cfg)
     if isinstance(cfg.data, DataConfig):
         _check_image_data(cfg.data)
+        need(cfg.data.views == "loader" or get_task(cfg.task).device_views, "data.views", cfg.data.views,
+             f"loader with task: {cfg.task} (its views are made in the loader; device: task: mae)")
     elif isinstance(cfg.data, LMDataConfig):
         _check_lm_data(cfg.data)
     else:

@@ -66,6 +66,10 @@ class TensorImageDataset(Dataset):
     The epoch is held in shared memory, so DataLoader workers that live across epochs
     (``persistent_workers``) read the one the main process set before the epoch's batches were asked for.
 
+    A transform whose ``draws_from`` is ``'generator'`` (views made a batch at a time on the device,
+    :mod:`vitlab.data.batch_views`) is called ``transform(image, generator)`` with a generator of its own seeded
+    so, cheaper than torch's under ``fork_rng``.
+
     With ``lazy`` (streamed images and a transform that decodes what it needs, ``data.scaled_decode``),
     the transform is given each image's file undecoded (:meth:`StreamedImages.lazy`).
     """
@@ -97,6 +101,9 @@ class TensorImageDataset(Dataset):
             return image, label
         if self.seed is None:
             return self.transform(image), label
+        if getattr(self.transform, "draws_from", None) == "generator":  # parameters drawn here, applied later
+            generator = torch.Generator().manual_seed(process_seed(self.seed, 0, self.epoch, "samples", int(i)))
+            return self.transform(image, generator), label
         return seeded_transform(self.transform, image, self.seed, self.epoch, int(i)), label
 
 

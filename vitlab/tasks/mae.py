@@ -12,10 +12,13 @@ import torch
 from accelerate import Accelerator
 from torch import Tensor, nn
 
+from ..data.batch_views import BatchedResizedCrop
+from ..data.rules import streamed_in_shards
 from ..errors import need
+from ..models.hub import image_input_size
 from .base import Resumed, TaskSetup, build_model
 from .image_data import train_transform_of
-from .pretraining import MaskedView, check_unlabelled, pretraining_task, unlabelled_data
+from .pretraining import MaskedDeviceView, MaskedView, check_unlabelled, pretraining_task, unlabelled_data
 
 if TYPE_CHECKING:
     from ..schema import Config
@@ -26,22 +29,34 @@ __all__ = ["mae_task", "check_mae", "save_reconstructions"]
 def mae_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
              resumed: Resumed | None = None) -> TaskSetup:
     """The masked autoencoder of ``model.name`` (``mae_<preset>``) with ``mae.mask_ratio`` and ``mae.norm_pix_loss``,
-    its images, loss and k-NN monitor."""
+    its images, loss and k-NN monitor; its views made in the loader, or (``data.views: device``) a batch at a time
+    where the model is."""
     d, t = cfg.data, cfg.train
     model = build_model(cfg, mask_ratio=cfg.mae.mask_ratio, norm_pix_loss=cfg.mae.norm_pix_loss)
     patches = model.patch_embed.num_patches
+    on_device = d.views == "device"
+    device_view = MaskedDeviceView(BatchedResizedCrop(image_input_size(model)[1:], d.scale, d.ratio, d.hflip), patches)
     data = unlabelled_data(cfg, accelerator, micro_batch, model, resumed,
-                           lambda stored, size, mean: MaskedView(train_transform_of(d, size, stored, mean), patches),
-                           lazy=d.train_crop == "rrc")
+                           lambda stored, size, mean: device_view if on_device else
+                           MaskedView(train_transform_of(d, size, stored, mean), patches),
+                           lazy=d.train_crop == "rrc" and not on_device)
+
+    def views(inputs: Any) -> tuple[Tensor, Tensor]:
+        """A batch's views and masking noise."""
+        if on_device:
+            images, params, noise = inputs
+            return device_view.apply(images, params), noise
+        return inputs
 
     def loss(net: nn.Module, batch: Any) -> Tensor:
-        (images, noise), _ = batch
+        images, noise = views(batch[0])
         return net(data.model_input(images, train=True), noise).loss
 
     def finish(net: nn.Module, run_dir: Path) -> None:
         if cfg.mae.pictures:
-            save_reconstructions(net, next(iter(data.train_loader))[0][0][:cfg.mae.pictures], data.model_input,
-                                 data.mean, data.std, run_dir / "reconstructions.png", seed=t.seed)
+            images = views(next(iter(data.train_loader))[0])[0][:cfg.mae.pictures]
+            save_reconstructions(net, images, data.model_input, data.mean, data.std, run_dir / "reconstructions.png",
+                                 seed=t.seed)
 
     return pretraining_task(cfg, data, model, loss, {"crop_pct": d.crop_pct} if d.train_crop != "pad" else {},
                             finish=finish)
@@ -54,6 +69,16 @@ def check_mae(cfg: Config) -> None:
     need(0 < a.mask_ratio < 1, "mae.mask_ratio", a.mask_ratio, "a share in (0, 1) of each image's patches to "
          "hide from the encoder (MAE: 0.75)")
     need(a.pictures >= 0, "mae.pictures", a.pictures, "an integer >= 0 (0: no picture)")
+    d = cfg.data
+    if d.views == "device":
+        said = "with data.views=device (random resized crops and flips, made a batch at a time)"
+        need(d.train_crop == "rrc", "data.train_crop", d.train_crop, f"rrc {said}")
+        need(d.augment == "none" and d.color_jitter == 0, "data.augment" if d.augment != "none" else
+             "data.color_jitter", d.augment if d.augment != "none" else d.color_jitter,
+             f"none {said}: other augmentations are made in the loader (data.views=loader)")
+        need(d.in_memory is not False and not streamed_in_shards(d), "data.in_memory" if d.in_memory is False else
+             "data.dataset", d.in_memory if d.in_memory is False else d.dataset,
+             f"images held in memory {said}; streamed images take data.views=loader")
     check_unlabelled(cfg)
 
 

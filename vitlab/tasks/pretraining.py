@@ -24,6 +24,7 @@ from accelerate import Accelerator
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
+from ..data.batch_views import BatchedResizedCrop
 from ..data.images import TensorImageDataset
 from ..data.rules import streamed_in_shards
 from ..data.shard_stream import ShardLoader
@@ -42,9 +43,9 @@ if TYPE_CHECKING:
     from ..schema import Config, DataConfig
     from ..data.split import SplitIndex
 
-__all__ = ["unlabelled_images", "pretraining_loader", "normalization", "MaskedView", "KNNMonitor", "monitor_loaders",
-           "knn_monitor", "backbone_of", "evaluate_backbone", "Unlabelled", "unlabelled_data", "pretraining_task",
-           "check_unlabelled", "monitor_validation", "evaluate_run"]
+__all__ = ["unlabelled_images", "pretraining_loader", "normalization", "MaskedView", "MaskedDeviceView", "KNNMonitor",
+           "monitor_loaders", "knn_monitor", "backbone_of", "evaluate_backbone", "Unlabelled", "unlabelled_data",
+           "pretraining_task", "check_unlabelled", "monitor_validation", "evaluate_run"]
 
 
 def unlabelled_images(d: DataConfig) -> SplitIndex:
@@ -95,6 +96,9 @@ def pretraining_loader(cfg: Config, accelerator: Accelerator, micro_batch: int, 
             train.samples_per_epoch, {"partitions": train.plan.partitions}
     index = unlabelled_images(d)
     keep, where = in_memory(d, index, index.subset(torch.zeros(0, dtype=torch.long), ""), size)
+    if d.views == "device" and not keep:
+        raise ConfigError(f"data.views=device makes the views of images held in memory, and these are streamed "
+                          f"({where}): set data.in_memory=true, or data.views=loader")
     accelerator.print(f"{where}; {len(index):,} images, without labels ({index.where})")
     data = index.load(decode_size_of(d, size, keep), d.train_subset, t.seed, keep, d.scaled_decode,
                       d.cache_dir or None)
@@ -166,6 +170,26 @@ class MaskedView:
 
     def __call__(self, image: Any) -> tuple[Tensor, Tensor]:
         return self.view(image), torch.rand(self.num_patches)
+
+
+class MaskedDeviceView:
+    """``data.views: device``'s :class:`MaskedView`: in the loader an image as stored, its crop and flip's
+    parameters and its masking noise, all drawn from the image's own generator (``(image, params (5,), noise)``);
+    :meth:`apply` makes a batch's views where the batch is (:class:`~vitlab.data.batch_views.BatchedResizedCrop`).
+    Pickles."""
+
+    draws_from = "generator"
+
+    def __init__(self, crop: BatchedResizedCrop, num_patches: int) -> None:
+        self.crop, self.num_patches = crop, num_patches
+
+    def __call__(self, image: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
+        params = self.crop.draw(generator, *image.shape[-2:])
+        return image, params, torch.rand(self.num_patches, generator=generator)
+
+    def apply(self, images: Tensor, params: Tensor) -> Tensor:
+        """float32 views ``(B, C, *size)`` in ``[0, 255]`` of uint8 ``images`` ``(B, C, H, W)``."""
+        return self.crop(images, params)
 
 
 @dataclasses.dataclass

@@ -46,6 +46,7 @@ class Task:
         eval_options: The options of ``vitlab eval`` it takes, of :data:`EVAL_OPTIONS`.
         calibrates: ``vitlab calibrate`` fits its temperature or thresholds.
         timm: It trains timm's classifiers (``model.name: timm:<name>``) too.
+        device_views: It makes its views a batch at a time where the model is (``data.views: device``).
     """
 
     name: str
@@ -60,6 +61,7 @@ class Task:
     eval_options: tuple[str, ...] = ()
     calibrates: bool = False
     timm: bool = False
+    device_views: bool = False
 
 
 TASKS: dict[str, Task] = {t.name: t for t in (
@@ -71,7 +73,7 @@ TASKS: dict[str, Task] = {t.name: t for t in (
     Task("lm", LMDataConfig, ("GPT",), "gpt_char_tiny", lm.lm_task, lm.evaluate_run),
     Task("mae", DataConfig, ("MaskedAutoencoder",), "mae_vit_cifar_tiny_patch4_32", mae.mae_task,
          pretraining.evaluate_run, sections=("mae", "monitor"), check=mae.check_mae,
-         validation=pretraining.monitor_validation, eval_options=("knn",)),
+         validation=pretraining.monitor_validation, eval_options=("knn",), device_views=True),
     Task("dino", DataConfig, ("DINO",), "dino_vit_cifar_tiny_patch4_32", dino.dino_task, pretraining.evaluate_run,
          sections=("dino", "monitor"), check=dino.check_dino, validation=pretraining.monitor_validation,
          eval_options=("knn",)),
