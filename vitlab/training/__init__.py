@@ -7,7 +7,8 @@ it further in time. This file is :func:`train`, the run from its config to its l
 loop, read top to bottom: :class:`~.loop.Loop`'s step, epoch, epoch's end and checkpoint. Its other jobs have
 files of their own:
 
-- :mod:`.setup`: the task of the config, LoRA, the metric ``best/`` is chosen on, the run's first line;
+- :mod:`.setup`: the task of the config (its entry in :mod:`vitlab.tasks.registry`, given what it resumes from),
+  LoRA, the metric ``best/`` is chosen on, the run's first line;
 - :mod:`.meter`: what an epoch sums as it goes;
 - :mod:`.optim`: the optimizer's parameter groups and the learning-rate schedule;
 - :mod:`.resume`: finding and vetting the checkpoint a run continues from (or refusing it in one line);
