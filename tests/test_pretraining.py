@@ -583,3 +583,17 @@ def test_the_monitors_data_errors_name_monitor_keys(loose_images, tiny_imagefold
 def test_views_on_the_device_are_refused_in_one_line_where_they_do_not_apply(task, extra, said):
     with pytest.raises(ConfigError, match=said):
         load_config(None, [f"task={task}", "data.views=device", "train.output_dir=unused", *extra])
+
+
+def test_a_runs_config_json_keeps_the_crop_pct_its_monitor_evaluated_with(loose_images, tmp_path, on_cpu):
+    # eval --knn, embed and fine-tuning read crop_pct from config.json: the view the k-NN monitor scored (a DINO run
+    # with cropped images kept none before, so they saw the images resized whole)
+    for kind in ("mae", "dino"):
+        run = tmp_path / kind
+        train(load_config(None, ssl_overrides(kind, loose_images, run, "train.epochs=1", "data.train_crop=rrc",
+                                              "data.crop_pct=0.9", "data.decode_size=32")))
+        reset_accelerate()
+        assert ckpt.read_json(run / "checkpoints/last/config.json")["crop_pct"] == 0.9, kind
+    train(load_config(None, ssl_overrides("dino", loose_images, tmp_path / "pad", "train.epochs=1")))
+    reset_accelerate()
+    assert "crop_pct" not in ckpt.read_json(tmp_path / "pad/checkpoints/last/config.json")  # resized whole

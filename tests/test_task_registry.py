@@ -54,14 +54,17 @@ def test_a_task_added_to_the_registry_alone_is_checked_trained_resumed_and_evalu
         calls["evaluate"].append(request)
         return {"toy": 1.0}
 
-    toy = replace(base, name="toy", build=build, evaluate=evaluate, check=check, eval_options=("tta",))
+    toy = replace(base, name="toy", build=build, evaluate=evaluate, check=check, eval_options=("tta",),
+                  sections=("generate",))  # a section no task owned: the config sees the registry as it is now
     monkeypatch.setitem(registry.TASKS, "toy", toy)
     run = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"section 'generate' is read by task: toy runs alone"):
+        load_config(None, ["generate.beam_size=3", *tiny_overrides(tiny_imagefolder, run)])
     with pytest.raises(ConfigError, match="the toy task trains 5 epochs at most"):
         load_config(None, ["task=toy", *tiny_overrides(tiny_imagefolder, run, "train.epochs=6")])
     cfg = load_config(None, ["task=toy", *tiny_overrides(tiny_imagefolder, run, "data.loader=torch", "data.val_size=9",
                                                          "data.test_size=6")])
-    assert cfg.task == "toy" and calls["check"] == ["toy", "toy"]
+    assert cfg.task == "toy" and calls["check"] == ["toy", "toy"] and cfg.generate.beam_size == 1  # its own section
     train(cfg, stop_after_epoch=1)
     reset_accelerate()
     train(cfg)  # train.resume=auto: goes on from last/

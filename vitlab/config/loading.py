@@ -27,11 +27,15 @@ _SECTIONS = ("model", "data", "optim", "train", "generate", "distill", "mae", "d
 _SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig,
                   "generate": GenerateConfig, "distill": DistillConfig, "mae": MAEConfig, "dino": DINOConfig,
                   "monitor": MonitorConfig}
-# Sections of one kind of run alone (its registry entry's): written and read for it, refused in any other.
-_OWNED_SECTIONS = {name for task in TASKS.values() for name in task.sections}
 # Set by the data and tokenizer, or by the task's own section (mae.mask_ratio), not by the model section.
 _DERIVED_MODEL_ARGS = {"src_vocab_size", "tgt_vocab_size", "pad_id", "bos_id", "eos_id", "vocab_size", "block_size",
                        "mask_ratio", "norm_pix_loss"}
+
+
+def _owned_sections() -> set[str]:
+    """The sections of one kind of run alone (its registry entry's): written and read for it, refused in any
+    other; asked of the registry each time, so that a task registered later counts."""
+    return {name for task in TASKS.values() for name in task.sections}
 
 
 def _coerce(key: str, value: Any, annotation: Any) -> Any:
@@ -210,7 +214,7 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
                               f"(sections: task, {', '.join(_SECTIONS)})")
     task = get_task(raw.get("task", Config.task)).name
     for section in raw:
-        if section in _OWNED_SECTIONS and section not in get_task(task).sections:
+        if section in _owned_sections() and section not in get_task(task).sections:
             owners = " or ".join(t.name for t in TASKS.values() if section in t.sections)
             raise ConfigError(f"section {section!r} is read by task: {owners} runs alone, and this is a task: {task} "
                               f"config; remove it, or set task: {owners.split(' or ')[0]}")
@@ -227,7 +231,7 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
     """The config as plain YAML-able data; the model section in its YAML form (name + arguments)."""
     out: dict[str, Any] = {"task": cfg.task}
     out.update({name: dataclasses.asdict(getattr(cfg, name)) for name in _SECTIONS
-                if name not in _OWNED_SECTIONS or name in get_task(cfg.task).sections})
+                if name not in _owned_sections() or name in get_task(cfg.task).sections})
     m = cfg.model
     out["model"] = {"name": m.name, **{k: getattr(m, k) for k in _MODEL_OPTIONS[1:] if getattr(m, k)}, **m.args}
     if cfg.optim.lr_base:  # optim.lr would win over it when the file is read again

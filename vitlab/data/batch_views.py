@@ -5,7 +5,7 @@ in the loader), and applied to the whole batch at once where the batch is (:clas
 The crop is torchvision's ``RandomResizedCrop`` (its ``make_params`` drawn with an explicit generator: the same
 algorithm, so the same distribution of boxes) and its resize torch's antialiased bicubic (``F.interpolate(mode=
 'bicubic', antialias=True)``, PIL's filter): separable, so each image's resize is two matrices of weights, the
-rows over its crop's pixels, and a batch of them one ``einsum``. Given the same box, an image's view equals
+rows over its crop's pixels, and a batch of them two batched matrix products. Given the same box, an image's view equals
 ``torchvision.transforms.v2.functional.resized_crop`` of the float image to float32 rounding (tested).
 
 Not kornia's ``RandomResizedCrop``: it resamples the crop by a bilinear warp without antialiasing (another

@@ -58,8 +58,7 @@ def mae_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: P
             save_reconstructions(net, images, data.model_input, data.mean, data.std, run_dir / "reconstructions.png",
                                  seed=t.seed)
 
-    return pretraining_task(cfg, data, model, loss, {"crop_pct": d.crop_pct} if d.train_crop != "pad" else {},
-                            finish=finish)
+    return pretraining_task(cfg, data, model, loss, finish=finish)
 
 
 def check_mae(cfg: Config) -> None:

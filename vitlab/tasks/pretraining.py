@@ -28,11 +28,9 @@ from ..data.batch_views import BatchedResizedCrop
 from ..data.images import TensorImageDataset
 from ..data.rules import streamed_in_shards
 from ..data.shard_stream import ShardLoader
-from ..data.transforms import CIFAR10_MEAN, CIFAR10_STD
-from ..errors import ConfigError, DataError
+from ..data.transforms import CIFAR10_MEAN, CIFAR10_STD, ModelInput
+from ..errors import ConfigError, DataError, need
 from ..inference.view import eval_dataset
-from ..data.transforms import ModelInput
-from ..errors import need
 from ..models.hub import image_input_size, write_json
 from ..runtime import bare_model
 from .base import EvalRequest, Resumed, TaskSetup, resumed_statistics
@@ -117,7 +115,6 @@ class Unlabelled:
 
     mean: tuple[float, ...]
     std: tuple[float, ...]
-    size: tuple[int, int]           # the model's input
     model_input: ModelInput         # uint8 images -> the model's normalized floats
     train_loader: Any
     prepare_train_loader: bool
@@ -137,14 +134,15 @@ def unlabelled_data(cfg: Config, accelerator: Accelerator, micro_batch: int, mod
     loader, prepare, train_size, data_state = pretraining_loader(
         cfg, accelerator, micro_batch, size, lambda stored: make_view(stored, size, mean), resumed, lazy=lazy)
     monitors = monitor_loaders(cfg, accelerator, size, micro_batch)
-    return Unlabelled(mean, std, size, ModelInput(mean, std), loader, prepare, train_size, data_state, monitors)
+    return Unlabelled(mean, std, ModelInput(mean, std), loader, prepare, train_size, data_state, monitors)
 
 
 def pretraining_task(cfg: Config, data: Unlabelled, model: nn.Module, loss: Callable[[nn.Module, Any], Tensor],
-                     meta: dict[str, Any] | None = None, **hooks: Any) -> TaskSetup:
+                     **hooks: Any) -> TaskSetup:
     """A self-supervised task: ``model`` trained by ``loss`` on ``data``, scored by its k-NN monitor (``knn_top1``,
-    which picks ``best/``), its ``config.json`` holding the task, the normalization, how its images are read and
-    the task's own ``meta``; ``hooks``: its ``before_step``, ``after_step``, ``finish``
+    which picks ``best/``), its ``config.json`` holding the task, the normalization and how its images are read and
+    shown (``crop_pct`` where the monitor's evaluation view used it: ``vitlab eval``, ``embed`` and fine-tuning see
+    what the monitor saw); ``hooks``: its ``before_step``, ``after_step``, ``finish``
     (:class:`~vitlab.tasks.base.TaskSetup`)."""
     d = cfg.data
 
@@ -152,7 +150,8 @@ def pretraining_task(cfg: Config, data: Unlabelled, model: nn.Module, loss: Call
         return knn_monitor(backbone_of(net, acc), monitor, acc, data.model_input, cfg.monitor.k)
 
     meta = {"task": cfg.task, "mean": list(data.mean), "std": list(data.std),
-            **({"decode_size": d.decode_size} if d.decode_size and d.dataset != "cifar10" else {}), **(meta or {}),
+            **({"decode_size": d.decode_size} if d.decode_size and d.dataset != "cifar10" else {}),
+            **({"crop_pct": monitor_crop_pct(d)} if monitor_crop_pct(d) is not None else {}),
             **({"exif_transpose": False} if not d.exif_transpose else {})}
     return TaskSetup(model=model, train_loader=data.train_loader, prepare_train_loader=data.prepare_train_loader,
                      eval_loaders=data.monitors, prepare_eval_loaders=False, loss=loss,
@@ -224,7 +223,7 @@ def monitor_loaders(cfg: Config, accelerator: Accelerator, size: tuple[int, int]
         raise type(e)(_monitor_words(str(e))) from None
     bank, val = load_train_val_data(labelled, cfg.train.seed, size, train_index)
     test = load_test_data(labelled, cfg.train.seed, size, test_index)
-    crop_pct = d.crop_pct if d.train_crop != "pad" else None
+    crop_pct = monitor_crop_pct(d)
     prepare = lambda data: accelerator.prepare(DataLoader(eval_dataset(data, size, crop_pct), batch_size=batch_size))
     monitors = {"test": KNNMonitor(prepare(bank), prepare(test), len(bank.classes))}
     if val is not None:
@@ -233,6 +232,12 @@ def monitor_loaders(cfg: Config, accelerator: Accelerator, size: tuple[int, int]
                       + (f"for {len(val.labels):,} held out of them (val) and " if val is not None else "for ")
                       + f"{len(test.labels):,} of {test_index.where} (test), by the backbone's pooled features")
     return monitors
+
+
+def monitor_crop_pct(d: DataConfig) -> float | None:
+    """The ``crop_pct`` of the monitor's evaluation view (and of the run's ``config.json``): ``data.crop_pct`` where
+    images are cropped (``data.train_crop`` not ``pad``), else none (resized whole)."""
+    return d.crop_pct if d.train_crop != "pad" else None
 
 
 def _monitor_words(message: str) -> str:

@@ -31,7 +31,7 @@ from .meter import Meter, checked_mean, epoch_expert_counts
 from .optim import create_optimizer, create_scheduler
 from .report import truncate_lines
 from .resume import resume_state
-from .setup import add_lora, choose_best_metric, run_header, setup_task
+from .setup import add_lora, choose_best_metric, read_resumed, run_header, setup_task
 from .trackers import resolve_trackers, start_trackers
 
 __all__ = ["Loop", "set_epoch"]
@@ -57,7 +57,8 @@ class Loop:
             raise ConfigError(f"train.batch_size={t.batch_size} / train.grad_accum_steps={t.grad_accum_steps} = "
                               f"{micro_batch} is not divisible by the {acc.num_processes} processes")
         set_seed(t.seed)  # the initial weights depend on train.seed only: equal on every process
-        self.task = task = setup_task(cfg, acc, micro_batch, run_dir, resume_from)
+        self.resumed = read_resumed(resume_from) if resume_from is not None else None
+        self.task = task = setup_task(cfg, acc, micro_batch, run_dir, self.resumed)
         if cfg.model.lora_r:
             add_lora(cfg, task, acc)
         choose_best_metric(t, task)
@@ -131,7 +132,7 @@ class Loop:
         if self.scaler is not None and grad_scaler is not None:
             self.scaler.load_state_dict(grad_scaler)
         num_processes, lines = saved.pop("num_processes", acc.num_processes), saved.pop("metrics_lines", None)
-        self.last_evaluation = ckpt.read_json(resume_from / "config.json").get("training", {}).get("evaluation", {})
+        self.last_evaluation = self.resumed.meta.get("training", {}).get("evaluation", {})
         self.state.update(saved)
         if self.state["epoch_step"]:
             if num_processes == acc.num_processes:

@@ -17,15 +17,19 @@ from ..tasks import TaskSetup
 from ..tasks.base import Resumed
 from ..tasks.registry import get_task
 
-__all__ = ["setup_task", "add_lora", "choose_best_metric", "run_header"]
+__all__ = ["read_resumed", "setup_task", "add_lora", "choose_best_metric", "run_header"]
+
+
+def read_resumed(resume_from: Path) -> Resumed:
+    """What the checkpoint a run goes on from holds for its task: its ``config.json`` and the data's state of its
+    ``trainer_state.json``, read once (the loop takes the last evaluation from the same ``config.json``)."""
+    return Resumed(resume_from, read_json(resume_from / "config.json"),
+                   read_json(resume_from / "trainer_state.json").get("data", {}))
 
 
 def setup_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
-               resume_from: Path | None) -> TaskSetup:
-    """The task of ``cfg.task`` (its entry in :mod:`vitlab.tasks.registry`) built, given what the checkpoint it goes
-    on from holds (``resume_from``'s ``config.json`` and the data's state of ``trainer_state.json``, read here)."""
-    resumed = None if resume_from is None else Resumed(
-        resume_from, read_json(resume_from / "config.json"), read_json(resume_from / "trainer_state.json").get("data", {}))
+               resumed: Resumed | None) -> TaskSetup:
+    """The task of ``cfg.task`` (its entry in :mod:`vitlab.tasks.registry`) built, given what it goes on from."""
     return get_task(cfg.task).build(cfg, accelerator, micro_batch, run_dir, resumed)
 
 
