@@ -585,6 +585,7 @@ def test_views_on_the_device_are_refused_in_one_line_where_they_do_not_apply(tas
         load_config(None, [f"task={task}", "data.views=device", "train.output_dir=unused", *extra])
 
 
+@pytest.mark.slow
 def test_a_runs_config_json_keeps_the_crop_pct_its_monitor_evaluated_with(loose_images, tmp_path, on_cpu):
     # eval --knn, embed and fine-tuning read crop_pct from config.json: the view the k-NN monitor scored (a DINO run
     # with cropped images kept none before, so they saw the images resized whole)
