@@ -7,7 +7,8 @@ import torch
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as TF
 
-from vitlab.data.batch_views import BatchedResizedCrop, resized_crops, rrc_params
+from vitlab.data.batch_views import (BatchedColorJitter, BatchedGaussianBlur, BatchedGrayscale, BatchedResizedCrop,
+                                     BatchedSolarize, BatchedViews, resized_crops, rrc_params)
 
 BICUBIC = v2.InterpolationMode.BICUBIC
 
@@ -62,3 +63,52 @@ def test_uint8_images_give_the_views_of_their_float_values_unrounded():
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, view(images.float(), params), atol=1e-4, rtol=0)
     assert not torch.equal(out, out.round())  # unrounded: the model sees the filter's values
+
+
+def dino_reference(size: int, blur_p: float, solarize_p: float, kernel: int = 5) -> v2.Compose:
+    """DINO's view (its DataAugmentationDINO, written here from the paper's code) for float images in [0, 1]."""
+    return v2.Compose([
+        v2.RandomResizedCrop(size, scale=(0.3, 1.0), interpolation=BICUBIC, antialias=True), v2.RandomHorizontalFlip(),
+        v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8), v2.RandomGrayscale(p=0.2),
+        v2.RandomApply([v2.GaussianBlur(kernel, sigma=(0.1, 2.0))], p=blur_p), v2.RandomSolarize(128 / 255, p=solarize_p)])
+
+
+def dino_batched(size: int, blur_p: float, solarize_p: float, kernel: int = 5) -> BatchedViews:
+    return BatchedViews(BatchedResizedCrop((size, size), scale=(0.3, 1.0)), BatchedColorJitter(0.4, 0.4, 0.2, 0.1, 0.8),
+                        BatchedGrayscale(0.2), BatchedGaussianBlur(kernel, (0.1, 2.0), blur_p),
+                        BatchedSolarize(128 / 255, solarize_p))
+
+
+@pytest.mark.parametrize("size, blur_p, solarize_p", [(32, 1.0, 0.0), (32, 0.1, 0.2), (16, 0.5, 0.0), (48, 0.5, 0.5)])
+def test_dinos_views_made_at_once_are_torchvisions_drawn_from_the_image_generator(size, blur_p, solarize_p):
+    # Each image: torchvision's Compose under torch's generator seeded s; the batch: parameters drawn from a
+    # generator seeded s, every crop, flip, jitter (in its random order), grey, blur and solarization made at once
+    n = 256
+    images = torch.randint(0, 256, (n, 3, 40, 36), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
+    reference, batched = dino_reference(size, blur_p, solarize_p), dino_batched(size, blur_p, solarize_p)
+    params = torch.stack([batched.draw(torch.Generator().manual_seed(s), 40, 36) for s in range(n)])
+    assert params.shape == (n, batched.width)
+    expected = []
+    for s, image in enumerate(images):
+        torch.manual_seed(s)
+        expected.append(reference(image.float() / 255))
+    views = batched(images, params) / 255
+    assert views.dtype == torch.float32 and views.shape == (n, 3, size, size)
+    jitter, grey, blur, solar = params[:, 5], params[:, 14], params[:, 15], params[:, 17]
+    assert 0.7 < jitter.mean() < 0.9 and 0.1 < grey.mean() < 0.3 and abs(blur.mean() - blur_p) < 0.1
+    assert abs(solar.mean() - solarize_p) < 0.1
+    orders = {tuple(o) for o in params[jitter > 0, 6:10].long().tolist()}
+    assert len(orders) == 24  # every order of the four adjustments
+    torch.testing.assert_close(views, torch.stack(expected), atol=2e-5, rtol=0)
+
+
+def test_a_jitter_without_some_adjustments_draws_and_applies_only_the_others():
+    reference = v2.RandomApply([v2.ColorJitter(brightness=0.5, hue=0.2)], p=1.0)  # p=1: its coin drawn all the same
+    batched = BatchedColorJitter(0.5, 0, 0, 0.2)
+    images = torch.rand(64, 3, 12, 12, generator=torch.Generator().manual_seed(4)) * 1.2 - 0.1  # overshoot kept
+    params = torch.tensor([batched.draw(torch.Generator().manual_seed(s)) for s in range(64)])
+    expected = []
+    for s, image in enumerate(images):
+        torch.manual_seed(s)
+        expected.append(reference(image))
+    torch.testing.assert_close(batched(images, params), torch.stack(expected), atol=2e-5, rtol=0)

@@ -295,10 +295,38 @@ def test_dino_views_are_two_large_and_n_small_of_whole_patches_drawn_from_the_sa
         torch.equal(a, b) for a, b in zip(draw(1), draw(2)))
 
 
+@pytest.mark.parametrize("blur", [True, False])
+def test_dinos_views_made_on_the_device_are_the_loaders_of_the_same_image_and_epoch_unrounded(blur):
+    # The loader's views: torchvision on uint8, rounding after each step; the device's: the same parameters drawn
+    # from the image's own generator, made a batch at a time in float (vitlab.data.batch_views)
+    from vitlab.data.images import seeded_transform
+    from vitlab.schema import DINOConfig
+    from vitlab.seeding import process_seed
+    from vitlab.tasks.dino import dino_views
+
+    s = DINOConfig(local_crops=3, blur=blur)
+    loader, device = dino_views((32, 32), 12, s), dino_views((32, 32), 12, s, device=True)
+    images = torch.randint(0, 256, (48, 3, 36, 40), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    drawn = [device(image, torch.Generator().manual_seed(process_seed(0, 0, 2, "samples", i)))
+             for i, image in enumerate(images)]
+    assert all(torch.equal(image, d[0]) for image, d in zip(images, drawn))
+    views = device.apply(images, torch.stack([d[1] for d in drawn]))
+    expected = [seeded_transform(loader, image, 0, 2, i) for i, image in enumerate(images)]
+    assert [tuple(v.shape) for v in views] == [(48, 3, 32, 32)] * 2 + [(48, 3, 12, 12)] * 3
+    other_epoch = [seeded_transform(loader, image, 0, 3, i) for i, image in enumerate(images)]
+    for k, view in enumerate(views):
+        per_image = lambda views: (view - torch.stack([e[k] for e in views]).float()).abs().flatten(1).mean(1)
+        # uint8 rounding after each step (a jittered image's grey floored, its hue rounded): 0.3-2.3 levels an
+        # image on noise; other draws (the next epoch's) differ by tens
+        assert per_image(expected).max() < 3 and per_image(expected).mean() < 2, k
+        assert per_image(other_epoch).median() > 20, k
+
+
 # ---- training runs -----------------------------------------------------------------------------------------------
 
-# MAE's crops and flips made on the device, of images kept in memory at 32 px
-DEVICE_VIEWS = ("data.train_crop=rrc", "data.scale=[0.2,1.0]", "data.decode_size=32", "data.views=device")
+# The views made on the device, of images kept in memory at 32 px: MAE's crops and flips, DINO's multi-crop
+DEVICE_VIEWS = {"mae": ("data.train_crop=rrc", "data.scale=[0.2,1.0]", "data.decode_size=32", "data.views=device"),
+                "dino": ("data.decode_size=32", "data.views=device")}
 
 
 def ssl_overrides(kind: str, data: Path, output_dir: Path, *extra: str, monitor: Path | None = None) -> list[str]:
@@ -409,14 +437,14 @@ def test_a_classifier_starts_from_a_transformers_vitmae_directory(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind,loader", [("mae", "memory"), ("dino", "streamed"), ("mae", "device")])
+@pytest.mark.parametrize("kind,loader", [("mae", "memory"), ("dino", "streamed"), ("mae", "device"), ("dino", "device")])
 def test_a_signal_inside_an_epoch_and_the_same_command_end_bit_identical(kind, loader, loose_images, tmp_path,
                                                                           monkeypatch, on_cpu):
     # The masks, crops, flips, colour jitter and drop path drawn from the run's seed and the sample; the teacher and
     # the center in the checkpoint; streamed: each image decoded by 2 DataLoader workers when read; device: the
     # crops and flips drawn by 2 workers, made a batch at a time.
     extra = ("model.drop_path_rate=0.1", *{"streamed": ("data.in_memory=false", "data.num_workers=2"),
-                                           "device": DEVICE_VIEWS + ("data.num_workers=2",)}.get(loader, ()))
+                                           "device": DEVICE_VIEWS[kind] + ("data.num_workers=2",)}.get(loader, ()))
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train(load_config(None, ssl_overrides(kind, loose_images, whole, *extra)))
     reset_accelerate()
@@ -468,8 +496,9 @@ def test_a_dino_run_killed_between_checkpoints_continues_from_the_last_one_bit_i
 @pytest.mark.multiprocess
 def test_two_processes_pretrain_the_weights_one_process_does(loose_images, tmp_path, on_cpu):
     # Each image's views and mask are drawn from the sample, the center's mean is over both processes' halves; MAE's
-    # views made on the device too (one launch for the three runs).
-    runs = {"mae": ("mae",), "dino": ("dino",), "mae_device": ("mae", *DEVICE_VIEWS)}
+    # and DINO's views made on the device too (one launch for the four runs).
+    runs = {"mae": ("mae",), "dino": ("dino",), "mae_device": ("mae", *DEVICE_VIEWS["mae"]),
+            "dino_device": ("dino", *DEVICE_VIEWS["dino"])}
     argv = []
     for name, (kind, *extra) in runs.items():
         argv += [*(["--then"] if argv else []), *ssl_overrides(kind, loose_images, tmp_path / "two" / name,
@@ -575,7 +604,7 @@ def test_the_monitors_data_errors_name_monitor_keys(loose_images, tiny_imagefold
 
 @pytest.mark.parametrize("task, extra, said", [
     ("classification", (), r"^data\.views='device' is invalid; expected loader with task: classification"),
-    ("dino", (), r"^data\.views='device' is invalid; expected loader with task: dino"),
+    ("dino", ("data.in_memory=false",), r"^data\.in_memory=False is invalid; expected images held in memory"),
     ("mae", ("data.train_crop=pad",), r"^data\.train_crop='pad' is invalid; expected rrc with data\.views=device"),
     ("mae", ("data.train_crop=rrc", "data.augment=randaugment"), r"^data\.augment='randaugment' is invalid"),
     ("mae", ("data.train_crop=rrc", "data.in_memory=false"), r"^data\.in_memory=False is invalid; expected images "

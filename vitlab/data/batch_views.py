@@ -20,7 +20,8 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["rrc_params", "resize_weights", "resized_crops", "BatchedResizedCrop"]
+__all__ = ["rrc_params", "resize_weights", "resized_crops", "BatchedResizedCrop", "BatchedColorJitter", "BatchedGrayscale",
+           "BatchedGaussianBlur", "BatchedSolarize", "BatchedViews"]
 
 BICUBIC_A = -0.5  # the antialiased bicubic filter's (PIL's and torch's antialias=True), not plain bicubic's -0.75
 
@@ -138,3 +139,177 @@ class BatchedResizedCrop:
 
     def __repr__(self) -> str:
         return f"BatchedResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}, hflip={self.hflip})"
+
+
+# Colour: torchvision's float kernels (transforms.v2.functional: adjust_brightness/contrast/saturation/hue,
+# rgb_to_grayscale, gaussian_blur, solarize) with a factor an image; images float (B, 3, H, W) in [0, 1].
+
+def _grey(x: Tensor) -> Tensor:
+    """(B, 1, H, W): torchvision's luma (0.2989, 0.587, 0.114), unrounded."""
+    r, g, b = x.unbind(dim=-3)
+    return (r * 0.2989 + g * 0.587 + b * 0.114).unsqueeze(-3)
+
+
+def _rgb_to_hsv(x: Tensor) -> Tensor:
+    r, g, _ = x.unbind(dim=-3)
+    low, high = torch.aminmax(x, dim=-3)
+    flat = high == low
+    ones = torch.ones_like(high)
+    s = (high - low) / torch.where(flat, ones, high)
+    rc, gc, bc = ((high.unsqueeze(-3) - x) / torch.where(flat, ones, high - low).unsqueeze(-3)).unbind(dim=-3)
+    not_r, is_g = high != r, high == g
+    h = (bc - gc) * ~not_r + (rc + 2.0 - bc) * (is_g & not_r) + (gc + 4.0 - rc) * (not_r & ~is_g)
+    return torch.stack(((h * (1.0 / 6.0) + 1.0).fmod(1.0), s, high), dim=-3)
+
+
+_HSV_SELECT = ((0, 2, 1, 1, 3, 0), (3, 0, 0, 2, 1, 1), (1, 1, 3, 0, 0, 2))  # (v, p, q, t) -> r, g, b by sector
+
+
+@functools.lru_cache(maxsize=4)
+def _hsv_select(device: torch.device) -> Tensor:
+    return torch.tensor(_HSV_SELECT, device=device)  # made once a device: no copy from the host a batch
+
+
+def _hsv_to_rgb(x: Tensor) -> Tensor:
+    h, s, v = x.unbind(dim=-3)
+    h6 = h * 6
+    sector = torch.floor(h6)
+    f = h6 - sector
+    q = ((1.0 - s * f) * v).clamp(0.0, 1.0)
+    t = ((s * f + (1.0 - s)) * v).clamp(0.0, 1.0)
+    p = ((1.0 - s) * v).clamp(0.0, 1.0)
+    select = _hsv_select(x.device)[:, sector.to(torch.long).remainder(6)].moveaxis(0, -3)
+    return torch.stack((v, p, q, t), dim=-3).gather(-3, select)
+
+
+def _hue(x: Tensor, factor: Tensor) -> Tensor:
+    h, s, v = _rgb_to_hsv(x).unbind(dim=-3)
+    return _hsv_to_rgb(torch.stack(((h + factor[:, None, None]).remainder(1.0), s, v), dim=-3))
+
+
+def _applied(p: float, generator: torch.Generator) -> bool:
+    """torchvision's coin of ``RandomApply`` and its ``_RandomApplyTransform``s: applied unless ``rand >= p``."""
+    return bool(torch.rand(1, generator=generator).item() < p)
+
+
+def _uniform(low: float, high: float, generator: torch.Generator) -> float:
+    return float(torch.empty(1).uniform_(low, high, generator=generator).item())
+
+
+class BatchedColorJitter:
+    """``RandomApply([ColorJitter(brightness, contrast, saturation, hue)], p)``: per image applied or not, the four
+    adjustments in a random order, each factor drawn as torchvision draws them (a factor of 0 is no adjustment and no
+    draw). Parameters ``(applied, order (4), factors (4))``; the batch is made at once (each of the four rounds is
+    one blend towards black, the image's mean grey or its grey, and a hue shift where an image's round is hue; an
+    adjustment without a factor is numbered 4, none)."""
+
+    width = 9
+
+    def __init__(self, brightness: float, contrast: float, saturation: float, hue: float, p: float = 1.0) -> None:
+        self.p = p
+        self.ranges = [None if v == 0 else (max(0.0, 1 - v), 1 + v) for v in (brightness, contrast, saturation)]
+        self.ranges.append(None if hue == 0 else (-hue, hue))
+
+    def draw(self, generator: torch.Generator) -> list[float]:
+        if not _applied(self.p, generator):
+            return [0.0, 0, 1, 2, 3, 1.0, 1.0, 1.0, 0.0]
+        order = [i if self.ranges[i] is not None else 4 for i in torch.randperm(4, generator=generator).tolist()]
+        neutral = [1.0, 1.0, 1.0, 0.0]
+        return [1.0, *order, *(neutral[i] if r is None else _uniform(*r, generator) for i, r in enumerate(self.ranges))]
+
+    def __call__(self, x: Tensor, params: Tensor) -> Tensor:
+        applied = params[:, 0] > 0.5
+        order = params[:, 1:5].to(torch.long)
+        factors = params[:, 5:9].to(torch.float32)
+        view = lambda v: v[:, None, None, None]
+        for step in range(4):
+            op = order[:, step]
+            f = view(factors.gather(1, op.clamp(max=3)[:, None])[:, 0])
+            grey = _grey(x)
+            towards = torch.where(view(op == 0), 0.0, torch.where(view(op == 1), grey.mean((-3, -2, -1), True), grey))
+            blended = (x * f + towards * (1 - f)).clamp(0, 1)
+            out = torch.where(view(op == 3), _hue(x, factors[:, 3]), blended)
+            x = torch.where(view(applied & (op < 4)), out, x)
+        return x
+
+
+class BatchedGrayscale:
+    """``RandomGrayscale(p)``: parameters ``(applied,)``."""
+
+    width = 1
+
+    def __init__(self, p: float) -> None:
+        self.p = p
+
+    def draw(self, generator: torch.Generator) -> list[float]:
+        return [float(_applied(self.p, generator))]
+
+    def __call__(self, x: Tensor, params: Tensor) -> Tensor:
+        return torch.where(params[:, 0, None, None, None] > 0.5, _grey(x).expand_as(x), x)
+
+
+class BatchedGaussianBlur:
+    """``RandomApply([GaussianBlur(kernel_size, sigma)], p)``: parameters ``(applied, sigma)``; torchvision's kernel
+    (a softmax over ``kernel_size`` points), reflected borders, applied as two 1-D passes a batch at once."""
+
+    width = 2
+
+    def __init__(self, kernel_size: int, sigma: tuple[float, float], p: float) -> None:
+        self.kernel_size, self.sigma, self.p = kernel_size, tuple(sigma), p
+
+    def draw(self, generator: torch.Generator) -> list[float]:
+        return [1.0, _uniform(*self.sigma, generator)] if _applied(self.p, generator) else [0.0, 1.0]
+
+    def __call__(self, x: Tensor, params: Tensor) -> Tensor:
+        b, c, h, w = x.shape
+        k = self.kernel_size
+        lim = (k - 1) / (2.0 * math.sqrt(2.0))
+        points = torch.linspace(-lim, lim, steps=k, device=x.device)
+        kernel = torch.softmax(-(points / params[:, 1:2].to(torch.float32)).pow(2), dim=1)     # (B, k)
+        weight = kernel.repeat_interleave(c, dim=0)[:, None]                                  # (B C, 1, k)
+        padded = torch.nn.functional.pad(x, [k // 2] * 4, mode="reflect").reshape(1, b * c, h + k - 1, w + k - 1)
+        rows = torch.nn.functional.conv2d(padded, weight[..., None], groups=b * c)            # vertical pass
+        out = torch.nn.functional.conv2d(rows, weight[:, :, None], groups=b * c).reshape(b, c, h, w)
+        return torch.where(params[:, 0, None, None, None] > 0.5, out, x)
+
+
+class BatchedSolarize:
+    """``RandomSolarize(threshold, p)`` of images in [0, 1] (``threshold`` in the same units: 128/255 for uint8's
+    128): parameters ``(applied,)``."""
+
+    width = 1
+
+    def __init__(self, threshold: float, p: float) -> None:
+        self.threshold, self.p = threshold, p
+
+    def draw(self, generator: torch.Generator) -> list[float]:
+        return [float(_applied(self.p, generator))]
+
+    def __call__(self, x: Tensor, params: Tensor) -> Tensor:
+        return torch.where((params[:, 0, None, None, None] > 0.5) & (x >= self.threshold), 1.0 - x, x)
+
+
+class BatchedViews:
+    """A crop (and flip) followed by colour transforms, each image's parameters drawn in that order from its
+    generator, as torchvision's ``Compose`` of the same transforms draws from torch's (so the same views from the
+    same seed): :meth:`draw` gives float64 ``(width,)`` in the loader; calling it on uint8 ``(B, C, H, W)`` and
+    ``(B, width)`` gives float32 views ``(B, C, *size)`` in ``[0, 255]``, unrounded, where the batch is."""
+
+    def __init__(self, crop: BatchedResizedCrop, *colour: BatchedColorJitter | BatchedGrayscale
+                 | BatchedGaussianBlur | BatchedSolarize) -> None:
+        self.crop, self.colour = crop, colour
+        self.width = 5 + sum(t.width for t in colour)
+
+    def draw(self, generator: torch.Generator, height: int, width: int) -> Tensor:
+        params = self.crop.draw(generator, height, width).tolist()
+        for t in self.colour:
+            params += t.draw(generator)
+        return torch.tensor(params, dtype=torch.float64)
+
+    def __call__(self, images: Tensor, params: Tensor) -> Tensor:
+        params = params.to(images.device)
+        x = self.crop(images, params[:, :5].to(torch.long)) / 255
+        at = 5
+        for t in self.colour:
+            x, at = t(x, params[:, at:at + t.width]), at + t.width
+        return x * 255

@@ -16,19 +16,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from accelerate import Accelerator
+import torch
 from torch import Tensor, nn
 from torchvision.transforms import v2
 
+from ..data.batch_views import (BatchedColorJitter, BatchedGaussianBlur, BatchedGrayscale, BatchedResizedCrop,
+                                 BatchedSolarize, BatchedViews)
 from ..errors import ConfigError, need
 from ..models.dino import cosine_momentum, dino_loss, teacher_temperature, update_center
 from ..runtime import bare_model
 from .base import Resumed, TaskSetup, build_model
-from .pretraining import check_unlabelled, pretraining_task, unlabelled_data
+from .pretraining import check_device_views, check_unlabelled, pretraining_task, unlabelled_data
 
 if TYPE_CHECKING:
     from ..schema import Config, DINOConfig
 
-__all__ = ["dino_task", "check_dino", "MultiCropView", "dino_views", "local_view_size"]
+__all__ = ["dino_task", "check_dino", "MultiCropView", "MultiCropDeviceView", "dino_views", "local_view_size"]
 
 
 class MultiCropView:
@@ -43,11 +46,38 @@ class MultiCropView:
         return tuple(views + [self.small(image) for _ in range(self.local_crops)])
 
 
-def _blur(size: int, probability: float) -> v2.Transform:
-    """DINO's Gaussian blur (radius 0.1-2 px at 224 px), scaled to an image of ``size`` px."""
+class MultiCropDeviceView(MultiCropView):
+    """``data.views: device``'s :class:`MultiCropView`: in the loader an image as stored and every view's parameters
+    drawn from the image's own generator in the order the loader's views draw them (so the same views of the same
+    image and epoch, unrounded), ``(image, params (views, width))``; :meth:`apply` makes the batch's views where the
+    batch is (:class:`~vitlab.data.batch_views.BatchedViews`). Pickles."""
+
+    draws_from = "generator"
+
+    def views(self) -> list[BatchedViews]:
+        return [self.large[i % len(self.large)] for i in range(self.global_crops)] + [self.small] * self.local_crops
+
+    def __call__(self, image: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        views = self.views()
+        params = torch.zeros(len(views), max(v.width for v in views), dtype=torch.float64)
+        for row, view in zip(params, views):
+            row[:view.width] = view.draw(generator, *image.shape[-2:])
+        return image, params
+
+    def apply(self, images: Tensor, params: Tensor) -> list[Tensor]:
+        """float32 views ``(B, C, h, w)`` in ``[0, 255]`` of uint8 ``images`` ``(B, C, H, W)``, large then small."""
+        return [view(images, params[:, i, :view.width]) for i, view in enumerate(self.views())]
+
+
+JITTER = (0.4, 0.4, 0.2, 0.1)   # DINO's colour jitter: brightness, contrast, saturation, hue
+JITTER_P, GREY_P, SOLARIZE_P = 0.8, 0.2, 0.2
+BLUR_P = (1.0, 0.1, 0.5)        # the first large view's, the second's, the small views'
+
+
+def _blur(size: int) -> tuple[int, tuple[float, float]]:
+    """DINO's Gaussian blur (radius 0.1-2 px at 224 px) scaled to an image of ``size`` px: kernel size, sigma."""
     top = 2.0 * size / 224
-    kernel = 2 * max(1, math.ceil(3 * top)) + 1
-    return v2.RandomApply([v2.GaussianBlur(kernel, sigma=(0.1 * size / 224, top))], p=probability)
+    return 2 * max(1, math.ceil(3 * top)) + 1, (0.1 * size / 224, top)
 
 
 def local_view_size(size: tuple[int, int], patch: int, s: DINOConfig) -> int:
@@ -60,22 +90,29 @@ def local_view_size(size: tuple[int, int], patch: int, s: DINOConfig) -> int:
     return s.local_size or max(patch, round(size[0] * 3 / 7 / patch) * patch)
 
 
-def dino_views(size: tuple[int, int], local: int, s: DINOConfig) -> MultiCropView:
+def dino_views(size: tuple[int, int], local: int, s: DINOConfig, device: bool = False) -> MultiCropView:
     """DINO's views (``DataAugmentationDINO``) of uint8 images, for a model of input ``size``: random resized crops
     (bicubic) of ``dino.global_crops_scale`` at ``size`` and of ``dino.local_crops_scale`` at ``local`` px
     (:func:`local_view_size`), each flipped, colour-jittered (0.4, 0.4, 0.2, 0.1; p 0.8), made grey
     (p 0.2) and blurred (p 1.0, 0.1 and 0.5 for the first large, the second large and the small views; not with
-    ``dino.blur`` false), the second large one solarized (p 0.2)."""
-    jitter = [v2.RandomHorizontalFlip(), v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
-              v2.RandomGrayscale(p=0.2)]
-    crop = lambda side, scale: v2.RandomResizedCrop(side, scale=scale, interpolation=v2.InterpolationMode.BICUBIC,
-                                                    antialias=True)
-    blur = (lambda side, p: [_blur(side, p)]) if s.blur else (lambda side, p: [])
-    first = v2.Compose([crop(size, s.global_crops_scale), *jitter, *blur(size[0], 1.0)])
-    second = v2.Compose([crop(size, s.global_crops_scale), *jitter, *blur(size[0], 0.1),
-                         v2.RandomSolarize(128, p=0.2)])
-    small = v2.Compose([crop((local, local), s.local_crops_scale), *jitter, *blur(local, 0.5)])
-    return MultiCropView([first, second], small, s.global_crops, s.local_crops)
+    ``dino.blur`` false), the second large one solarized (p 0.2). ``device``: the same views made a batch at a time
+    (:class:`MultiCropDeviceView`)."""
+    sizes = [tuple(size), tuple(size), (local, local)]
+    scales = [s.global_crops_scale, s.global_crops_scale, s.local_crops_scale]
+    if device:
+        def view(i: int) -> BatchedViews:
+            blur = [BatchedGaussianBlur(*_blur(sizes[i][0]), BLUR_P[i])] if s.blur else []
+            return BatchedViews(BatchedResizedCrop(sizes[i], scales[i]), BatchedColorJitter(*JITTER, JITTER_P),
+                                BatchedGrayscale(GREY_P), *blur, *([BatchedSolarize(128 / 255, SOLARIZE_P)] * (i == 1)))
+        return MultiCropDeviceView([view(0), view(1)], view(2), s.global_crops, s.local_crops)
+
+    def view(i: int) -> v2.Compose:
+        blur = [v2.RandomApply([v2.GaussianBlur(*_blur(sizes[i][0]))], p=BLUR_P[i])] if s.blur else []
+        return v2.Compose([
+            v2.RandomResizedCrop(sizes[i], scale=scales[i], interpolation=v2.InterpolationMode.BICUBIC, antialias=True),
+            v2.RandomHorizontalFlip(), v2.RandomApply([v2.ColorJitter(*JITTER)], p=JITTER_P), v2.RandomGrayscale(GREY_P),
+            *blur, *([v2.RandomSolarize(128, p=SOLARIZE_P)] * (i == 1))])
+    return MultiCropView([view(0), view(1)], view(2), s.global_crops, s.local_crops)
 
 
 def dino_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: Path,
@@ -84,7 +121,13 @@ def dino_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: 
     t, s = cfg.train, cfg.dino
     model = build_model(cfg)
     patch = model.student_backbone.patch_embed.patch_size[0]
-    views = lambda stored, size, mean: dino_views(size, local_view_size(size, patch, s), s)
+    on_device = cfg.data.views == "device"
+    made = {}  # the view, kept for the loss where it is made on the device
+
+    def views(stored: Any, size: tuple[int, int], mean: Any) -> MultiCropView:
+        made["view"] = dino_views(size, local_view_size(size, patch, s), s, device=on_device)
+        return made["view"]
+
     data = unlabelled_data(cfg, accelerator, micro_batch, model, resumed, views)
     steps_per_epoch = len(data.train_loader) // t.grad_accum_steps
     now = {"temp": s.warmup_teacher_temp}  # the teacher's temperature of the step being run
@@ -97,7 +140,8 @@ def dino_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: 
         net.update_teacher(cosine_momentum(step, steps_per_epoch * t.epochs, s.momentum_teacher))
 
     def loss(net: nn.Module, batch: Any) -> Tensor:
-        crops = [data.model_input(c, train=True) for c in batch[0]]
+        crops = made["view"].apply(*batch[0]) if on_device else batch[0]
+        crops = [data.model_input(c, train=True) for c in crops]
         bare = bare_model(net, accelerator)
         with accelerator.autocast():  # the student's forward is under it (Accelerate's prepared model)
             teacher = bare.teacher_forward(crops[:s.global_crops])
@@ -127,4 +171,6 @@ def check_dino(cfg: Config) -> None:
     need(0 <= s.center_momentum < 1, "dino.center_momentum", s.center_momentum, "a number in [0, 1) (DINO: 0.9)")
     need(0 <= s.warmup_teacher_temp_epochs <= cfg.train.epochs, "dino.warmup_teacher_temp_epochs",
          s.warmup_teacher_temp_epochs, f"an integer in [0, train.epochs={cfg.train.epochs}]")
+    if cfg.data.views == "device":
+        check_device_views(cfg, "with data.views=device (DINO's views made a batch at a time)")
     check_unlabelled(cfg)

@@ -13,12 +13,12 @@ from accelerate import Accelerator
 from torch import Tensor, nn
 
 from ..data.batch_views import BatchedResizedCrop
-from ..data.rules import streamed_in_shards
 from ..errors import need
 from ..models.hub import image_input_size
 from .base import Resumed, TaskSetup, build_model
 from .image_data import train_transform_of
-from .pretraining import MaskedDeviceView, MaskedView, check_unlabelled, pretraining_task, unlabelled_data
+from .pretraining import (MaskedDeviceView, MaskedView, check_device_views, check_unlabelled, pretraining_task,
+                          unlabelled_data)
 
 if TYPE_CHECKING:
     from ..schema import Config
@@ -75,9 +75,7 @@ def check_mae(cfg: Config) -> None:
         need(d.augment == "none" and d.color_jitter == 0, "data.augment" if d.augment != "none" else
              "data.color_jitter", d.augment if d.augment != "none" else d.color_jitter,
              f"none {said}: other augmentations are made in the loader (data.views=loader)")
-        need(d.in_memory is not False and not streamed_in_shards(d), "data.in_memory" if d.in_memory is False else
-             "data.dataset", d.in_memory if d.in_memory is False else d.dataset,
-             f"images held in memory {said}; streamed images take data.views=loader")
+        check_device_views(cfg, said)
     check_unlabelled(cfg)
 
 

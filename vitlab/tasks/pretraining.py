@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from ..data.split import SplitIndex
 
 __all__ = ["unlabelled_images", "pretraining_loader", "normalization", "MaskedView", "MaskedDeviceView", "KNNMonitor",
-           "monitor_loaders", "knn_monitor", "backbone_of", "evaluate_backbone", "Unlabelled", "unlabelled_data",
+           "check_device_views", "monitor_loaders", "knn_monitor", "backbone_of", "evaluate_backbone", "Unlabelled", "unlabelled_data",
            "pretraining_task", "check_unlabelled", "monitor_validation", "evaluate_run"]
 
 
@@ -319,6 +319,15 @@ def monitor_validation(cfg: Config) -> str:
     if cfg.monitor.root and cfg.monitor.val_size:
         return ""
     return "a self-supervised run's is its k-NN monitor's: set monitor.root (labelled images) and monitor.val_size=N"
+
+
+def check_device_views(cfg: Config, said: str) -> None:
+    """What ``data.views: device`` needs of any task: images held in memory, not streamed (``said``: the task's
+    words for its views, for the message)."""
+    d = cfg.data
+    need(d.in_memory is not False and not streamed_in_shards(d), "data.in_memory" if d.in_memory is False else
+         "data.dataset", d.in_memory if d.in_memory is False else d.dataset,
+         f"images held in memory {said}; streamed images take data.views=loader")
 
 
 def check_unlabelled(cfg: Config) -> None:

@@ -76,7 +76,7 @@ TASKS: dict[str, Task] = {t.name: t for t in (
          validation=pretraining.monitor_validation, eval_options=("knn",), device_views=True),
     Task("dino", DataConfig, ("DINO",), "dino_vit_cifar_tiny_patch4_32", dino.dino_task, pretraining.evaluate_run,
          sections=("dino", "monitor"), check=dino.check_dino, validation=pretraining.monitor_validation,
-         eval_options=("knn",)),
+         eval_options=("knn",), device_views=True),
 )}
 
 
