@@ -25,6 +25,15 @@
 #   outside the inspect subset and the 10,000 test images, 39 MB), trains configs/vit_cifar10_fast.yaml on them
 #   (train.epochs=$1) with the GPU tests side by side, and sends back the last checkpoint, its weights in float16 in
 #   three parts (the device's files come back at most 16 MiB each).
+# Session 7 (issue 75, one H200, 15 minutes), two calls back to back, each step under its own time limit, its
+# figures as JSON; a step that finished is skipped when the same call is made again (state in /tmp/w/s7):
+#   s7a       carry .whl, .gpu/serve_png (256 CIFAR-10 test PNGs) and .gpu/cifar10.webp.0 (kept for s7b): the GPU
+#             tests, vitlab serve batched against a forward pass a request (vit_small_patch16_224, 32 clients in
+#             4 processes, 10,000 requests), pretraining images/s with the views on the device against the loader
+#             (bench_views.py --gpu), and the MFU of the fast config's model and of vit_small_patch16_224 against
+#             timm (bench_model.py, compiled, bf16)
+#   s7b SECS  carry .gpu/cifar10.webp.1: unpack CIFAR-10 (the pixel digest checked), then configs/vit_cifar10_fast.yaml
+#             as shipped, alone on the GPU, stopped after SECS seconds if it has not finished; its metrics back
 # Logs: /tmp/w/logs, copied to $OUT. Python packages the image lacks come as wheels in .whl/.
 set -uo pipefail
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -213,6 +222,65 @@ step_collect() {
   tail -n 5 "$LOGS"/*.log "$LOGS/choice.txt" 2>/dev/null | cut -c1-300
 }
 
+S7=$W/s7
+S7_TESTS="tests/test_gpu.py tests/test_device_loader.py tests/test_predict.py tests/test_serve.py tests/test_batch_views.py
+          tests/test_run_output.py tests/test_training.py"
+
+s7_step() {  # name limit command...: skipped once done; its log and exit code under $S7
+  local name=$1 limit=$2; shift 2
+  if [ -e "$S7/$name.done" ]; then echo "== $name: done before"; return 0; fi
+  echo "== $name (limit $limit s) $(date +%T)"
+  local start=$(date +%s)
+  timeout -k 10 "$limit" "$@" > "$S7/$name.log" 2>&1
+  local code=$?
+  echo "$name exit $code in $(( $(date +%s) - start )) s" | tee -a "$S7/$name.log"
+  [ $code -eq 0 ] && touch "$S7/$name.done"
+  tail -n 6 "$S7/$name.log" | cut -c1-400
+  s7_collect  # after each step: what is under $OUT comes back even if the call is stopped
+}
+
+s7_collect() {
+  cp "$S7"/*.log "$S7"/*.json* "$OUT/" 2>/dev/null
+  tar czf "$OUT/s7.tgz" -C $W s7 2>/dev/null
+}
+
+step_s7a() {
+  mkdir -p "$S7"
+  [ -e $W/cifar10.webp.0 ] || cp .gpu/cifar10.webp.0 $W/ 2>/dev/null
+  { nvidia-smi; python3 -c 'import sys, torch, timm, accelerate, torchvision, fastapi; print(sys.version.split()[0],
+    "torch", torch.__version__, "timm", timm.__version__, "accelerate", accelerate.__version__, "torchvision",
+    torchvision.__version__, "fastapi", fastapi.__version__, torch.cuda.get_device_name())'; nproc; free -g; } \
+    > "$S7/env.log" 2>&1
+  tail -n 2 "$S7/env.log"
+  s7_step tests 130 env OMP_NUM_THREADS=1 python3 -m pytest -q -rfE -n 14 --dist load --timeout 140 \
+    -p no:cacheprovider $S7_TESTS
+  local serve="python3 benchmarks/bench_serve.py --preset vit_small_patch16_224 --images .gpu/serve_png
+               --requests 10000 --clients 32 --client-processes 4 --json $S7/serve.jsonl --max-batch-size"
+  s7_step serve_batched 80 $serve 32
+  s7_step serve_single 100 $serve 1
+  s7_step views 170 python3 benchmarks/bench_views.py --gpu $W/views --images 20000 --images-224 4096 --workers 12 \
+    --output "$S7/views_gpu.json"
+  s7_step mfu 150 python3 benchmarks/bench_model.py --device cuda --dtypes bf16 --modes compile --phases train \
+    --models "small224,${BENCH_SPEC[A]}" --batch-224 256 --batch-cifar 512 --json "$S7/mfu.json"
+}
+
+step_s7b() {  # seconds
+  mkdir -p "$S7"
+  if [ ! -e "$S7/unpack.done" ]; then
+    python3 benchmarks/pack_cifar10_webp.py unpack $W/cifar10.webp.0 .gpu/cifar10.webp.1 --out $W/cifar10 \
+      > "$S7/unpack.log" 2>&1
+    grep -q "$CIFAR_DIGEST" "$S7/unpack.log" && touch "$S7/unpack.done" || { tail -3 "$S7/unpack.log"; exit 1; }
+  fi
+  local start=$(date +%s.%N)
+  timeout -s TERM "${1:-300}" python3 train.py --config configs/vit_cifar10_fast.yaml data.dataset=imagefolder \
+    data.root=$W/cifar10 data.download=false train.output_dir=$W/runs/fast7 > "$S7/fast.log" 2>&1
+  echo "fast exit $? wall $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s start to finish" \
+    >> "$S7/fast.log"
+  cp $W/runs/fast7/metrics.jsonl "$S7/fast.metrics.jsonl" 2>/dev/null
+  s7_collect
+  tail -n 4 "$S7/fast.log" | cut -c1-300
+}
+
 case "${1:-}" in
   bench) install_wheels; step_bench; tar czf "$OUT/bench.tgz" -C $W logs ;;
   # A copy runs: every call copies the working tree again, and bash reads a script as it goes.
@@ -240,6 +308,8 @@ case "${1:-}" in
           echo "final started after waiting $waited s for the tests" ;;
   final-fg) install_wheels; step_final ;;
   collect5) shift; install_wheels; step_collect5 "$@" ;;
-  *) echo "usage: $0 bench|pipeline|collect [seconds]|multi30k|stage0|stage1 [seconds]|collect5 [seconds] [bench]"
+  s7a) install_wheels; step_s7a ;;
+  s7b) shift; install_wheels; step_s7b "$@" ;;
+  *) echo "usage: $0 bench|pipeline|collect [seconds]|multi30k|stage0|stage1 [seconds]|collect5 [seconds] [bench]|s7a|s7b [seconds]"
      exit 2 ;;
 esac

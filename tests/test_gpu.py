@@ -39,3 +39,55 @@ def test_an_optimizer_step_never_synchronizes_with_the_host(tiny_imagefolder, tm
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
     assert loop.state["global_step"] == 4 and int(loop.meter.samples) == 4 * 16
+
+
+def test_dinos_views_made_on_the_gpu_are_the_cpus_and_never_wait_for_the_host():
+    # The batch's crops, flips, jitter, grey, blur and solarization at DINO's 224/96 px, from parameters already on
+    # the GPU (the loader's pinned batch); the CPU's the reference
+    from vitlab.schema import DINOConfig
+    from vitlab.tasks.dino import dino_views
+
+    view = dino_views((224, 224), 96, DINOConfig(local_crops=2), device=True)
+    images = torch.randint(0, 256, (32, 3, 256, 256), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    params = torch.stack([view(image, torch.Generator().manual_seed(i))[1] for i, image in enumerate(images)])
+    expected = view.apply(images, params)
+    on_gpu = images.cuda(), params.cuda()
+    view.apply(*on_gpu)  # warm-up: the weight tables, cuDNN's choice of kernels
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        views = view.apply(*on_gpu)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for got, want in zip(views, expected):
+        assert got.is_cuda and got.shape == want.shape
+        torch.testing.assert_close(got.cpu(), want, atol=0.05, rtol=0)  # levels of 255
+
+
+@pytest.mark.parametrize("task", ["mae", "dino"])
+def test_a_pretraining_step_with_views_on_the_gpu_never_synchronizes_with_the_host(task, tiny_imagefolder, tmp_path):
+    from vitlab.config import load_config
+    from vitlab.training import Loop, set_epoch
+
+    head = ["model.decoder_embed_dim=16", "model.decoder_depth=1", "model.decoder_num_heads=2", "data.train_crop=rrc"] \
+        if task == "mae" else ["model.out_dim=64", "model.hidden_dim=32", "model.bottleneck_dim=16", "dino.local_crops=2"]
+    cfg = load_config(None, [f"task={task}", f"model.name={task}_vit_cifar_tiny_patch4_32", "model.depth=1",
+                             "model.embed_dim=32", "model.num_heads=2", *head, "data.dataset=imagefolder",
+                             f"data.root={tiny_imagefolder}", "data.decode_size=32", "data.views=device",
+                             "data.num_workers=2", "train.batch_size=16", "train.epochs=1",
+                             "train.mixed_precision=bf16", "train.log_every=1000", f"train.output_dir={tmp_path / 'run'}"])
+    loop = Loop(cfg, tmp_path / "run", None)
+    assert loop.accelerator.device.type == "cuda"
+    loop.model.train()
+    set_epoch(loop.train_loader, 1)
+    batches = iter(loop.train_loader)
+    loop.step([next(batches)])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            loop.step([next(batches)])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert loop.state["global_step"] == 4
