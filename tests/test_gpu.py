@@ -61,7 +61,10 @@ def test_dinos_views_made_on_the_gpu_are_the_cpus_and_never_wait_for_the_host():
         torch.cuda.set_sync_debug_mode("default")
     for got, want in zip(views, expected):
         assert got.is_cuda and got.shape == want.shape
-        torch.testing.assert_close(got.cpu(), want, atol=0.05, rtol=0)  # levels of 255
+        # levels of 255; a pixel whose crop lands a hair either side of solarization's 128 is mirrored on one device
+        # and not the other (a level apart there): on the H200, 3 of 4.8 million
+        off = (got.cpu() - want).abs()
+        assert (off > 0.05).float().mean() < 1e-5 and off.max() < 1.1
 
 
 @pytest.mark.parametrize("task", ["mae", "dino"])

@@ -103,7 +103,10 @@ def test_answers_equal_vitlab_predicts_and_requests_share_forward_passes(run, ti
                 assert a["score"] == pytest.approx(expected[str(path)][a["label"]], abs=1e-6)
         several = httpx.post(f"{url}/v1/predict?top_k=3", files=[("files", (p.name, p.read_bytes(), "image/png"))
                                                                   for p in files[:3]], timeout=60).json()
-        assert several == answers[:3]  # a list an image, in the order sent
+        # a list an image, in the order sent (another batch: a score's last bits may differ, as on 16 cores)
+        assert [[a["label"] for a in r] for r in several] == [[a["label"] for a in r] for r in answers[:3]]
+        assert [[a["score"] for a in r] for r in several] == [pytest.approx([a["score"] for a in r], abs=1e-6)
+                                                              for r in answers[:3]]
         embedded = httpx.post(f"{url}/v1/embed", files=[("files", ("a.png", files[0].read_bytes(), "image/png"))],
                               timeout=60).json()["embeddings"]
         assert len(embedded) == 1 and len(embedded[0]) == 32

@@ -172,7 +172,7 @@ def update_center(center: Tensor, teacher_out: Tensor, momentum: float) -> None:
     """The center's update in place: ``center * momentum + (1 - momentum) * mean(teacher_out)``, the mean over the
     whole global batch (summed over every process of a group)."""
     total = teacher_out.float().sum(dim=0, keepdim=True)
-    count = torch.tensor(float(len(teacher_out)), device=teacher_out.device)
+    count = torch.full((), float(len(teacher_out)), device=teacher_out.device)  # torch.tensor: a copy that waits
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.all_reduce(total)
         torch.distributed.all_reduce(count)
