@@ -65,10 +65,15 @@ def test_uint8_images_give_the_views_of_their_float_values_unrounded():
     assert not torch.equal(out, out.round())  # unrounded: the model sees the filter's values
 
 
+def clamp01(x: torch.Tensor) -> torch.Tensor:
+    return x.clamp(0, 1)
+
+
 def dino_reference(size: int, blur_p: float, solarize_p: float, kernel: int = 5) -> v2.Compose:
     """DINO's view (its DataAugmentationDINO, written here from the paper's code) for float images in [0, 1]."""
-    return v2.Compose([
-        v2.RandomResizedCrop(size, scale=(0.3, 1.0), interpolation=BICUBIC, antialias=True), v2.RandomHorizontalFlip(),
+    return v2.Compose([  # the crop clamped to [0, 1], as a uint8 image's is
+        v2.RandomResizedCrop(size, scale=(0.3, 1.0), interpolation=BICUBIC, antialias=True), v2.Lambda(clamp01),
+        v2.RandomHorizontalFlip(),
         v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8), v2.RandomGrayscale(p=0.2),
         v2.RandomApply([v2.GaussianBlur(kernel, sigma=(0.1, 2.0))], p=blur_p), v2.RandomSolarize(128 / 255, p=solarize_p)])
 
@@ -112,3 +117,14 @@ def test_a_jitter_without_some_adjustments_draws_and_applies_only_the_others():
         torch.manual_seed(s)
         expected.append(reference(image))
     torch.testing.assert_close(batched(images, params), torch.stack(expected), atol=2e-5, rtol=0)
+
+
+def test_a_crops_overshoot_below_black_gives_finite_colours():
+    # Upscaled stripes of blue over black: the bicubic dips below 0 beside each edge while red stays at 0, where
+    # the hue's saturation divides by the brightest channel (0); the loader's uint8 crop is clamped, so is this
+    images = torch.zeros(64, 3, 32, 32, dtype=torch.uint8)
+    images[:, 2, :, ::2] = 255
+    view = BatchedViews(BatchedResizedCrop((32, 32), scale=(0.02, 0.05)), BatchedColorJitter(0, 0, 0, 0.1))
+    params = torch.stack([view.draw(torch.Generator().manual_seed(s), 32, 32) for s in range(64)])
+    views = view(images, params)
+    assert torch.isfinite(views).all() and views.min() >= 0 and views.max() <= 255

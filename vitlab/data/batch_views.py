@@ -293,7 +293,8 @@ class BatchedViews:
     """A crop (and flip) followed by colour transforms, each image's parameters drawn in that order from its
     generator, as torchvision's ``Compose`` of the same transforms draws from torch's (so the same views from the
     same seed): :meth:`draw` gives float64 ``(width,)`` in the loader; calling it on uint8 ``(B, C, H, W)`` and
-    ``(B, width)`` gives float32 views ``(B, C, *size)`` in ``[0, 255]``, unrounded, where the batch is."""
+    ``(B, width)`` gives float32 views ``(B, C, *size)`` in ``[0, 255]``, unrounded, where the batch is (the crop
+    clamped to the images' range before its colour transforms, as a uint8 crop is)."""
 
     def __init__(self, crop: BatchedResizedCrop, *colour: BatchedColorJitter | BatchedGrayscale
                  | BatchedGaussianBlur | BatchedSolarize) -> None:
@@ -308,7 +309,9 @@ class BatchedViews:
 
     def __call__(self, images: Tensor, params: Tensor) -> Tensor:
         params = params.to(images.device)
-        x = self.crop(images, params[:, :5].to(torch.long)) / 255
+        # clamped, as the loader's uint8 crop is: the colour transforms' hue takes values in [0, 1] (a crop's bicubic
+        # overshoot below 0 with a channel at 0 divides by 0 there)
+        x = (self.crop(images, params[:, :5].to(torch.long)) / 255).clamp_(0, 1)
         at = 5
         for t in self.colour:
             x, at = t(x, params[:, at:at + t.width]), at + t.width
