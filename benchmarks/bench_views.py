@@ -1,6 +1,6 @@
-"""MAE's views in the loader against a batch at a time on the device (``data.views``): the shipped
-``configs/mae_cifar10_cpu.yaml`` for one epoch on a CIFAR-10 ImageFolder, each setting in a process of its own,
-alternating, ``--repeats`` times; the epoch's seconds, the seconds it waited for the loader, and the views' own
+"""Pretraining's views in the loader against a batch at a time on the device (``data.views``): the shipped
+``configs/mae_cifar10_cpu.yaml`` (``--task dino``: ``configs/dino_cifar10_cpu.yaml``) for one epoch on a CIFAR-10
+ImageFolder, each setting in a process of its own, alternating, ``--repeats`` times; the epoch's seconds, the seconds it waited for the loader, and the views' own
 cost an image (the per-image view under its seeded generator, against the parameters drawn an image and the batch
 made at once). Medians printed and written as JSON.
 
@@ -29,8 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one_epoch(data: str, views: str, images: int, out_dir: Path) -> dict[str, float]:
-    subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/mae_cifar10_cpu.yaml"),
+def one_epoch(data: str, views: str, images: int, out_dir: Path, task: str = "mae") -> dict[str, float]:
+    subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / f"configs/{task}_cifar10_cpu.yaml"),
                     "data.dataset=imagefolder", f"data.root={data}", f"data.train_subset={images}", "train.epochs=1",
                     f"data.views={views}", "train.log_with=none", f"train.output_dir={out_dir}"],
                    check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -145,6 +145,7 @@ def view_costs(n: int = 2048, batch: int = 256) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="a CIFAR-10 ImageFolder (train/<class>/*.png)")
+    parser.add_argument("--task", choices=("mae", "dino"), default="mae", help="the shipped CPU config of this task")
     parser.add_argument("--gpu", type=Path, help="the GPU runs (see above), their images made in this folder")
     parser.add_argument("--runs", default=",".join(GPU_RUNS), help="--gpu: which of " + ", ".join(GPU_RUNS))
     parser.add_argument("--workers", type=int, default=12, help="--gpu: DataLoader workers")
@@ -161,11 +162,11 @@ def main() -> None:
     for _ in range(args.repeats):
         for views in runs:
             with tempfile.TemporaryDirectory() as tmp:
-                runs[views].append(one_epoch(args.data, views, args.images, Path(tmp) / "run"))
+                runs[views].append(one_epoch(args.data, views, args.images, Path(tmp) / "run", args.task))
                 print(views, runs[views][-1], flush=True)
     result = {"runs": runs, "medians": {v: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
                                         for v, rs in runs.items()},
-              "view_costs": view_costs(), "threads": os.environ.get("OMP_NUM_THREADS", "torch's default"),
+              "view_costs": view_costs() if args.task == "mae" else None, "threads": os.environ.get("OMP_NUM_THREADS", "torch's default"),
               "command": " ".join(sys.argv)}
     print(json.dumps(result["medians"], indent=1), json.dumps(result["view_costs"], indent=1))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
