@@ -22,7 +22,7 @@ ROOMS: list[tuple[str, set[str]]] = [
     # trained model (evaluation, prediction), what runs them (the training loop, inspection, the server), commands.
     ("engine", {"config", "checkpoint", "preemption", "interop", "export"}),
     ("jobs", {"evaluation", "prediction"}),
-    ("runs", {"training", "inspection", "serving"}),
+    ("runs", {"training", "inspection", "serving", "tuning"}),
     ("commands", {"cli", "commands", "__init__"}),
 ]
 ALLOWED_BELOW = {  # models and data are siblings: neither needs the other

@@ -266,6 +266,24 @@ def _text_parsers(sub: Any) -> None:
     sa.add_argument("--layer", type=int, default=-1, help="--attention: the block (default the last)")
 
 
+def _tune_parser(sub: Any) -> None:
+    """``vitlab tune``."""
+    tu = sub.add_parser("tune", help="search a config's hyperparameters with Optuna on its validation split: each "
+                                     "trial a run in STUDY/trial_NNNN/; the same command continues a stopped study")
+    tu.add_argument("--config", required=True, help="the base config (it must hold out validation data)")
+    tu.add_argument("--space", required=True, help="a YAML of config keys: {low, high, log, step} or [choices]")
+    tu.add_argument("--trials", type=int, required=True, help="trials in all, those run before counted")
+    tu.add_argument("--study", help="the study's directory, its trials' runs and its results (default "
+                                    "runs/tune_<config name>)")
+    tu.add_argument("--storage", help="where the study is kept: an Optuna database URL (postgresql://...) or "
+                                      "journal:PATH (default: a SQLite file in the study's directory)")
+    tu.add_argument("--pruner", default="median", help="median, hyperband or none (default median)")
+    tu.add_argument("--metric", help="the validation metric chosen on (default train.best_metric, else val_top1)")
+    tu.add_argument("--timeout", type=float, help="minutes after which no trial is started")
+    tu.add_argument("--seed", type=int, default=0, help="the TPE sampler's seed")
+    tu.add_argument("overrides", nargs="*", help="key=value for every trial")
+
+
 def _tool_parsers(sub: Any) -> None:
     """``vitlab export``, ``vitlab shards`` and ``vitlab models``."""
     ex = sub.add_parser("export", help="export a model for deployment: ONNX or a torch.export program (.pt2), "
@@ -307,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("train", help="train (same arguments as train.py: --config FILE [--resume DIR] [key=value ...])")
     for add in (_eval_parsers, _predict_parsers, _inspect_parser, _serve_parser, _attention_parser, _text_parsers,
-                _tool_parsers):
+                _tune_parser, _tool_parsers):
         add(sub)
     args = parser.parse_args(argv)
     from .commands import COMMANDS

@@ -262,5 +262,17 @@ def _shards(args: argparse.Namespace) -> None:
 
 
 # The command of each name (``vitlab <name>``; ``train`` is :func:`vitlab.cli.train_main`).
+def _tune(args: argparse.Namespace) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("optuna") is None:
+        raise ConfigError("vitlab tune needs optuna, which is not installed: pip install 'vitlab[tune]'")
+    from .tuning import tune
+
+    tune(args.config, args.space, args.trials, study=args.study, storage=args.storage, pruner=args.pruner,
+         metric=args.metric, timeout_minutes=args.timeout, overrides=args.overrides, seed=args.seed)
+
+
 COMMANDS = {"eval": _eval, "calibrate": _calibrate, "predict": _predict, "embed": _embed, "inspect": _inspect,
-            "serve": _serve, "attention": _attention, "translate": _translate, "sample": _sample, "export": _export, "models": _models, "shards": _shards}
+            "serve": _serve, "attention": _attention, "translate": _translate, "sample": _sample, "export": _export, "models": _models, "shards": _shards,
+            "tune": _tune}

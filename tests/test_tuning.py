@@ -1,0 +1,157 @@
+"""vitlab tune: an Optuna study whose trials are ordinary runs, chosen on validation data, continued by the same
+command; its space checked against the config before any trial."""
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import tiny_overrides
+
+pytest.importorskip("optuna")
+ROOT = Path(__file__).resolve().parents[1]
+
+from vitlab.errors import ConfigError  # noqa: E402
+from vitlab.tuning import tune  # noqa: E402
+
+
+def write_base(data: Path, path: Path, *extra: str) -> Path:
+    """The tiny run of conftest as a YAML config, holding out 24 validation images."""
+    raw: dict = {}
+    for item in tiny_overrides(data, path.parent / "unused", "data.val_size=24", "train.log_every=100", *extra):
+        key, _, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = raw
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def tune_command(base: Path, space: Path, study: Path, trials: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "vitlab.cli", "tune", "--config", str(base), "--space", str(space), "--study",
+            str(study), "--trials", str(trials), *extra]
+
+
+def rows(study: Path) -> list[dict]:
+    with open(study / "trials.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def last_eval(run: Path) -> dict:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if r["split"] == "eval"][-1]
+
+
+@pytest.mark.slow
+def test_a_study_trains_its_trials_as_runs_and_best_yaml_trains_the_best_again(tiny_imagefolder, tmp_path):
+    base = write_base(tiny_imagefolder, tmp_path / "base.yaml")
+    space = tmp_path / "space.yaml"
+    space.write_text("optim.lr: {low: 1.0e-3, high: 1.0e-2, log: true}\nmodel.embed_dim: [16, 32]\n")
+    study = tmp_path / "study"
+    done = subprocess.run(tune_command(base, space, study, 2, "--metric", "val_loss", "--pruner", "none"),
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.count("\ntrial ") + done.stdout.startswith("trial ") == 2  # a line a trial
+    table = rows(study)
+    assert [r["state"] for r in table] == ["COMPLETE"] * 2
+    for r in table:  # each trial an ordinary run: its own config, metrics and checkpoint
+        run = study / f"trial_{int(r['number']):04d}"
+        assert float(r["val_loss"]) == last_eval(run)["val_loss"]
+        assert (run / "checkpoints/last/model.safetensors").is_file()
+        assert yaml.safe_load((run / "config.yaml").read_text())["model"]["embed_dim"] == int(
+            r["model.embed_dim"])
+    best = min(table, key=lambda r: float(r["val_loss"]))
+    assert {p.name for p in study.glob("*.png")} == {"history.png", "importances.png", "slices.png"}
+    # best.yaml: a whole config that trains the best trial again, the same validation loss to the last digit
+    again = subprocess.run([sys.executable, "-m", "vitlab.cli", "train", "--config", str(study / "best.yaml")],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert last_eval(study / "best")["val_loss"] == float(best["val_loss"])
+    # the same command with more trials continues the study: only the new one runs
+    before = {p: p.stat().st_mtime for p in study.glob("trial_*/metrics.jsonl")}
+    done = subprocess.run(tune_command(base, space, study, 3, "--metric", "val_loss", "--pruner", "none"),
+                          capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(rows(study)) == 3 and (study / "trial_0002/metrics.jsonl").is_file()
+    assert {p: p.stat().st_mtime for p in before} == before
+
+
+@pytest.mark.slow
+def test_a_trial_that_fails_is_recorded_with_its_reason_and_the_study_goes_on(tiny_imagefolder, tmp_path):
+    # 3 heads do not divide a width of 32: the config's rules let it pass, the model refuses it when built
+    base = write_base(tiny_imagefolder, tmp_path / "base.yaml")
+    space = tmp_path / "space.yaml"
+    space.write_text("model.num_heads: [3]\n")
+    result = tune(base, space, 2, study=tmp_path / "study")
+    assert result == {"best_trial": None}
+    table = rows(tmp_path / "study")
+    assert [r["state"] for r in table] == ["FAIL", "FAIL"]
+    assert all("head" in r["reason"] and "\n" not in r["reason"] for r in table), table
+
+
+@pytest.mark.slow
+def test_a_study_stopped_mid_trial_is_continued_by_the_same_command_and_the_trial_run_again(tiny_imagefolder,
+                                                                                            tmp_path):
+    base = write_base(tiny_imagefolder, tmp_path / "base.yaml", "train.epochs=30")
+    space = tmp_path / "space.yaml"
+    space.write_text("optim.lr: {low: 1.0e-3, high: 1.0e-2, log: true}\n")
+    study = tmp_path / "study"
+    command = tune_command(base, space, study, 2, "--pruner", "none", "train.epochs=2")
+    stopped = subprocess.Popen(tune_command(base, space, study, 2, "--pruner", "none"), cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = study / "trial_0000/metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.is_file() and metrics.read_text().count('"split": "eval"') >= 1) and time.time() < deadline:
+        time.sleep(0.2)
+    stopped.send_signal(signal.SIGTERM)
+    _, err = stopped.communicate(timeout=120)
+    assert stopped.returncode != 0 and "the same command continues it" in err
+    assert [r["state"] for r in rows_of_db(study)] == ["FAIL"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = rows(study)
+    assert [r["state"] for r in table] == ["FAIL", "COMPLETE", "COMPLETE"]  # the stopped one, its retry, the next
+    assert table[1]["optim.lr"] == table[0]["optim.lr"]  # asked again with the same values
+
+
+def rows_of_db(study: Path) -> list[dict]:
+    import optuna
+
+    loaded = optuna.load_study(study_name=study.name, storage=f"sqlite:///{study / 'study.db'}")
+    return [{"state": t.state.name} for t in loaded.trials]
+
+
+@pytest.mark.parametrize("space, options, said", [
+    ("optim.lrr: [0.1]", {}, r"optim\.lrr"),
+    ("data.dataset: {low: 1, high: 2}", {}, r"^space: data\.dataset: a range, but the key holds str values"),
+    ("train.epochs: {low: 1.5, high: 3}", {}, r"^space: train\.epochs holds integers"),
+    ("optim.lr: {low: 1.0e-2, high: 1.0e-3}", {}, r"^space: optim\.lr: low=0\.01 must be below high=0\.001"),
+    ("optim.weight_decay: {low: 0, high: 0.1, log: true}", {}, r"log range needs low > 0"),
+    ("optim.lr: [0.001, -1.0]", {}, r"^space: optim\.lr=-1\.0 is refused by the config: optim\.lr=-1\.0 is invalid"),
+    ("optim.lr: [0.001]", {"metric": "test_top1"}, r"^--metric test_top1: choices are made on validation data only"),
+    ("optim.lr: [0.001]", {"overrides": ["data.val_size=0"]}, r"holds out no validation data.*data\.val_size"),
+    ("optim.lr: [0.001]", {"pruner": "asha"}, r"^--pruner asha: give one of median, hyperband, none"),
+    ("optim.lr: [0.001]", {"trials": 0}, r"^--trials 0"),
+])
+def test_what_a_study_cannot_take_is_one_line_before_any_trial(space, options, said, tiny_imagefolder, tmp_path):
+    base = write_base(tiny_imagefolder, tmp_path / "base.yaml")
+    (tmp_path / "space.yaml").write_text(space + "\n")
+    trials = options.pop("trials", 2)
+    with pytest.raises(ConfigError, match=said) as raised:
+        tune(base, tmp_path / "space.yaml", trials, study=tmp_path / "study", **options)
+    assert "\n" not in str(raised.value)
+    assert not list(tmp_path.glob("study/trial_*"))
+
+
+def test_a_missing_space_file_names_what_to_write(tiny_imagefolder, tmp_path):
+    base = write_base(tiny_imagefolder, tmp_path / "base.yaml")
+    with pytest.raises(ConfigError, match=r"^--space .*nowhere\.yaml: no such file; write a YAML of config keys"):
+        tune(base, tmp_path / "nowhere.yaml", 2, study=tmp_path / "study")

@@ -1,0 +1,299 @@
+"""``vitlab tune``: an Optuna study over a config's keys, each trial an ordinary run (``STUDY/trial_0007/``) trained
+in a process of its own by the same command as ``train.py``, chosen on a validation metric.
+
+The study is kept in a database (a SQLite file in the study's directory unless ``storage`` names another: any URL
+Optuna's ``RDBStorage`` takes, or ``journal:PATH``, a journal file several machines can share), so the same command
+continues a stopped study and several processes started with the same study and storage share it. A trial's
+evaluated epochs feed the pruner (the trial's process is sent SIGTERM when pruned: it stops as a preempted run does);
+a trial that fails (a nan loss, out of memory, a config rule) is recorded as failed with its one-line reason and the
+study goes on. A trial stopped with the study (SIGTERM, Ctrl-C) is run again by the command that continues it; one
+whose process died (kill -9) is, once its heartbeat is a minute old (SQLite and other databases). ``trials`` counts
+trials that completed, were pruned or failed for a reason of their own.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import load_config
+from ..errors import ConfigError
+from ..tasks.registry import get_task
+from .space import overrides_of, read_space, suggest
+
+__all__ = ["tune"]
+
+PRUNERS = ("median", "hyperband", "none")
+
+
+class TrialFailed(Exception):
+    """A trial's run ended with an error of its own (its one line is the message)."""
+
+
+def _storage(study_dir: Path, storage: str | None) -> Any:
+    """Where the study is kept: ``journal:PATH`` (a journal file), a database URL, or by default a SQLite file in
+    the study's directory. A database's trials beat every 20 s: one silent for a minute (its process died) is
+    failed, and then asked again (:func:`_retry_interrupted`)."""
+    import warnings
+
+    import optuna
+    from optuna.storages import RDBStorage
+
+    if storage and storage.startswith("journal:"):
+        from optuna.storages.journal import JournalFileBackend
+
+        return optuna.storages.JournalStorage(JournalFileBackend(storage.removeprefix("journal:")))
+    url = storage or f"sqlite:///{(study_dir / 'study.db').resolve()}"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Optuna calls the heartbeat experimental
+        return RDBStorage(url, heartbeat_interval=20, grace_period=60)
+
+
+def _pruner(name: str, epochs: int) -> Any:
+    import optuna
+
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1)
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(epochs, 1))
+    return optuna.pruners.NopPruner()
+
+
+def _check(base: str, overrides: list[str], metric: str, pruner: str, trials: int) -> Any:
+    if pruner not in PRUNERS:
+        raise ConfigError(f"--pruner {pruner}: give one of {', '.join(PRUNERS)}")
+    if trials < 1:
+        raise ConfigError(f"--trials {trials}: give the number of trials the study runs in all, 1 or more")
+    if not metric.startswith("val_"):
+        raise ConfigError(f"--metric {metric}: choices are made on validation data only; give a val_ metric "
+                          f"(e.g. val_top1, val_loss)")
+    cfg = load_config(base, overrides)
+    fix = (get_task(cfg.task).validation or (lambda c: "hold out a validation split"))(cfg)
+    if fix:
+        raise ConfigError(f"--config {base} holds out no validation data, which the study chooses on: {fix}")
+    return cfg
+
+
+def _reason(stderr: str) -> str:
+    lines = [line for line in stderr.strip().splitlines() if line.strip()]
+    said = [line for line in lines if line.startswith("error:")]
+    return (said or lines or ["exited without a message"])[-1][:500]
+
+
+def _run_trial(trial: Any, command: list[str], run_dir: Path, metric: str, stop: dict[str, Any]) -> float:
+    """Train one trial in a process of its own, reporting each evaluated epoch's ``metric`` to the pruner."""
+    import optuna
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "tune.log", "w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.PIPE, text=True)
+        stop["process"] = process
+        reported, value, pruned = set(), None, False
+        metrics = run_dir / "metrics.jsonl"
+        while True:
+            done = process.poll() is not None
+            for record in _records(metrics):
+                if metric in record and record["epoch"] not in reported:
+                    reported.add(record["epoch"])
+                    value = record[metric]
+                    trial.report(value, record["epoch"])
+                    if not pruned and trial.should_prune():
+                        pruned = True
+                        process.send_signal(signal.SIGTERM)  # it saves last/ and exits, as on a preemption
+            if done:
+                break
+            time.sleep(0.5)
+        stderr = process.stderr.read()
+        stop["process"] = None
+    if stop.get("signal"):
+        raise KeyboardInterrupt
+    if pruned:
+        raise optuna.TrialPruned(f"pruned after epoch {max(reported)}: {metric} {value:.4f}")
+    if process.returncode != 0:
+        trial.set_user_attr("reason", _reason(stderr))
+        raise TrialFailed(_reason(stderr))
+    if value is None:
+        trial.set_user_attr("reason", f"the run reported no {metric}")
+        raise TrialFailed(f"the run reported no {metric}: set train.eval_every so its epochs are evaluated")
+    return value
+
+
+def _records(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written
+            break
+    return [r for r in records if r.get("split") == "eval"]
+
+
+def _counted(study: Any) -> int:
+    """Trials that completed, were pruned, or failed for a reason of their own (not those stopped with the study or
+    whose process died: those are run again)."""
+    from optuna.trial import TrialState
+
+    return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+               or (t.state == TrialState.FAIL and "reason" in t.user_attrs) for t in study.trials)
+
+
+def _retry_interrupted(study: Any) -> None:
+    """A trial stopped with the study (recorded failed without a reason of its own) is asked again, once."""
+    from optuna.trial import TrialState
+
+    retried = {t.user_attrs.get("retry_of") for t in study.trials}
+    for t in study.trials:
+        if t.state == TrialState.FAIL and "reason" not in t.user_attrs and t.number not in retried:
+            study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
+
+
+def _direction(metric: str, greater_is_better: bool | None) -> str:
+    if greater_is_better is not None:
+        return "maximize" if greater_is_better else "minimize"
+    return "minimize" if any(word in metric for word in ("loss", "perplexity", "ece", "error")) else "maximize"
+
+
+def _command(base: str, overrides: list[str], values: dict[str, Any], run_dir: Path) -> list[str]:
+    return [sys.executable, "-m", "vitlab.cli", "train", "--config", str(base), *overrides, *overrides_of(values),
+            f"train.output_dir={run_dir}", "train.resume=no"]
+
+
+def tune(config: str | Path, space: str | Path, trials: int, study: str | Path | None = None,
+         storage: str | None = None, pruner: str = "median", metric: str | None = None,
+         timeout_minutes: float | None = None, overrides: list[str] | tuple[str, ...] = (), seed: int = 0) -> dict:
+    """Search ``space`` (:func:`~vitlab.tuning.space.read_space`) over the config ``config`` with ``overrides``:
+    ``trials`` trials in all (those run before by the same study counted), each a run in ``study/trial_NNNN/``,
+    chosen on ``metric`` (a validation metric; default ``train.best_metric``'s, else ``val_top1`` for a classifier) by Optuna's TPE
+    sampler seeded ``seed`` and ``pruner`` ('median', 'hyperband', 'none'), for at most ``timeout_minutes``. Writes
+    ``best.yaml`` (a whole config that trains the best trial again), ``trials.csv`` and the study's pictures into
+    ``study``. Returns the best trial's number, values and metric."""
+    import optuna
+
+    overrides = list(overrides)
+    cfg = load_config(config, overrides)
+    if not metric and cfg.train.best_metric:
+        metric = "val_" + cfg.train.best_metric.removeprefix("val_")
+    if not metric and cfg.task != "classification":
+        raise ConfigError(f"--metric: give the validation metric to choose on (task: {cfg.task}), e.g. val_loss")
+    metric = metric or "val_top1"
+    _check(str(config), overrides, metric, pruner, trials)
+    dimensions = read_space(space, config, overrides)
+    study_dir = Path(study or f"runs/tune_{Path(config).stem}")
+    study_dir.mkdir(parents=True, exist_ok=True)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    the_study = optuna.create_study(study_name=study_dir.name, storage=_storage(study_dir, storage),
+                                    load_if_exists=True, direction=_direction(metric, cfg.train.greater_is_better),
+                                    sampler=optuna.samplers.TPESampler(seed=seed),
+                                    pruner=_pruner(pruner, cfg.train.epochs))
+    stop: dict[str, Any] = {}
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop["signal"] = signum
+        if stop.get("process") is not None:
+            stop["process"].send_signal(signal.SIGTERM)
+
+    def objective(trial: Any) -> float:
+        values = suggest(trial, dimensions)
+        run_dir = study_dir / f"trial_{trial.number:04d}"
+        return _run_trial(trial, _command(str(config), overrides, values, run_dir), run_dir, metric, stop)
+
+    start, deadline = time.time(), time.time() + 60 * timeout_minutes if timeout_minutes else None
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    try:
+        while _counted(the_study) < trials and (deadline is None or time.time() < deadline):
+            _retry_interrupted(the_study)
+            the_study.optimize(objective, n_trials=1, catch=(TrialFailed,))
+            _progress(the_study, trials, metric, start, deadline)
+    except KeyboardInterrupt:
+        raise SystemExit(f"the study stopped; {study_dir} keeps it: the same command continues it") from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return _report(the_study, study_dir, config, overrides, metric)
+
+
+def _progress(study: Any, trials: int, metric: str, start: float, deadline: float | None) -> None:
+    from optuna.trial import TrialState
+
+    last = study.trials[-1]
+    said = {TrialState.COMPLETE: f"{metric} {last.value:.4f}" if last.value is not None else "",
+            TrialState.PRUNED: "pruned", TrialState.FAIL: f"failed: {last.user_attrs.get('reason', 'stopped')}"}
+    best = ""
+    if any(t.state == TrialState.COMPLETE for t in study.trials):
+        best = f" | best {study.best_value:.4f} (trial {study.best_trial.number})"
+    left = f" | {max(0.0, (deadline - time.time()) / 60):.1f} min left" if deadline else ""
+    params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.params.items())
+    print(f"trial {last.number} ({_counted(study)}/{trials}): {params} -> {said.get(last.state, last.state.name)}"
+          f"{best} | {time.time() - start:.0f} s{left}", flush=True)
+
+
+def _report(study: Any, study_dir: Path, config: str | Path, overrides: list[str], metric: str) -> dict:
+    from optuna.trial import TrialState
+
+    with open(study_dir / "trials.csv", "w", newline="") as f:
+        keys = sorted({k for t in study.trials for k in t.params})
+        writer = csv.writer(f)
+        writer.writerow(["number", "state", metric, "seconds", *keys, "reason"])
+        for t in study.trials:
+            seconds = (t.datetime_complete - t.datetime_start).total_seconds() \
+                if t.datetime_complete and t.datetime_start else ""
+            writer.writerow([t.number, t.state.name, "" if t.value is None else t.value, seconds,
+                             *(t.params.get(k, "") for k in keys), t.user_attrs.get("reason", "")])
+    if not any(t.state == TrialState.COMPLETE for t in study.trials):
+        print(f"no trial completed: {study_dir / 'trials.csv'} says why", flush=True)
+        return {"best_trial": None}
+    best = study.best_trial
+    whole = _merged(config, [*overrides, *overrides_of(best.params), f"train.output_dir={study_dir / 'best'}"])
+    (study_dir / "best.yaml").write_text(f"# vitlab tune: the best of {len(study.trials)} trials on {metric} "
+                                         f"(trial {best.number}: {best.value:.6g})\n" + yaml.safe_dump(whole))
+    _pictures(study, study_dir)
+    print(f"best: trial {best.number}, {metric} {best.value:.4f}, {best.params} | {study_dir / 'best.yaml'} trains it "
+          f"again: train.py --config {study_dir / 'best.yaml'}", flush=True)
+    return {"best_trial": best.number, "best_value": best.value, "best_params": best.params,
+            "best_config": str(study_dir / "best.yaml")}
+
+
+def _merged(config: str | Path, overrides: list[str]) -> dict[str, Any]:
+    """The YAML of ``config`` with ``overrides`` written into it, as the trial's command gave them."""
+    raw = yaml.safe_load(Path(config).read_text()) or {}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        *parents, leaf = key.split(".")
+        node = raw
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return raw
+
+
+def _pictures(study: Any, study_dir: Path) -> None:
+    """Optuna's matplotlib plots as PNG: the optimization history, the parameters' importances (two completed
+    trials or more) and the metric against each parameter."""
+    import warnings
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from optuna.visualization import matplotlib as plots
+
+    for name, plot in (("history", plots.plot_optimization_history), ("importances", plots.plot_param_importances),
+                       ("slices", plots.plot_slice)):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
+                axes = plot(study)
+        except (ValueError, RuntimeError) as e:  # e.g. importances of one completed trial
+            print(f"{name}.png not drawn: {e}", flush=True)
+            continue
+        figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
+        figure.savefig(study_dir / f"{name}.png", dpi=100, bbox_inches="tight")
+        plt.close(figure)
