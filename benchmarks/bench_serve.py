@@ -9,7 +9,8 @@ one image (the files of DIR in turn, as the raw body). Reported: requests a seco
 and 99th percentile of the latency, failed requests, and the server's resident memory after the first 1,000 requests
 and at the end (its processes together), and on a GPU the device's memory in use at both times (nvidia-smi).
 ``--client-processes N`` spreads the clients over N processes (one asyncio client process tops out at a few
-thousand requests a second, below what a GPU server answers). ``--preset`` serves a model of that preset with fresh weights (throughput
+thousand requests a second, below what a GPU server answers). ``--preset`` serves a model of that preset with fresh
+weights (throughput
 does not depend on them). ``--litserve``: the same model behind LitServe (benchmarks/litserve_server.py). Client and
 server share the machine's cores, as on a small host.
 """

@@ -1,6 +1,7 @@
 """Pretraining's views in the loader against a batch at a time on the device (``data.views``): the shipped
 ``configs/mae_cifar10_cpu.yaml`` (``--task dino``: ``configs/dino_cifar10_cpu.yaml``) for one epoch on a CIFAR-10
-ImageFolder, each setting in a process of its own, alternating, ``--repeats`` times; the epoch's seconds, the seconds it waited for the loader, and the views' own
+ImageFolder, each setting in a process of its own, alternating, ``--repeats`` times; the epoch's seconds, the
+seconds it waited for the loader, and the views' own
 cost an image (the per-image view under its seeded generator, against the parameters drawn an image and the batch
 made at once). Medians printed and written as JSON.
 
@@ -76,7 +77,8 @@ def gpu_epoch(name: str, views: str, data: Path, workers: int, out_dir: Path, ex
         config = str(path)
     task = "dino" if "dino" in name else "mae"
     extra = [e for e in extra if e.split(".")[0] not in {"mae", "dino"} - {task}]  # a key of the other task's section
-    command = [sys.executable, str(ROOT / "train.py"), "--config", config, "data.dataset=imagefolder", f"data.root={data}",
+    command = [sys.executable, str(ROOT / "train.py"), "--config", config, "data.dataset=imagefolder",
+               f"data.root={data}",
                "data.download=false", f"data.views={views}", f"data.num_workers={workers}", "train.epochs=2",
                "train.mixed_precision=bf16", "train.eval_every=0", "train.log_with=none", "optim.warmup_epochs=1",
                f"train.output_dir={out_dir}", *extra]
@@ -166,7 +168,8 @@ def main() -> None:
                 print(views, runs[views][-1], flush=True)
     result = {"runs": runs, "medians": {v: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
                                         for v, rs in runs.items()},
-              "view_costs": view_costs() if args.task == "mae" else None, "threads": os.environ.get("OMP_NUM_THREADS", "torch's default"),
+              "view_costs": view_costs() if args.task == "mae" else None,
+              "threads": os.environ.get("OMP_NUM_THREADS", "torch's default"),
               "command": " ".join(sys.argv)}
     print(json.dumps(result["medians"], indent=1), json.dumps(result["view_costs"], indent=1))
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)

@@ -75,7 +75,8 @@ def dino_reference(size: int, blur_p: float, solarize_p: float, kernel: int = 5)
         v2.RandomResizedCrop(size, scale=(0.3, 1.0), interpolation=BICUBIC, antialias=True), v2.Lambda(clamp01),
         v2.RandomHorizontalFlip(),
         v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8), v2.RandomGrayscale(p=0.2),
-        v2.RandomApply([v2.GaussianBlur(kernel, sigma=(0.1, 2.0))], p=blur_p), v2.RandomSolarize(128 / 255, p=solarize_p)])
+        v2.RandomApply([v2.GaussianBlur(kernel, sigma=(0.1, 2.0))], p=blur_p),
+        v2.RandomSolarize(128 / 255, p=solarize_p)])
 
 
 def dino_batched(size: int, blur_p: float, solarize_p: float, kernel: int = 5) -> BatchedViews:

@@ -211,6 +211,11 @@ def _run_command(command: str, run: PageRun, monkeypatch: pytest.MonkeyPatch) ->
         return _in_process(train_main, _shortened(argv[2:], run.cwd, run.shared))
     if tool == "vitlab" and argv[1:2] == ["train"]:
         return _in_process(train_main, _shortened(argv[2:], run.cwd, run.shared))
+    if tool == "vitlab" and argv[1:2] == ["tune"]:  # two trials, each a run shortened as the training commands
+        args = argv[2:]
+        if "--trials" in args:
+            args[args.index("--trials") + 1] = "2"
+        return _in_process(main, ["tune", *_shortened(args, run.cwd, run.shared)])
     if tool == "vitlab":
         return _in_process(main, argv[1:])
     if argv[:2] == ["make", "train"]:

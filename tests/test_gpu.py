@@ -72,13 +72,15 @@ def test_a_pretraining_step_with_views_on_the_gpu_never_synchronizes_with_the_ho
     from vitlab.config import load_config
     from vitlab.training import Loop, set_epoch
 
-    head = ["model.decoder_embed_dim=16", "model.decoder_depth=1", "model.decoder_num_heads=2", "data.train_crop=rrc"] \
-        if task == "mae" else ["model.out_dim=64", "model.hidden_dim=32", "model.bottleneck_dim=16", "dino.local_crops=2"]
+    head = {"mae": ["model.decoder_embed_dim=16", "model.decoder_depth=1", "model.decoder_num_heads=2",
+                    "data.train_crop=rrc"],
+            "dino": ["model.out_dim=64", "model.hidden_dim=32", "model.bottleneck_dim=16", "dino.local_crops=2"]}[task]
     cfg = load_config(None, [f"task={task}", f"model.name={task}_vit_cifar_tiny_patch4_32", "model.depth=1",
                              "model.embed_dim=32", "model.num_heads=2", *head, "data.dataset=imagefolder",
                              f"data.root={tiny_imagefolder}", "data.decode_size=32", "data.views=device",
                              "data.num_workers=2", "train.batch_size=16", "train.epochs=1",
-                             "train.mixed_precision=bf16", "train.log_every=1000", f"train.output_dir={tmp_path / 'run'}"])
+                             "train.mixed_precision=bf16", "train.log_every=1000",
+                             f"train.output_dir={tmp_path / 'run'}"])
     loop = Loop(cfg, tmp_path / "run", None)
     assert loop.accelerator.device.type == "cuda"
     loop.model.train()

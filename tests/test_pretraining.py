@@ -437,7 +437,8 @@ def test_a_classifier_starts_from_a_transformers_vitmae_directory(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind,loader", [("mae", "memory"), ("dino", "streamed"), ("mae", "device"), ("dino", "device")])
+@pytest.mark.parametrize("kind,loader", [("mae", "memory"), ("dino", "streamed"), ("mae", "device"),
+                                         ("dino", "device")])
 def test_a_signal_inside_an_epoch_and_the_same_command_end_bit_identical(kind, loader, loose_images, tmp_path,
                                                                           monkeypatch, on_cpu):
     # The masks, crops, flips, colour jitter and drop path drawn from the run's seed and the sample; the teacher and

@@ -274,5 +274,5 @@ def _tune(args: argparse.Namespace) -> None:
 
 
 COMMANDS = {"eval": _eval, "calibrate": _calibrate, "predict": _predict, "embed": _embed, "inspect": _inspect,
-            "serve": _serve, "attention": _attention, "translate": _translate, "sample": _sample, "export": _export, "models": _models, "shards": _shards,
-            "tune": _tune}
+            "serve": _serve, "attention": _attention, "translate": _translate, "sample": _sample, "export": _export,
+            "models": _models, "shards": _shards, "tune": _tune}

@@ -20,8 +20,8 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["rrc_params", "resize_weights", "resized_crops", "BatchedResizedCrop", "BatchedColorJitter", "BatchedGrayscale",
-           "BatchedGaussianBlur", "BatchedSolarize", "BatchedViews"]
+__all__ = ["rrc_params", "resize_weights", "resized_crops", "BatchedResizedCrop", "BatchedColorJitter",
+           "BatchedGrayscale", "BatchedGaussianBlur", "BatchedSolarize", "BatchedViews"]
 
 BICUBIC_A = -0.5  # the antialiased bicubic filter's (PIL's and torch's antialias=True), not plain bicubic's -0.75
 

@@ -110,7 +110,8 @@ def dino_views(size: tuple[int, int], local: int, s: DINOConfig, device: bool = 
         blur = [v2.RandomApply([v2.GaussianBlur(*_blur(sizes[i][0]))], p=BLUR_P[i])] if s.blur else []
         return v2.Compose([
             v2.RandomResizedCrop(sizes[i], scale=scales[i], interpolation=v2.InterpolationMode.BICUBIC, antialias=True),
-            v2.RandomHorizontalFlip(), v2.RandomApply([v2.ColorJitter(*JITTER)], p=JITTER_P), v2.RandomGrayscale(GREY_P),
+            v2.RandomHorizontalFlip(), v2.RandomApply([v2.ColorJitter(*JITTER)], p=JITTER_P),
+            v2.RandomGrayscale(GREY_P),
             *blur, *([v2.RandomSolarize(128, p=SOLARIZE_P)] * (i == 1))])
     return MultiCropView([view(0), view(1)], view(2), s.global_crops, s.local_crops)
 

@@ -172,7 +172,8 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
          timeout_minutes: float | None = None, overrides: list[str] | tuple[str, ...] = (), seed: int = 0) -> dict:
     """Search ``space`` (:func:`~vitlab.tuning.space.read_space`) over the config ``config`` with ``overrides``:
     ``trials`` trials in all (those run before by the same study counted), each a run in ``study/trial_NNNN/``,
-    chosen on ``metric`` (a validation metric; default ``train.best_metric``'s, else ``val_top1`` for a classifier) by Optuna's TPE
+    chosen on ``metric`` (a validation metric; default ``train.best_metric``'s, else ``val_top1`` for a classifier)
+    by Optuna's TPE
     sampler seeded ``seed`` and ``pruner`` ('median', 'hyperband', 'none'), for at most ``timeout_minutes``. Writes
     ``best.yaml`` (a whole config that trains the best trial again), ``trials.csv`` and the study's pictures into
     ``study``. Returns the best trial's number, values and metric."""
