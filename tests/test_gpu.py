@@ -8,6 +8,29 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 
+def steps_under_sync_debug(cfg, run_dir):
+    """A warm-up step (compilation, cuBLAS handles, the optimizer's state), then 3 optimizer steps under
+    ``torch.cuda.set_sync_debug_mode("error")``, which raises at any call that makes the host wait for the GPU."""
+    from vitlab.training import Loop, set_epoch
+
+    loop = Loop(cfg, run_dir, None)
+    assert loop.accelerator.device.type == "cuda"
+    loop.model.train()
+    set_epoch(loop.train_loader, 1)
+    batches = iter(loop.train_loader)
+    loop.step([next(batches)])
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(3):
+            loop.step([next(batches)])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert loop.state["global_step"] == 4
+    return loop
+
+
 @pytest.mark.parametrize("loader, extra", [
     ("gpu", ["data.augment=randaugment", "train.compile=true"]),  # device-resident, RandAugment on the device
     ("torch", ["data.num_workers=2"]),  # DataLoader workers, pinned batches copied without blocking
@@ -18,27 +41,13 @@ def test_an_optimizer_step_never_synchronizes_with_the_host(tiny_imagefolder, tm
     # backward, mixup, clipping, fused AdamW, the schedule, the EMA, the loss sums) run under it.
     from conftest import tiny_overrides
     from vitlab.config import load_config
-    from vitlab.training import Loop, set_epoch
 
     cfg = load_config(None, tiny_overrides(
         tiny_imagefolder, tmp_path / "run", f"data.loader={loader}", "train.mixed_precision=bf16",
         "data.mixup_alpha=0.8", "data.cutmix_alpha=1.0", "train.ema_decay=0.99", "optim.grad_clip=1.0",
         "train.log_every=1000", *extra))
-    loop = Loop(cfg, tmp_path / "run", None)
-    assert loop.accelerator.device.type == "cuda"
-    loop.model.train()
-    set_epoch(loop.train_loader, 1)
-    batches = iter(loop.train_loader)
-    loop.step([next(batches)])  # warm-up: compilation, cuBLAS handles, the optimizer's state
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(3):
-            loop.step([next(batches)])
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    assert loop.state["global_step"] == 4 and int(loop.meter.samples) == 4 * 16
+    loop = steps_under_sync_debug(cfg, tmp_path / "run")
+    assert int(loop.meter.samples) == 4 * 16
 
 
 def test_dinos_views_made_on_the_gpu_are_the_cpus_and_never_wait_for_the_host():
@@ -70,7 +79,6 @@ def test_dinos_views_made_on_the_gpu_are_the_cpus_and_never_wait_for_the_host():
 @pytest.mark.parametrize("task", ["mae", "dino"])
 def test_a_pretraining_step_with_views_on_the_gpu_never_synchronizes_with_the_host(task, tiny_imagefolder, tmp_path):
     from vitlab.config import load_config
-    from vitlab.training import Loop, set_epoch
 
     head = {"mae": ["model.decoder_embed_dim=16", "model.decoder_depth=1", "model.decoder_num_heads=2",
                     "data.train_crop=rrc"],
@@ -81,18 +89,4 @@ def test_a_pretraining_step_with_views_on_the_gpu_never_synchronizes_with_the_ho
                              "data.num_workers=2", "train.batch_size=16", "train.epochs=1",
                              "train.mixed_precision=bf16", "train.log_every=1000",
                              f"train.output_dir={tmp_path / 'run'}"])
-    loop = Loop(cfg, tmp_path / "run", None)
-    assert loop.accelerator.device.type == "cuda"
-    loop.model.train()
-    set_epoch(loop.train_loader, 1)
-    batches = iter(loop.train_loader)
-    loop.step([next(batches)])
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for _ in range(3):
-            loop.step([next(batches)])
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    torch.cuda.synchronize()
-    assert loop.state["global_step"] == 4
+    steps_under_sync_debug(cfg, tmp_path / "run")
