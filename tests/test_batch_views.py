@@ -129,3 +129,29 @@ def test_a_crops_overshoot_below_black_gives_finite_colours():
     params = torch.stack([view.draw(torch.Generator().manual_seed(s), 32, 32) for s in range(64)])
     views = view(images, params)
     assert torch.isfinite(views).all() and views.min() >= 0 and views.max() <= 255
+
+
+def test_each_colour_transforms_draws_are_torchvisions_from_the_same_generator_state_over_10000_seeds():
+    # The same draws, not only the same statistics: torchvision's coin (RandomApply, _RandomApplyTransform) and
+    # make_params under torch's generator seeded s; vitlab's from a generator of its own seeded s
+    image = torch.zeros(3, 8, 8)
+    cases = [
+        (BatchedColorJitter(0.4, 0.4, 0.2, 0.1, 0.8), v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8),
+         lambda t: t.transforms[0].make_params([image]),
+         lambda p: [float(p["fn_idx"][i]) for i in range(4)] + [p[k] for k in (
+             "brightness_factor", "contrast_factor", "saturation_factor", "hue_factor")]),
+        (BatchedGaussianBlur(5, (0.1, 2.0), 0.5), v2.RandomApply([v2.GaussianBlur(5, (0.1, 2.0))], p=0.5),
+         lambda t: t.transforms[0].make_params([image]), lambda p: [p["sigma"][0]]),
+        (BatchedGrayscale(0.2), v2.RandomGrayscale(0.2), None, None),
+        (BatchedSolarize(0.5, 0.2), v2.RandomSolarize(0.5, p=0.2), None, None),
+    ]
+    for ours, theirs, make_params, values in cases:
+        applied = 0
+        for seed in range(10_000):
+            torch.manual_seed(seed)
+            coin = torch.rand(1).item() < theirs.p  # the coin both draw first
+            expected = [float(coin)] + (values(make_params(theirs)) if coin and make_params else [])
+            got = ours.draw(torch.Generator().manual_seed(seed))
+            assert got[:len(expected)] == pytest.approx(expected, abs=0), (type(ours).__name__, seed)
+            applied += coin
+        assert abs(applied / 10_000 - theirs.p) < 0.015, type(ours).__name__
