@@ -1,0 +1,136 @@
+"""Scores of how much an image looks like the classes a classifier was taught: higher is more like them, lower
+is "none of my classes". Each is a function of the model's logits or pooled features, no retraining:
+
+- :func:`msp`: the maximum softmax probability (Hendrycks & Gimpel 2017);
+- :func:`max_logit`: the maximum logit (Vaze et al. 2022, "a good closed-set classifier is all you need");
+- :func:`energy`: the negative energy ``T logsumexp(logits / T)`` (Liu et al. 2020);
+- :class:`KNNScore`: minus the distance of the unit-length feature to its ``k``-th nearest unit-length training
+  feature (Sun et al. 2022; ``k`` 50 for CIFAR-10, the paper's);
+- :class:`MahalanobisScore`: minus the smallest squared Mahalanobis distance to a class mean under the classes'
+  shared covariance, fitted on training features (Lee et al. 2018, without input perturbation).
+
+Each is tested equal to pytorch-ood's detector of the same name (which returns the outlier score, the negative of
+these; its Mahalanobis covariance is a sum, not a mean, so its distances are these over N, halved). vitlab's own
+rather than pytorch-ood's at run time: pytorch-ood's k-NN goes through scikit-learn on the CPU and its fitted
+detectors keep no state a checkpoint could store; these are a few tensor lines on the model's device.
+
+:func:`auroc` and :func:`fpr_at_tpr` rate a score on known and unknown images (the known ones the positives);
+:func:`threshold_keeping` is the score's value that keeps a share of known images.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+__all__ = ["msp", "max_logit", "energy", "KNNScore", "MahalanobisScore", "auroc", "fpr_at_tpr", "threshold_keeping",
+           "LOGIT_SCORES", "FEATURE_SCORES"]
+
+
+def msp(logits: Tensor) -> Tensor:
+    """``(B, C)`` logits -> ``(B,)``: the largest softmax probability."""
+    return logits.float().softmax(dim=1).amax(dim=1)
+
+
+def max_logit(logits: Tensor) -> Tensor:
+    """``(B, C)`` logits -> ``(B,)``: the largest logit."""
+    return logits.float().amax(dim=1)
+
+
+def energy(logits: Tensor, temperature: float = 1.0) -> Tensor:
+    """``(B, C)`` logits -> ``(B,)``: the negative energy, ``T logsumexp(logits / T)``."""
+    return temperature * torch.logsumexp(logits.float() / temperature, dim=1)
+
+
+LOGIT_SCORES = {"msp": msp, "max_logit": max_logit, "energy": energy}
+
+
+def _unit(features: Tensor) -> Tensor:
+    features = features.float()
+    return features / features.norm(dim=1, keepdim=True).clamp(min=1e-12)
+
+
+class KNNScore:
+    """Minus the Euclidean distance of each unit-length feature to its ``k``-th nearest unit-length feature of the
+    bank :meth:`fit` was given (the training images'), computed ``chunk`` queries at a time."""
+
+    def __init__(self, k: int = 50, chunk: int = 1024) -> None:
+        if k < 1:
+            raise ValueError(f"k={k}: give the neighbour whose distance is the score, 1 or more")
+        self.k, self.chunk, self.bank = k, chunk, None
+
+    def fit(self, features: Tensor) -> KNNScore:
+        """``features`` ``(N, D)``, N >= k: the bank."""
+        if len(features) < self.k:
+            raise ValueError(f"k={self.k} is more than the {len(features)} features of the bank")
+        self.bank = _unit(features)
+        return self
+
+    def __call__(self, features: Tensor) -> Tensor:
+        if self.bank is None:
+            raise RuntimeError("KNNScore has no bank: call fit(training features) first")
+        queries = _unit(features).to(self.bank.device)
+        out = [torch.cdist(q, self.bank).topk(self.k, dim=1, largest=False).values[:, -1]
+               for q in queries.split(self.chunk)]
+        return -torch.cat(out) if out else queries.new_zeros(0)
+
+
+class MahalanobisScore:
+    """Minus the smallest squared Mahalanobis distance of a feature to a class mean, under the covariance the
+    classes share (the mean of the centered outer products over the N training features), fitted by :meth:`fit`."""
+
+    def __init__(self) -> None:
+        self.means = self.precision = None
+
+    def fit(self, features: Tensor, labels: Tensor) -> MahalanobisScore:
+        """``features`` ``(N, D)`` of the training images, ``labels`` ``(N,)`` their classes (each present)."""
+        features, labels = features.double(), labels.to(features.device)
+        classes = int(labels.max()) + 1
+        counts = torch.bincount(labels, minlength=classes)
+        if (counts == 0).any():
+            raise ValueError(f"classes {torch.nonzero(counts == 0).flatten().tolist()} have no training features")
+        means = torch.zeros(classes, features.shape[1], dtype=torch.float64, device=features.device)
+        means.index_add_(0, labels, features)
+        means /= counts[:, None]
+        centered = features - means[labels]
+        covariance = centered.T @ centered / len(features)
+        self.means, self.precision = means, torch.linalg.pinv(covariance, hermitian=True)
+        return self
+
+    def __call__(self, features: Tensor) -> Tensor:
+        if self.means is None:
+            raise RuntimeError("MahalanobisScore is not fitted: call fit(training features, labels) first")
+        centered = features.double()[:, None, :] - self.means[None]                       # (B, C, D)
+        distances = torch.einsum("bcd,de,bce->bc", centered, self.precision, centered)
+        return -distances.amin(dim=1).float()
+
+
+FEATURE_SCORES = {"knn": KNNScore, "mahalanobis": MahalanobisScore}
+
+
+def auroc(known: Tensor, unknown: Tensor) -> float:
+    """The area under the ROC curve of telling known images (positives) from unknown ones by the score: the chance
+    that a known image scores above an unknown one, ties counted half (the Mann-Whitney statistic)."""
+    scores = torch.cat([known, unknown]).double()
+    order = scores.argsort()
+    ranks = torch.empty_like(scores)
+    ranks[order] = torch.arange(1, len(scores) + 1, dtype=torch.float64)
+    values, inverse, counts = torch.unique(scores, return_inverse=True, return_counts=True)
+    summed = torch.zeros(len(values), dtype=torch.float64).index_add_(0, inverse, ranks)
+    ranks = (summed / counts)[inverse]  # tied scores share their mean rank
+    n, m = len(known), len(unknown)
+    return float((ranks[:n].sum() - n * (n + 1) / 2) / (n * m))
+
+
+def threshold_keeping(known: Tensor, keep: float = 0.95) -> float:
+    """The largest score value at or above which at least ``keep`` of the known images lie."""
+    if not 0 < keep < 1:
+        raise ValueError(f"keep={keep}: give the share of known images to keep, in (0, 1)")
+    ranked = known.double().sort(descending=True).values
+    return float(ranked[math.ceil(keep * len(ranked) - 1e-9) - 1])
+
+
+def fpr_at_tpr(known: Tensor, unknown: Tensor, tpr: float = 0.95) -> float:
+    """The share of unknown images kept at the threshold that keeps ``tpr`` of the known ones (FPR at 95% TPR)."""
+    return float((unknown.double() >= threshold_keeping(known, tpr)).double().mean())
