@@ -21,7 +21,7 @@ ROOMS: list[tuple[str, set[str]]] = [
     # The engine, in floors: what a run is made of (its config, checkpoints, stop signals, conversions), the jobs on a
     # trained model (evaluation, prediction), what runs them (the training loop, inspection, the server), commands.
     ("engine", {"config", "checkpoint", "preemption", "interop", "export"}),
-    ("jobs", {"evaluation", "prediction"}),
+    ("jobs", {"evaluation", "prediction", "unknown"}),
     ("runs", {"training", "inspection", "serving", "tuning"}),
     ("commands", {"cli", "commands", "__init__"}),
 ]

@@ -65,3 +65,50 @@ def test_bad_arguments_say_what_to_give():
         KNNScore(1)(torch.ones(1, 2))
     with pytest.raises(ValueError, match=r"classes \[1\] have no training features"):
         MahalanobisScore().fit(torch.ones(4, 2), torch.tensor([0, 0, 2, 2]))
+
+
+def test_eval_rates_each_score_on_unknown_images_as_scikit_learn_does_on_predicts_probabilities(tiny_run, tmp_path):
+    # The tiny run's test images (known) against flat colours and noise of none of its classes; the maximum softmax
+    # probability's AUROC recomputed from vitlab predict's rows of the same images by scikit-learn
+    import csv
+    import json
+
+    from PIL import Image
+
+    from vitlab.cli import main
+
+    unknown = tmp_path / "far away"  # a space in the name
+    unknown.mkdir()
+    g = np.random.default_rng(0)
+    for i in range(30):
+        pixels = np.full((32, 32, 3), g.integers(0, 256, 3), np.uint8) if i % 2 else \
+            g.integers(0, 256, (32, 32, 3)).astype(np.uint8)
+        Image.fromarray(pixels).save(unknown / f"{i}.png")
+    main(["eval", "--checkpoint", str(tiny_run), "--unknown-images", str(unknown), "--unknown-k", "5",
+          "--output", str(tmp_path / "unknown.json")])
+    written = json.loads((tmp_path / "unknown.json").read_text())
+    assert written["known"] == 36 and written["unknown"] == 30 and written["k"] == 5
+    assert set(written["scores"]) == {"msp", "max_logit", "energy", "knn", "mahalanobis"}
+    assert (tmp_path / "unknown_scores.png").stat().st_size > 10_000
+    main(["eval", "--checkpoint", str(tiny_run), "--predictions", str(tmp_path / "known.csv")])
+    main(["predict", "--checkpoint", str(tiny_run), "--output", str(tmp_path / "unknown.csv"), "--topk", "1",
+          str(unknown)])
+    with open(tmp_path / "known.csv") as f:
+        known = [max(float(v) for k, v in row.items() if k.startswith("prob_")) for row in csv.DictReader(f)]
+    with open(tmp_path / "unknown.csv") as f:
+        other = [float(row["prob_1"]) for row in csv.DictReader(f)]
+    expected = roc_auc_score(np.r_[np.ones(len(known)), np.zeros(len(other))], np.r_[known, other])
+    assert written["scores"]["msp"]["auroc"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_unknown_images_named_like_a_class_or_a_multi_label_run_are_one_line(tiny_run, tmp_path):
+    from vitlab.errors import DataError
+    from vitlab.unknown import evaluate_unknown
+
+    clash = tmp_path / "class_1"
+    clash.mkdir()
+    from PIL import Image
+
+    Image.new("RGB", (32, 32)).save(clash / "a.png")
+    with pytest.raises(DataError, match=r"^--unknown-images: the folder 'class_1' is named like one of the run's"):
+        evaluate_unknown(tiny_run, [str(tmp_path)])

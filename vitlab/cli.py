@@ -213,6 +213,11 @@ def _eval_parsers(sub: Any) -> None:
     ev.add_argument("--tta", choices=("none", "flip", "crops"), default="none",
                     help="an image classifier's test-time augmentation: flip, the mean of each image's probabilities "
                          "and its mirror's; crops, of its five crops (corners and center of a view 1/0.875 larger)")
+    ev.add_argument("--unknown-images", nargs="+", metavar="PATH",
+                    help="images of none of the run's classes (files, folders, globs): how well each score (maximum "
+                         "softmax, maximum logit, energy, k-NN, Mahalanobis) tells them from the split's, as AUROC "
+                         "and FPR at 95%% TPR")
+    ev.add_argument("--unknown-k", type=int, default=50, help="--unknown-images: the k-NN score's neighbour (50)")
     ev.add_argument("--no-ema", action="store_true", help="evaluate the raw weights even if the run kept an EMA")
     ev.add_argument("--record", action="store_true", help="add the result to the checkpoint's config.json: the model "
                                                           "card save_pretrained writes lists it")

@@ -25,6 +25,12 @@ def _end_processes() -> None:
 
 
 def _eval(args: argparse.Namespace) -> None:
+    if args.unknown_images:
+        from .unknown import evaluate_unknown
+
+        evaluate_unknown(args.checkpoint, args.unknown_images, args.split, tuple(args.overrides),
+                         use_ema=not args.no_ema, batch_size=args.batch_size, k=args.unknown_k, output=args.output)
+        return _end_processes()
     from .evaluation import evaluate_checkpoint
 
     evaluate_checkpoint(args.checkpoint, args.split, tuple(args.overrides), use_ema=not args.no_ema,

@@ -75,7 +75,7 @@ def list_images(inputs: list[str]) -> list[str]:
     return files
 
 
-def _files_index(model: nn.Module, files: list[str]) -> SplitIndex:
+def files_index(model: nn.Module, files: list[str]) -> SplitIndex:
     """``files`` listed as a split (no labels), read as the model's training read its files (EXIF rule)."""
     reader = FolderFiles([Path(f) for f in files], decode_upright(model))
     return SplitIndex(torch.zeros(len(files), dtype=torch.long), list(model.pretrained_cfg.get("label_names") or ["?"]),
@@ -237,7 +237,7 @@ def image_dataset(model: nn.Module, index: SplitIndex | ShardIndex | None, files
     if isinstance(index, ShardIndex):
         stored = None if cfg.get("crop_pct") else (decode_size(model) or size)
         return _ShardView(index, ids, batch_size, eval_view(size, stored, cfg.get("crop_pct"), tta), stored, (3, *view))
-    part = _files_index(model, [files[i] for i in ids]) if index is None else \
+    part = files_index(model, [files[i] for i in ids]) if index is None else \
         index.subset(torch.tensor(ids, dtype=torch.long), index.where)
     part.max_pixels = max_pixels or part.max_pixels
     return _Guarded(model_dataset(model, part, tta), (3, *view)) if ids else []
