@@ -159,8 +159,8 @@ def test_a_missing_space_file_names_what_to_write(tiny_imagefolder, tmp_path):
 
 @pytest.mark.slow
 def test_the_pruner_stops_a_trial_behind_the_others_as_a_preempted_run(tiny_imagefolder, tmp_path):
-    # Two trials at a learning rate that learns, then one that cannot (1e-7), asked in that order (enqueued): the
-    # median pruner stops the third from its second evaluated epoch on; its process ends as a preempted run does
+    # Three trials at a learning rate that learns, then one that cannot (1e-7), asked in that order (enqueued): the
+    # median pruner stops the fourth from half its schedule on; its process ends as a preempted run does
     import optuna
 
     base = write_base(tiny_imagefolder, tmp_path / "base.yaml", "train.epochs=10", "train.eval_every=1",
@@ -171,10 +171,10 @@ def test_the_pruner_stops_a_trial_behind_the_others_as_a_preempted_run(tiny_imag
     study.mkdir()
     enqueued = optuna.create_study(study_name="study", storage=f"sqlite:///{study / 'study.db'}",
                                    direction="minimize")
-    for lr in (3e-3, 3e-3, 1e-7):
+    for lr in (3e-3, 3e-3, 3e-3, 1e-7):
         enqueued.enqueue_trial({"optim.lr": lr})
-    tune(base, space, 3, study=study, metric="val_loss")
-    assert [r["state"] for r in rows(study)] == ["COMPLETE", "COMPLETE", "PRUNED"]
-    evaluated = [r for r in map(json.loads, (study / "trial_0002/metrics.jsonl").read_text().splitlines())
+    tune(base, space, 4, study=study, metric="val_loss")
+    assert [r["state"] for r in rows(study)] == ["COMPLETE"] * 3 + ["PRUNED"]
+    evaluated = [r for r in map(json.loads, (study / "trial_0003/metrics.jsonl").read_text().splitlines())
                  if r["split"] == "eval"]
-    assert 2 <= len(evaluated) < 10 and (study / "trial_0002/checkpoints/last/model.safetensors").is_file()
+    assert 5 <= len(evaluated) < 10 and (study / "trial_0003/checkpoints/last/model.safetensors").is_file()
