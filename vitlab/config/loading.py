@@ -20,7 +20,7 @@ from ..schema import Config, DataConfig, DINOConfig, DistillConfig, GenerateConf
 from ..tasks.registry import TASKS, get_task
 from .rules import check_values
 
-__all__ = ["load_config", "config_to_dict", "config_to_flat", "save_config"]
+__all__ = ["load_config", "apply_overrides", "config_to_dict", "config_to_flat", "save_config"]
 
 
 _SECTIONS = ("model", "data", "optim", "train", "generate", "distill", "mae", "dino", "monitor")
@@ -170,6 +170,21 @@ def _parse_override(item: str) -> tuple[list[str], Any]:
     return path, yaml.safe_load(text) if text.strip() else ""
 
 
+def apply_overrides(raw: dict[str, Any], overrides: typing.Sequence[str]) -> dict[str, Any]:
+    """``overrides`` (``section.key=value``, the value YAML; ``task=NAME``) written into a config's YAML mapping
+    ``raw`` in place, as the command line gives them; returns ``raw``."""
+    for item in overrides:
+        if item.startswith("task="):
+            raw["task"] = item.split("=", 1)[1]
+            continue
+        (section, key), value = _parse_override(item)
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raw[section] = {}
+        raw[section][key] = value
+    return raw
+
+
 def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] = (),
                 base: dict[str, Any] | None = None, recorded: bool = False) -> Config:
     """Read a YAML config (or ``base``, a dict of the same form), apply overrides, validate.
@@ -199,15 +214,7 @@ def load_config(path: str | Path | None = None, overrides: typing.Sequence[str] 
         if not isinstance(raw, dict):
             raise ConfigError(f"config file {str(path)!r} must be a mapping of sections, got {type(raw).__name__}")
     lr_given = not recorded and isinstance(raw.get("optim"), dict) and "lr" in raw["optim"]
-    for item in overrides:
-        if item.startswith("task="):
-            raw["task"] = item.split("=", 1)[1]
-            continue
-        (section, key), value = _parse_override(item)
-        raw.setdefault(section, {})
-        if not isinstance(raw[section], dict):
-            raw[section] = {}
-        raw[section][key] = value
+    apply_overrides(raw, overrides)
     for section in raw:
         if section not in (*_SECTIONS, "task"):
             raise ConfigError(f"unknown section {section!r}{close_matches(section, _SECTIONS)} "

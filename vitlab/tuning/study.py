@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from ..config import load_config
+from ..config.loading import apply_overrides, load_config
 from ..errors import ConfigError
 from ..tasks.registry import get_task
 from .space import overrides_of, read_space, suggest
@@ -67,7 +67,7 @@ def _pruner(name: str, epochs: int) -> Any:
     return optuna.pruners.NopPruner()
 
 
-def _check(base: str, overrides: list[str], metric: str, pruner: str, trials: int) -> Any:
+def _check(cfg: Any, base: str, metric: str, pruner: str, trials: int) -> None:
     if pruner not in PRUNERS:
         raise ConfigError(f"--pruner {pruner}: give one of {', '.join(PRUNERS)}")
     if trials < 1:
@@ -75,11 +75,9 @@ def _check(base: str, overrides: list[str], metric: str, pruner: str, trials: in
     if not metric.startswith("val_"):
         raise ConfigError(f"--metric {metric}: choices are made on validation data only; give a val_ metric "
                           f"(e.g. val_top1, val_loss)")
-    cfg = load_config(base, overrides)
     fix = (get_task(cfg.task).validation or (lambda c: "hold out a validation split"))(cfg)
     if fix:
         raise ConfigError(f"--config {base} holds out no validation data, which the study chooses on: {fix}")
-    return cfg
 
 
 def _reason(stderr: str) -> str:
@@ -160,7 +158,7 @@ def _retry_interrupted(study: Any) -> None:
 def _direction(metric: str, greater_is_better: bool | None) -> str:
     if greater_is_better is not None:
         return "maximize" if greater_is_better else "minimize"
-    return "minimize" if any(word in metric for word in ("loss", "perplexity", "ece", "error")) else "maximize"
+    return "minimize" if metric.endswith("loss") else "maximize"  # the training loop's rule for best/
 
 
 def _command(base: str, overrides: list[str], values: dict[str, Any], run_dir: Path) -> list[str]:
@@ -187,7 +185,7 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
     if not metric and cfg.task != "classification":
         raise ConfigError(f"--metric: give the validation metric to choose on (task: {cfg.task}), e.g. val_loss")
     metric = metric or "val_top1"
-    _check(str(config), overrides, metric, pruner, trials)
+    _check(cfg, str(config), metric, pruner, trials)
     dimensions = read_space(space, config, overrides)
     study_dir = Path(study or f"runs/tune_{Path(config).stem}")
     study_dir.mkdir(parents=True, exist_ok=True)
@@ -265,15 +263,7 @@ def _report(study: Any, study_dir: Path, config: str | Path, overrides: list[str
 
 def _merged(config: str | Path, overrides: list[str]) -> dict[str, Any]:
     """The YAML of ``config`` with ``overrides`` written into it, as the trial's command gave them."""
-    raw = yaml.safe_load(Path(config).read_text()) or {}
-    for item in overrides:
-        key, _, value = item.partition("=")
-        *parents, leaf = key.split(".")
-        node = raw
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = yaml.safe_load(value)
-    return raw
+    return apply_overrides(yaml.safe_load(Path(config).read_text()) or {}, overrides)
 
 
 def _pictures(study: Any, study_dir: Path) -> None:
