@@ -175,6 +175,46 @@ def test_the_pruner_stops_a_trial_behind_the_others_as_a_preempted_run(tiny_imag
         enqueued.enqueue_trial({"optim.lr": lr})
     tune(base, space, 4, study=study, metric="val_loss")
     assert [r["state"] for r in rows(study)] == ["COMPLETE"] * 3 + ["PRUNED"]
+    # judged at epoch 5 (half of 10) however far the run got before its process read the signal: a tiny trial's
+    # epochs take less than the study's half-second look at metrics.jsonl, so it may even have finished
+    pruned = optuna.load_study(study_name="study", storage=f"sqlite:///{study / 'study.db'}").trials[3]
+    assert sorted(pruned.intermediate_values) == [1, 2, 3, 4, 5]
     evaluated = [r for r in map(json.loads, (study / "trial_0003/metrics.jsonl").read_text().splitlines())
                  if r["split"] == "eval"]
-    assert 5 <= len(evaluated) < 10 and (study / "trial_0003/checkpoints/last/model.safetensors").is_file()
+    assert len(evaluated) >= 5 and (study / "trial_0003/checkpoints/last/model.safetensors").is_file()
+
+
+class PrunedFromEpoch:
+    """An Optuna trial's reporting side whose pruner says stop from ``epoch`` on."""
+
+    def __init__(self, epoch: int):
+        self.epoch, self.reported = epoch, {}
+
+    def report(self, value: float, step: int) -> None:
+        self.reported[step] = value
+
+    def should_prune(self) -> bool:
+        return max(self.reported) >= self.epoch
+
+
+def test_a_pruned_trials_process_is_stopped_and_later_epochs_are_not_reported(tmp_path):
+    # A stand-in for train.py that evaluates an epoch every 50 ms for 10 minutes and, as train.py does on SIGTERM,
+    # writes what it has and exits: the study stops it within a look or two at its metrics after epoch 3
+    import optuna
+
+    from vitlab.tuning.study import _run_trial
+
+    run = tmp_path / "run"
+    script = (
+        "import json, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        f"with open({str(run / 'metrics.jsonl')!r}, 'a') as f:\n"
+        "    for epoch in range(1, 12001):\n"
+        "        f.write(json.dumps({'split': 'eval', 'epoch': epoch, 'val_loss': 1.0}) + '\\n'); f.flush()\n"
+        "        time.sleep(0.05)\n")
+    trial, started = PrunedFromEpoch(3), time.monotonic()
+    with pytest.raises(optuna.TrialPruned, match="pruned after epoch 3: val_loss 1.0000"):
+        _run_trial(trial, [sys.executable, "-c", script], run, "val_loss", {})
+    assert sorted(trial.reported) == [1, 2, 3]
+    written = len((run / "metrics.jsonl").read_text().splitlines())
+    assert 3 <= written < 100 and time.monotonic() - started < 30

@@ -98,14 +98,18 @@ def _run_trial(trial: Any, command: list[str], run_dir: Path, metric: str, stop:
         metrics = run_dir / "metrics.jsonl"
         while True:
             done = process.poll() is not None
-            for record in _records(metrics):
+            # epochs the run finished after it was told to stop are not reported: the pruner judged the trial at
+            # the epoch it was pruned, whether the process was still running then or had already ended
+            for record in ([] if pruned else _records(metrics)):
                 if metric in record and record["epoch"] not in reported:
                     reported.add(record["epoch"])
                     value = record[metric]
                     trial.report(value, record["epoch"])
-                    if not pruned and trial.should_prune():
+                    if trial.should_prune():
                         pruned = True
-                        process.send_signal(signal.SIGTERM)  # it saves last/ and exits, as on a preemption
+                        if not done:
+                            process.send_signal(signal.SIGTERM)  # it saves last/ and exits, as on a preemption
+                        break
             if done:
                 break
             time.sleep(0.5)
