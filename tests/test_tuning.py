@@ -75,11 +75,9 @@ def test_a_study_trains_its_trials_as_runs_and_best_yaml_trains_the_best_again(t
                            capture_output=True, text=True, cwd=ROOT)
     assert again.returncode == 0, again.stderr[-2000:]
     assert last_eval(study / "best")["val_loss"] == float(best["val_loss"])
-    # the same command with more trials continues the study: only the new one runs
+    # the same study with more trials (here through the Python API) continues it: only the new one runs
     before = {p: p.stat().st_mtime for p in study.glob("trial_*/metrics.jsonl")}
-    done = subprocess.run(tune_command(base, space, study, 3, "--metric", "val_loss", "--pruner", "none"),
-                          capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-2000:]
+    tune(base, space, 3, study=study, metric="val_loss", pruner="none")
     assert len(rows(study)) == 3 and (study / "trial_0002/metrics.jsonl").is_file()
     assert {p: p.stat().st_mtime for p in before} == before
 
@@ -157,31 +155,45 @@ def test_a_missing_space_file_names_what_to_write(tiny_imagefolder, tmp_path):
         tune(base, tmp_path / "nowhere.yaml", 2, study=tmp_path / "study")
 
 
+def stand_in_run(base: str, overrides: list[str], values: dict, run_dir: Path) -> list[str]:
+    """In place of train.py: a run of 10 evaluated epochs, 10 ms each, whose validation loss is 0.1 at a learning
+    rate that learns and 1.0 at one that cannot; on SIGTERM it exits as a preempted run does (75)."""
+    loss = 0.1 if values["optim.lr"] > 1e-4 else 1.0
+    script = (
+        "import json, signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))\n"
+        f"with open({str(run_dir / 'metrics.jsonl')!r}, 'a') as f:\n"
+        "    for epoch in range(1, 11):\n"
+        f"        f.write(json.dumps({{'split': 'eval', 'epoch': epoch, 'val_loss': {loss}}}) + '\\n'); f.flush()\n"
+        "        time.sleep(0.01)\n")
+    return [sys.executable, "-c", script]
+
+
 @pytest.mark.slow
-def test_the_pruner_stops_a_trial_behind_the_others_as_a_preempted_run(tiny_imagefolder, tmp_path):
-    # Three trials at a learning rate that learns, then one that cannot (1e-7), asked in that order (enqueued): the
-    # median pruner stops the fourth from half its schedule on; its process ends as a preempted run does
+def test_the_median_pruner_judges_from_half_the_schedule_against_three_finished_trials(tiny_imagefolder, tmp_path,
+                                                                                       monkeypatch):
+    # Three trials at a learning rate that learns, then one that cannot (1e-7), asked in that order (enqueued), each
+    # a stand-in run of 10 epochs: the fourth is pruned at epoch 5, not before (half its schedule; the trainer's
+    # own handling of the SIGTERM that stops it is test_preemption's)
     import optuna
 
+    import vitlab.tuning.study
+
+    monkeypatch.setattr(vitlab.tuning.study, "_command", stand_in_run)
     base = write_base(tiny_imagefolder, tmp_path / "base.yaml", "train.epochs=10", "train.eval_every=1",
                       "optim.min_lr=0")
     space = tmp_path / "space.yaml"
     space.write_text("optim.lr: [3.0e-3, 1.0e-7]\n")
     study = tmp_path / "study"
     study.mkdir()
-    enqueued = optuna.create_study(study_name="study", storage=f"sqlite:///{study / 'study.db'}",
-                                   direction="minimize")
+    storage = f"sqlite:///{study / 'study.db'}"
+    enqueued = optuna.create_study(study_name="study", storage=storage, direction="minimize")
     for lr in (3e-3, 3e-3, 3e-3, 1e-7):
         enqueued.enqueue_trial({"optim.lr": lr})
     tune(base, space, 4, study=study, metric="val_loss")
     assert [r["state"] for r in rows(study)] == ["COMPLETE"] * 3 + ["PRUNED"]
-    # judged at epoch 5 (half of 10) however far the run got before its process read the signal: a tiny trial's
-    # epochs take less than the study's half-second look at metrics.jsonl, so it may even have finished
-    pruned = optuna.load_study(study_name="study", storage=f"sqlite:///{study / 'study.db'}").trials[3]
-    assert sorted(pruned.intermediate_values) == [1, 2, 3, 4, 5]
-    evaluated = [r for r in map(json.loads, (study / "trial_0003/metrics.jsonl").read_text().splitlines())
-                 if r["split"] == "eval"]
-    assert len(evaluated) >= 5 and (study / "trial_0003/checkpoints/last/model.safetensors").is_file()
+    trials = optuna.load_study(study_name="study", storage=storage).trials
+    assert [sorted(t.intermediate_values) for t in trials] == [list(range(1, 11))] * 3 + [[1, 2, 3, 4, 5]]
 
 
 class PrunedFromEpoch:
