@@ -112,3 +112,173 @@ def test_unknown_images_named_like_a_class_or_a_multi_label_run_are_one_line(tin
     Image.new("RGB", (32, 32)).save(clash / "a.png")
     with pytest.raises(DataError, match=r"^--unknown-images: the folder 'class_1' is named like one of the run's"):
         evaluate_unknown(tiny_run, [str(tmp_path)])
+
+
+# --- a threshold kept with the weights: vitlab calibrate --unknown, then predict, serve and the Python API -------------
+
+@pytest.fixture(scope="module")
+def val_run(tiny_imagefolder, tmp_path_factory):
+    """The tiny run holding out 24 validation images (8 a class), one epoch."""
+    from conftest import reset_accelerate, tiny_overrides
+    from vitlab.config import load_config
+    from vitlab.training import train
+
+    run = tmp_path_factory.mktemp("val_run") / "run"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run, "train.epochs=1", "data.val_size=24",
+                                           "data.loader=torch")))
+    reset_accelerate()
+    return run
+
+
+def _csv(path):
+    import csv
+
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_the_msp_threshold_keeps_the_share_asked_of_the_validation_images_and_predict_answers_unknown_below_it(
+        val_run, tmp_path, tiny_imagefolder):
+    # The reference: vitlab eval's probabilities of the 24 validation images (the run is not temperature-calibrated,
+    # so they are softmax(logits)); the threshold keeping 95% is the 23rd largest maximum probability
+    import json
+
+    from vitlab.cli import main
+
+    main(["eval", "--checkpoint", str(val_run), "--split", "val", "--predictions", str(tmp_path / "val.csv")])
+    val = _csv(tmp_path / "val.csv")
+    top = {str(tiny_imagefolder / "train" / row["image"]): max(float(v) for k, v in row.items() if k.startswith("prob_"))
+           for row in val}
+    assert len(top) == 24
+    main(["calibrate", "--checkpoint", str(val_run), "--unknown", "msp", "--keep", "0.95"])
+    config = json.loads((val_run / "checkpoints/best/config.json").read_text())
+    stored = config["calibration"]["model.safetensors"]["unknown"]
+    assert stored["score"] == "msp" and stored["keep"] == 0.95 and "state" not in stored
+    assert stored["threshold"] == pytest.approx(sorted(top.values(), reverse=True)[22], abs=1e-6)
+    main(["predict", "--checkpoint", str(val_run), "--topk", "2", "--output", str(tmp_path / "rows.csv"), *top])
+    rows = _csv(tmp_path / "rows.csv")
+    assert [r["image"] for r in rows] == list(top)
+    for r in rows:
+        assert float(r["unknown_score"]) == pytest.approx(top[r["image"]], abs=1e-5)
+        below = top[r["image"]] < stored["threshold"] - 1e-6  # the 23rd image is the threshold: kept (CSV's digits)
+        assert r["label"] == ("unknown" if below else r["class_1"]), r
+    assert sum(r["label"] == "unknown" for r in rows) == 1
+    main(["predict", "--checkpoint", str(val_run), "--unknown", "off", "--output", str(tmp_path / "off.csv"),
+          *list(top)[:3]])
+    assert "label" not in _csv(tmp_path / "off.csv")[0]
+
+
+def test_a_knn_threshold_keeps_its_bank_beside_the_weights_and_the_python_api_scores_as_predict(val_run, tmp_path,
+                                                                                                  tiny_imagefolder):
+    # The bank: the unit-length features of the 72 training images, as vitlab embed gives them (the 24 validation
+    # images' left out); the Python API's scores: predict's
+    import json
+
+    from PIL import Image
+
+    import vitlab
+    from vitlab import load_model
+    from vitlab.cli import main
+    from vitlab.inference.open_set import stored_rule
+    from vitlab.prediction import embed_images, predict_images
+
+    main(["calibrate", "--checkpoint", str(val_run), "--unknown", "knn", "--unknown-k", "5", "--keep", "0.75"])
+    last = val_run / "checkpoints/best"
+    stored = json.loads((last / "config.json").read_text())["calibration"]["model.safetensors"]["unknown"]
+    assert stored["score"] == "knn" and stored["k"] == 5 and (last / stored["state"]).is_file()
+    model = load_model(val_run)
+    bank = stored_rule(model.pretrained_cfg).fitted.bank
+    main(["eval", "--checkpoint", str(val_run), "--split", "val", "--predictions", str(tmp_path / "val.csv")])
+    held_out = {str(tiny_imagefolder / "train" / r["image"]) for r in _csv(tmp_path / "val.csv")}
+    embed_images(model, [str(tiny_imagefolder / "train")], tmp_path / "train.jsonl")
+    embedded = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    features = torch.tensor([r["embedding"] for r in embedded if r["image"] not in held_out])
+    assert len(held_out) == 24 and bank.shape == features.shape == (72, 32)
+    unit = features / features.norm(dim=1, keepdim=True)
+    apart = torch.cdist(bank.double(), unit.double(), compute_mode="donot_use_mm_for_euclid_dist")
+    assert apart.amin(dim=1).max() < 1e-5 and apart.amin(dim=0).max() < 1e-5  # the same 72 points
+    folder = tmp_path / "noise"
+    folder.mkdir()
+    g = np.random.default_rng(1)
+    for i in range(6):
+        Image.fromarray(g.integers(0, 256, (32, 32, 3)).astype(np.uint8)).save(folder / f"{i}.png")
+    predict_images(model, [str(folder)], tmp_path / "rows.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    pixels = torch.stack([torch.from_numpy(np.array(Image.open(folder / f"{i}.png"))).permute(2, 0, 1)
+                          for i in range(6)])
+    got = vitlab.unknown_scores(model, pixels)
+    assert got["scores"].tolist() == pytest.approx([r["unknown_score"] for r in rows], abs=1e-5)
+    assert got["unknown"].tolist() == [r["label"] == "unknown" for r in rows]
+
+
+def test_what_an_unknown_threshold_cannot_take_is_one_line(val_run, tiny_run, tmp_path):
+    from vitlab import load_model
+    from vitlab.errors import ConfigError, DataError
+    from vitlab.prediction import predict_images
+    from vitlab.unknown import calibrate_unknown, unknown_scores
+
+    with pytest.raises(ConfigError, match=r"^--keep 1\.5: give the share of known images to keep, in \(0, 1\)"):
+        calibrate_unknown(val_run, "msp", keep=1.5)
+    with pytest.raises(ConfigError, match=r"^--unknown odin: give one of msp, max_logit, energy, knn, mahalanobis$"):
+        calibrate_unknown(val_run, "odin")
+    with pytest.raises(ConfigError, match=r"held out no validation images \(data\.val_size=0\)"):
+        calibrate_unknown(tiny_run, "msp")
+    with pytest.raises(DataError, match=r"^data\.root='.*gone' does not exist; point it at a folder"):
+        calibrate_unknown(val_run, "knn", overrides=(f"data.root={tmp_path / 'gone'}",))
+    never = load_model(tiny_run)
+    with pytest.raises(ConfigError, match=r"^--unknown on: this model was never calibrated for unknown images"):
+        predict_images(never, [str(tmp_path)], unknown="on")
+    with pytest.raises(ConfigError, match=r"^this model was never calibrated for unknown images"):
+        unknown_scores(never, torch.zeros(1, 3, 32, 32, dtype=torch.uint8))
+    calibrate_unknown(val_run, "energy")
+    with pytest.raises(ConfigError, match=r"^--tta flip: the unknown threshold was fitted on the scores"):
+        predict_images(load_model(val_run), [str(tmp_path)], tta="flip")
+
+
+def test_a_stopped_predict_job_is_not_continued_with_another_unknown_setting(val_run, tmp_path):
+    from PIL import Image
+
+    from vitlab import load_model
+    from vitlab.errors import DataError
+    from vitlab.prediction import predict_images
+    from vitlab.unknown import calibrate_unknown
+
+    calibrate_unknown(val_run, "max_logit")
+    for i in range(4):
+        Image.new("RGB", (32, 32), (60 * i, 20, 90)).save(tmp_path / f"{i}.png")
+    out = tmp_path / "rows.csv"
+    predict_images(load_model(val_run), [str(tmp_path)], out, batch_size=2, stop_after_batches=1)
+    with pytest.raises(DataError, match=r"holds rows of another job \(.*unknown"):
+        predict_images(load_model(val_run), [str(tmp_path)], out, batch_size=2, unknown="off")
+    predict_images(load_model(val_run), [str(tmp_path)], out, batch_size=2)
+    assert [r["image"] for r in _csv(out)] == [str(tmp_path / f"{i}.png") for i in range(4)]
+
+
+def test_serve_answers_unknown_first_below_the_threshold_and_its_classes_after(val_run):
+    pytest.importorskip("fastapi")
+    import io
+
+    from fastapi.testclient import TestClient
+    from PIL import Image
+
+    from vitlab import load_model
+    from vitlab.serving.app import create_app
+
+    blob = io.BytesIO()
+    Image.new("RGB", (32, 32), (200, 30, 30)).save(blob, format="PNG")
+    for threshold, said in ((2.0, True), (-1.0, False)):  # above every msp / below every msp
+        model = load_model(val_run)
+        model.pretrained_cfg["unknown"] = {"score": "msp", "threshold": threshold, "keep": 0.95}
+        with TestClient(create_app(model, device="cpu", unknown_label="none of these")) as client:
+            answer = client.post("/v1/predict?top_k=2", content=blob.getvalue(),
+                                 headers={"Content-Type": "image/png"}).json()
+            info = client.get("/v1/model").json()
+        classes = answer[1:] if said else answer
+        assert len(classes) == 2 and all(not a.get("unknown") for a in classes)
+        assert info["unknown"] == {"score": "msp", "threshold": threshold, "label": "none of these"}
+        if said:
+            assert answer[0]["label"] == "none of these" and answer[0]["unknown"] is True
+            assert answer[0]["score"] == pytest.approx(classes[0]["score"], abs=1e-6)  # msp: the top probability
+        with TestClient(create_app(model, device="cpu", unknown="off")) as client:
+            assert len(client.post("/v1/predict?top_k=2", content=blob.getvalue(),
+                                   headers={"Content-Type": "image/png"}).json()) == 2

@@ -106,6 +106,15 @@ def _image_job_arguments(p: argparse.ArgumentParser) -> None:
                    "and globs; or data.* keys naming a data set as training does (data.dataset=hf data.root=...)")
 
 
+def _unknown_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments ``vitlab predict`` and ``serve`` share: whether an image is answered ``unknown``."""
+    p.add_argument("--unknown", choices=("auto", "on", "off"), default="auto",
+                   help="answer --unknown-label for an image whose open-set score is below the threshold vitlab "
+                        "calibrate --unknown kept with the weights: auto (default) where one was kept; on: refuse a "
+                        "model without one; off: never")
+    p.add_argument("--unknown-label", default="unknown", help="the name such an image is given (default unknown)")
+
+
 def _predict_parsers(sub: Any) -> None:
     """``vitlab predict`` and ``vitlab embed``."""
     pr = sub.add_parser("predict", help="the top-k classes of image files, folders and globs: printed, or a row an "
@@ -117,6 +126,7 @@ def _predict_parsers(sub: Any) -> None:
     pr.add_argument("--tta", choices=("none", "flip", "crops"), default="none",
                     help="test-time augmentation: flip, the mean of each image's probabilities and its mirror's; "
                          "crops, of its five crops (corners and center of a view 1/0.875 larger)")
+    _unknown_arguments(pr)
     _image_job_arguments(pr)
     em = sub.add_parser("embed", help="the pooled pre-logits features of image files, folders and globs into a "
                                       ".parquet, .jsonl or .npy file (a stopped job continues where it stopped)")
@@ -188,6 +198,7 @@ def _serve_parser(sub: Any) -> None:
     se.add_argument("--device", help="cuda, cpu (default: a GPU if there is one)")
     se.add_argument("--precision", choices=("run", "no", "bf16", "fp16"), default="run",
                     help="autocast, as vitlab predict's (run: the checkpoint's training precision)")
+    _unknown_arguments(se)
 
 
 def _eval_parsers(sub: Any) -> None:
@@ -230,6 +241,13 @@ def _eval_parsers(sub: Any) -> None:
     ca.add_argument("--objective", choices=("nll", "ece"), default="nll",
                     help="the temperature of the least validation loss (nll, Guo et al. 2017) or of the least "
                          "calibration error (ece, Mukhoti et al. 2020)")
+    ca.add_argument("--unknown", metavar="SCORE", choices=("msp", "max_logit", "energy", "knn", "mahalanobis"),
+                    help="instead of the temperature: the threshold of this open-set score (msp, max_logit, energy, "
+                         "knn, mahalanobis) that keeps --keep of the validation images; predict and serve answer "
+                         "'unknown' below it")
+    ca.add_argument("--keep", type=float, default=0.95, help="--unknown: the share of known images kept (0.95)")
+    ca.add_argument("--unknown-k", type=int, default=50, help="--unknown knn: the neighbour whose distance is the "
+                                                               "score (50)")
     ca.add_argument("overrides", nargs="*", metavar="key.sub=value", help="e.g. data.root=...")
 
 

@@ -40,6 +40,12 @@ def _eval(args: argparse.Namespace) -> None:
 
 
 def _calibrate(args: argparse.Namespace) -> None:
+    if args.unknown:
+        from .unknown import calibrate_unknown
+
+        calibrate_unknown(args.checkpoint, args.unknown, args.keep, tuple(args.overrides), use_ema=not args.no_ema,
+                          batch_size=args.batch_size, k=args.unknown_k)
+        return _end_processes()
     from .evaluation import calibrate_checkpoint
 
     calibrate_checkpoint(args.checkpoint, "val", tuple(args.overrides), use_ema=not args.no_ema,
@@ -135,7 +141,7 @@ def _predict(args: argparse.Namespace) -> None:
     images, data = _inputs(args.images)
     predict_images(load_model(args.checkpoint), images, args.output, args.batch_size, args.num_workers, args.topk,
                    tta=args.tta, data=data, split=args.split, precision=args.precision,
-                   max_pixels=args.max_image_pixels)
+                   max_pixels=args.max_image_pixels, unknown=args.unknown, unknown_label=args.unknown_label)
     _end_processes()
 
 
@@ -167,7 +173,7 @@ def _serve(args: argparse.Namespace) -> None:
     serve(args.checkpoint, args.host, args.port, max_batch_size=args.max_batch_size, max_wait_ms=args.max_wait_ms,
           max_upload_mb=args.max_upload_mb, max_image_pixels=args.max_image_pixels, api_key_env=args.api_key_env,
           cors_origins=tuple(args.cors_origin),
-          device=args.device, precision=args.precision)
+          device=args.device, precision=args.precision, unknown=args.unknown, unknown_label=args.unknown_label)
 
 
 def _attention(args: argparse.Namespace) -> None:

@@ -34,6 +34,7 @@ from .errors import ConfigError, DataError
 from .inference.files import columns, csv_lines, job_file, job_record, open_partial, resume_rows, rows, \
     text_line, to_npy, to_parquet
 from .inference.forward import ChunkedForward, cpu_chunk, feature_model, pooled_features
+from .inference.open_set import UnknownRule, stored_rule
 from .inference.tta import tta_logits
 from .inference.view import crops_view_size, eval_view, model_dataset
 from .progress import Progress
@@ -248,7 +249,8 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                    num_workers: int = 2, topk: int = 5, device: str | torch.device | None = None,
                    stop_after_batches: int | None = None, tta: str = "none", embed: bool = False,
                    data: Sequence[str] | SplitIndex | ShardIndex = (), split: str = "",
-                   precision: str = "run", max_pixels: int = 0) -> dict[str, int]:
+                   precision: str = "run", max_pixels: int = 0, unknown: str = "auto",
+                   unknown_label: str = "unknown") -> dict[str, int]:
     """Predict every image ``inputs`` name (:func:`list_images`), or, with ``data`` (``data.*`` keys as in
     training), every image of that data set's ``split`` (:func:`data_split`), with ``model`` (from
     :func:`vitlab.load_model`), ``batch_size`` at a time, read by ``num_workers`` DataLoader workers, on ``device``
@@ -257,7 +259,9 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     go to ``output`` (``.csv``, ``.jsonl``, ``.parquet``: :mod:`vitlab.inference.files`), or without one to stdout
     as ``path: class p, ...`` lines. A single-label model's row holds its ``topk`` classes, their indices and
     probabilities (softmax, at its calibrated temperature); a multi-label model's, the classes at or above its
-    thresholds (``vitlab calibrate``; else 0.5) and every class's sigmoid.
+    thresholds (``vitlab calibrate``; else 0.5) and every class's sigmoid. ``unknown='auto'``: with the threshold
+    ``vitlab calibrate --unknown`` kept, a row also holds ``unknown_score`` and its ``label``, ``unknown_label`` below
+    the threshold, else its top class ('on': a model without one refused; 'off': neither).
 
     Under ``torchrun`` or ``accelerate launch`` every process reads and predicts its part of each global batch
     (``batch_size`` a process, contiguous parts), and process 0 writes all the rows, in the inputs' order: the
@@ -279,28 +283,28 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     names = _check_request(model, out, topk, embed, inputs, data, max_pixels)
     model = feature_model(model) if embed else model  # a self-supervised run: its backbone's features
     cfg = model.pretrained_cfg
+    rule, answers = (None, None) if embed else _unknown_rule(cfg, tta, unknown, unknown_label)
     lines = ".csv" if out is not None and out.suffix == ".csv" else ".jsonl"  # parquet, npy: JSON lines until the end
     rank, world, dist = processes()
     index, files = _listing(model, inputs, data, split, world)
     multi, k = bool(cfg.get("multi_label")), min(topk, len(names))
-    layout = ["image", "error", "embedding"] if embed else columns(names, k, multi)
+    layout = ["image", "error", "embedding"] if embed else columns(names, k, multi, rule is not None)
     header = ",".join(layout) + "\n"
     partial = out.with_name(out.name + ".partial") if out is not None else None
     device = default_device() if device is None else torch.device(device)
     dtype = autocast_dtype(model, precision, device)
-    job = job_record(model, k, tta, dtype, embed, max_pixels) if partial is not None and rank == 0 else {}
+    job = job_record(model, k, tta, dtype, embed, max_pixels, answers) if partial is not None and rank == 0 else {}
     done, unreadable = listed_once(lambda: resume_rows(partial, header, files, lines, job)
                                    if partial is not None and partial.is_file() else (0, 0), world)
     model = model.to(device).eval()
-    # on a CPU, the forward pass in cache-sized chunks; TTA makes each image 2 (flip) or 5 (crops) inputs
-    chunk = max(1, cpu_chunk(model, (3, *cfg["input_size"][1:])) // {"flip": 2, "crops": 5}.get(tta, 1)) \
-        if device.type == "cpu" else 0
+    chunk = _chunk(model, device, tta)
     todo = files[done:]
     mine = [i for i in range(len(todo)) if i // batch_size % world == rank]  # my part of every global batch
     loader = iter(DataLoader(image_dataset(model, index, files, [done + i for i in mine], batch_size, tta, max_pixels),
                              batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda"))
     sink = open_partial(partial, job, header if lines == ".csv" else "", done) if rank == 0 else None
-    predict = BatchPredictor(model, device=device, dtype=dtype, chunk=chunk, tta=tta, embed=embed, names=names, k=k)
+    predict = BatchPredictor(model, device=device, dtype=dtype, chunk=chunk, tta=tta, embed=embed, names=names, k=k,
+                             unknown=rule)
     try:
         with Progress(total=len(files), initial=done, desc=f"predicting {len(files):,} images", unit="images",
                       interval=10.0, enabled=rank == 0) as progress:
@@ -309,10 +313,7 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
                     return {"images": len(files), "unreadable": unreadable, "resumed": done}
                 part = mine[b * batch_size:(b + 1) * batch_size]
                 batch = predict(loader, [todo[i] for i in part]) if part else []
-                if dist is not None:
-                    gathered: list[Any] = [None] * world
-                    dist.all_gather_object(gathered, batch)
-                    batch = [r for got in gathered for r in got]  # process order is input order
+                batch = _all_rows(batch, dist, world)
                 unreadable += sum(1 for r in batch if "error" in r)
                 if rank == 0 and batch:
                     _write(sink, batch, lines, layout)
@@ -324,6 +325,32 @@ def predict_images(model: nn.Module, inputs: list[str], output: str | Path | Non
     if rank == 0:
         _finish(partial, out, len(files), done, unreadable)
     return {"images": len(files), "unreadable": unreadable, "resumed": done}
+
+
+def _unknown_rule(cfg: dict[str, Any], tta: str, unknown: str, label: str) -> tuple[UnknownRule | None, Any]:
+    """The rule rows answer ``unknown`` by (:func:`~vitlab.inference.open_set.stored_rule`) and what the job's
+    record says of it: the rule and its label, 'off' for a model that has one, None for a model without."""
+    rule = stored_rule(cfg, label, unknown)
+    if rule is not None and tta != "none":
+        raise ConfigError(f"--tta {tta}: the unknown threshold was fitted on the scores of the images as evaluation "
+                          f"shows them, not of their views; give --tta none, or --unknown off")
+    return rule, {**rule.record(None), "label": rule.label} if rule is not None else "off" if cfg.get("unknown") else None
+
+
+def _chunk(model: nn.Module, device: torch.device, tta: str) -> int:
+    """On a CPU, the forward pass in cache-sized chunks (TTA makes each image 2 (flip) or 5 (crops) inputs)."""
+    if device.type != "cpu":
+        return 0
+    return max(1, cpu_chunk(model, (3, *model.pretrained_cfg["input_size"][1:])) // {"flip": 2, "crops": 5}.get(tta, 1))
+
+
+def _all_rows(batch: list[dict[str, Any]], dist: Any, world: int) -> list[dict[str, Any]]:
+    """Every process's rows of a global batch, in process order (the inputs' order)."""
+    if dist is None:
+        return batch
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, batch)
+    return [r for got in gathered for r in got]
 
 
 class BatchPredictor:
@@ -340,16 +367,18 @@ class BatchPredictor:
         embed: Rows of pooled features instead of probabilities.
         names: The class names rows name (a multi-label model's thresholds: its own, 0.5 where it has none).
         k: Classes a single-label row lists.
+        unknown: The open-set score and threshold by which a row answers ``unknown`` (None: never).
     """
 
     def __init__(self, model: nn.Module, *, device: torch.device, dtype: torch.dtype | None = None, chunk: int = 0,
-                 tta: str = "none", embed: bool = False, names: list[str] | None = None, k: int = 1) -> None:
+                 tta: str = "none", embed: bool = False, names: list[str] | None = None, k: int = 1,
+                 unknown: UnknownRule | None = None) -> None:
         names = list(names or [])
         cfg = model.pretrained_cfg
         self.model, self.device, self.tta, self.embed, self.names, self.k = model, device, tta, embed, names, k
         self.multi, self.size = bool(cfg.get("multi_label")), tuple(cfg["input_size"][1:])
         self.thresholds = torch.tensor(cfg.get("thresholds") or [0.5] * len(names)) if self.multi else None
-        self.temperature = cfg.get("temperature", 1.0)
+        self.temperature, self.unknown = cfg.get("temperature", 1.0), unknown
         self.model_input = ModelInput(cfg["mean"], cfg["std"])
         self.forward = ChunkedForward(chunk, device, dtype)  # closed by close(), whatever happens
 
@@ -359,7 +388,9 @@ class BatchPredictor:
             features = self.features(images)
             return [{"image": n, "error": e} if e else {"image": n, "embedding": f.tolist()}
                     for n, e, f in zip(names, errors, features)]
-        return rows(names, list(errors), self.probabilities(images), self.names, self.k, self.thresholds)
+        probs, scores = self.predictions(images)
+        answers = (scores, self.unknown.threshold, self.unknown.label) if scores is not None else None
+        return rows(names, list(errors), probs, self.names, self.k, self.thresholds, answers)
 
     def features(self, images: Tensor) -> Tensor:
         """The pooled features, float32 ``(B, E)`` on the CPU, of uint8 images ``(B, 3, H, W)`` as eval shows them."""
@@ -369,9 +400,18 @@ class BatchPredictor:
     def probabilities(self, images: Tensor) -> Tensor:
         """The class probabilities, float32 ``(B, K)`` on the CPU (softmax at the temperature; sigmoids), of uint8
         images ``(B, 3, H, W)`` as eval shows them."""
+        return self.predictions(images)[0]
+
+    def predictions(self, images: Tensor) -> tuple[Tensor, Tensor | None]:
+        """:meth:`probabilities` and, with an ``unknown`` rule, each image's open-set score ``(B,)`` (of its raw
+        logits, or of its pooled features: a second forward pass), on the CPU."""
         x = self.model_input(images.to(self.device, non_blocking=True))
         logits = self.forward(lambda c: tta_logits(self.model, c, self.tta, self.multi, self.size).float().cpu(), x)
-        return logits.sigmoid() if self.multi else (logits / self.temperature).softmax(-1)
+        probs = logits.sigmoid() if self.multi else (logits / self.temperature).softmax(-1)
+        if self.unknown is None:
+            return probs, None
+        features = self.features(images) if self.unknown.needs_features else None
+        return probs, self.unknown.scores(logits, features)
 
     def close(self) -> None:
         self.forward.close()

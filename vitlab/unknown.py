@@ -1,85 +1,203 @@
-"""``vitlab eval --unknown-images``: how well each score of :mod:`vitlab.inference.open_set` tells the images of a
-classifier's split (its test images, by default: the known ones) from images of none of its classes. For each
-score: the AUROC (the chance that a known image scores above an unknown one) and the share of unknown images kept
-at the threshold that keeps 95% of the known ones (FPR at 95% TPR); a picture of both sets' scores. The k-NN bank and
-the Mahalanobis statistics are the pooled features of the run's training split, as evaluation shows its images."""
+"""Images of none of a classifier's classes. ``vitlab calibrate --unknown SCORE``: the threshold of a score of
+:mod:`vitlab.inference.open_set` that keeps a share of the run's validation images (95% by default), kept with the
+weights it was fitted on, as the temperature is (a feature score's k-NN bank or Mahalanobis statistics, the pooled
+features of the run's training split as evaluation shows its images, in a file beside them), by which ``vitlab
+predict``, ``vitlab serve`` and :func:`unknown_scores` answer ``unknown``. ``vitlab eval --unknown-images``: how well
+each score tells the images of a split (the test images, by default: the known ones) from images of none of the
+classes: the AUROC (the chance that a known image scores above an unknown one), the share of unknown images kept at
+the threshold that keeps 95% of the known ones (FPR at 95% TPR), a picture of both sets' scores, and at the stored
+threshold, the known images kept, their accuracy and the unknown images rejected."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
+from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from .checkpoint import load_model, resolve_checkpoint
+from .checkpoint import load_model, read_json, resolve_checkpoint
 from .config import load_config
 from .data.transforms import ModelInput
 from .errors import ConfigError, DataError
 from .inference.forward import gathered, pooled_features
-from .inference.open_set import FEATURE_SCORES, LOGIT_SCORES, KNNScore, MahalanobisScore, auroc, fpr_at_tpr
+from .inference.open_set import (FEATURE_SCORES, LOGIT_SCORES, SCORES, KNNScore, MahalanobisScore, UnknownRule, auroc,
+                                 fpr_at_tpr, stored_rule, threshold_keeping)
 from .inference.view import model_dataset
+from .models.hub import set_calibration, weights_name
 from .prediction import files_index, list_images
 from .tasks.classification.evaluation import classifier_split
 
-__all__ = ["evaluate_unknown", "SCORES"]
-
-SCORES = (*LOGIT_SCORES, *FEATURE_SCORES)
+__all__ = ["calibrate_unknown", "evaluate_unknown", "unknown_scores", "SCORES"]
 
 
 def _logits_and_features(net: Any, images: torch.Tensor) -> torch.Tensor:
     return torch.cat([net(images).float(), pooled_features(net, images).float()], dim=1)
 
 
-@torch.no_grad()
-def evaluate_unknown(checkpoint: str | Path, unknown: list[str], split: str = "test", overrides: tuple[str, ...] = (),
-                     use_ema: bool = True, batch_size: int = 256, k: int = 50,
-                     output: str | Path | None = None) -> dict[str, dict[str, float]]:
-    """Each score's AUROC and FPR at 95% TPR, ``split`` of the run at ``checkpoint`` the known images and the files
-    ``unknown`` names (files, folders, globs) the unknown ones; printed, written to ``output`` (JSON) and drawn
-    beside it (or in the checkpoint) as ``unknown_scores.png``. ``k``: the k-NN score's neighbour."""
+def _single_label_run(checkpoint: str | Path, overrides: tuple[str, ...], use_ema: bool,
+                      what: str) -> tuple[Path, Any, nn.Module]:
     directory = resolve_checkpoint(checkpoint)
     cfg = load_config(directory / "run_config.yaml", overrides, recorded=True)
     if cfg.task != "classification":
-        raise ConfigError(f"--unknown-images rates an image classifier's scores; {directory} holds a {cfg.task} run")
+        raise ConfigError(f"{what} scores an image classifier's images; {directory} holds a {cfg.task} run")
     model = load_model(directory, use_ema=use_ema)
+    if model.pretrained_cfg.get("multi_label"):
+        raise ConfigError(f"{what}: a multi-label run says 'none of my classes' by no class above its threshold "
+                          f"(vitlab predict's rows); these scores are for single-label classifiers")
+    return directory, cfg, model
+
+
+def _fitted(scores: Sequence[str], k: int, directory: Path, cfg: Any, model: nn.Module, prepared: nn.Module,
+            accelerator: Any, batch_size: int) -> dict[str, KNNScore | MahalanobisScore]:
+    """The feature scores among ``scores``, fitted on the pooled features of the run's training split."""
+    wanted = [s for s in scores if s in FEATURE_SCORES]
+    if not wanted:
+        return {}
+    try:
+        _, loader, _, _, _ = classifier_split(directory, cfg, model, "train", batch_size)
+    except (ConfigError, DataError, FileNotFoundError) as e:  # e.g. streamed shards, whose training split is not kept
+        raise DataError(f"the {' and '.join(wanted)} score needs the run's training images, which cannot be read "
+                        f"({e}); give data.root=... where they are, or a logit score (msp, max_logit, energy)") from None
+    model_input = ModelInput(model.pretrained_cfg["mean"], model.pretrained_cfg["std"])
+    train, labels = gathered(prepared, loader, accelerator, pooled_features, model_input)
+    if "knn" in wanted and len(train) < k:
+        raise DataError(f"the k-NN score's k={k} is more than the {len(train)} training images: give a smaller k")
+    fitted: dict[str, KNNScore | MahalanobisScore] = {}
+    if "knn" in wanted:
+        fitted["knn"] = KNNScore(k).fit(train)
+    if "mahalanobis" in wanted:
+        fitted["mahalanobis"] = MahalanobisScore().fit(train, labels)
+    return fitted
+
+
+@torch.no_grad()
+def calibrate_unknown(checkpoint: str | Path, score: str, keep: float = 0.95, overrides: tuple[str, ...] = (),
+                      use_ema: bool = True, batch_size: int = 256, k: int = 50) -> float:
+    """The threshold of ``score`` at or above which ``keep`` of the run's validation images lie, kept in the
+    checkpoint's ``config.json`` for the weights it was fitted on (with a feature score's bank or statistics in
+    ``open_set.<weights file>`` beside them); returns it. ``k``: the k-NN score's neighbour.
+
+    Raises:
+        ConfigError: one line, before any image is read: a score not of :data:`SCORES`, ``keep`` outside (0, 1), a
+            run that is not a single-label classifier or holds out no validation images.
+        DataError: one line: a feature score on a run whose training images cannot be read.
+    """
+    if score not in SCORES:
+        raise ConfigError(f"--unknown {score}: give one of {', '.join(SCORES)}")
+    if not 0 < keep < 1:
+        raise ConfigError(f"--keep {keep}: give the share of known images to keep, in (0, 1), e.g. 0.95")
+    if k < 1:
+        raise ConfigError(f"--unknown-k {k}: give the neighbour whose distance is the k-NN score, 1 or more")
+    directory, cfg, model = _single_label_run(checkpoint, overrides, use_ema, "vitlab calibrate --unknown")
+    accelerator, loader, _, _, _ = classifier_split(directory, cfg, model, "val", batch_size)
+    prepared = accelerator.prepare(model)
     info = model.pretrained_cfg
-    if info.get("multi_label"):
-        raise ConfigError("--unknown-images: a multi-label run says 'none of my classes' by no class above its "
-                          "threshold (vitlab predict's rows); these scores are for single-label classifiers")
+    val, _ = gathered(prepared, loader, accelerator, _logits_and_features, ModelInput(info["mean"], info["std"]))
+    fitted = _fitted([score], k, directory, cfg, model, prepared, accelerator, batch_size)
+    c = len(info["label_names"])
+    rule = UnknownRule(score, 0.0, keep, k=k if score == "knn" else None, fitted=fitted.get(score))
+    values = rule.scores(val[:, :c], val[:, c:])
+    rule.threshold = threshold_keeping(values, keep)
+    weights = weights_name(read_json(directory / "config.json"), use_ema)  # what is fitted belongs to these weights
+    if accelerator.is_main_process:
+        state = f"open_set.{weights}" if rule.needs_features else None
+        if state:
+            rule.save_state(directory / state)
+        set_calibration(directory, weights, unknown=rule.record(state))
+        kept = float((values >= rule.threshold).double().mean())
+        print(f"unknown images by {score}: threshold {rule.threshold:.6g} keeps {100 * kept:.2f}% of the {len(values)} "
+              f"validation images of {directory} ({100 * keep:g}% asked); kept in {directory / 'config.json'} for "
+              f"{weights}: predict and serve answer 'unknown' below it (--unknown off: not)")
+    return rule.threshold
+
+
+@torch.no_grad()
+def unknown_scores(model: nn.Module, images: Tensor, rule: UnknownRule | None = None) -> dict[str, Tensor]:
+    """The score of each of ``images`` (uint8 ``(B, 3, H, W)`` at the model's input size, as evaluation shows them)
+    by the rule ``vitlab calibrate --unknown`` kept for ``model``'s weights (or ``rule``): ``{"scores": (B,),
+    "unknown": (B,) bool}`` (below the threshold), on the CPU.
+
+    Raises:
+        ConfigError: one line, if no rule is given and none was fitted on the model's weights.
+    """
+    rule = rule or stored_rule(model.pretrained_cfg)
+    if rule is None:
+        raise ConfigError("this model was never calibrated for unknown images: run vitlab calibrate --checkpoint RUN "
+                          "--unknown SCORE first, or give a rule")
+    cfg = model.pretrained_cfg
+    device = next(model.parameters()).device
+    x = ModelInput(cfg["mean"], cfg["std"])(images.to(device))
+    was_training = model.training
+    model.eval()
+    logits = model(x).float()
+    features = pooled_features(model, x).float() if rule.needs_features else None
+    model.train(was_training)
+    scores = rule.scores(logits, features)
+    return {"scores": scores, "unknown": scores < rule.threshold}
+
+
+@torch.no_grad()
+def evaluate_unknown(checkpoint: str | Path, unknown: list[str], split: str = "test", overrides: tuple[str, ...] = (),
+                     use_ema: bool = True, batch_size: int = 256, k: int = 50,
+                     output: str | Path | None = None) -> dict[str, Any]:
+    """Each score's AUROC and FPR at 95% TPR, ``split`` of the run at ``checkpoint`` the known images and the files
+    ``unknown`` names (files, folders, globs) the unknown ones; with the rule ``vitlab calibrate --unknown`` kept,
+    at its threshold: the share of known images kept, their top-1 accuracy, and the share of unknown images
+    rejected. Printed, written to ``output`` (JSON) and drawn beside it (or in the checkpoint) as
+    ``unknown_scores.png``. ``k``: the k-NN score's neighbour."""
+    directory, cfg, model = _single_label_run(checkpoint, overrides, use_ema, "--unknown-images")
+    info = model.pretrained_cfg
     files = list_images(list(unknown))
     named = {p.name for f in files for p in Path(f).parents} & set(info["label_names"])
     if named:
         raise DataError(f"--unknown-images: the folder {sorted(named)[0]!r} is named like one of the run's classes; "
                         f"unknown images are of none of them")
+    rule = stored_rule(info)
     accelerator, loader, classes, _, _ = classifier_split(directory, cfg, model, split, batch_size)
     prepared = accelerator.prepare(model)
     model_input = ModelInput(info["mean"], info["std"])
-    known, _ = gathered(prepared, loader, accelerator, _logits_and_features, model_input)
+    known, labels = gathered(prepared, loader, accelerator, _logits_and_features, model_input)
     unknown_loader = accelerator.prepare(DataLoader(model_dataset(model, files_index(model, files)),
                                                     batch_size=batch_size, num_workers=cfg.data.num_workers))
     other, _ = gathered(prepared, unknown_loader, accelerator, _logits_and_features, model_input)
-    _, train_loader, _, _, _ = classifier_split(directory, cfg, model, "train", batch_size)
-    train, train_labels = gathered(prepared, train_loader, accelerator, pooled_features, model_input)
-    if len(train) < k:
-        raise DataError(f"--unknown-images: the k-NN score's k={k} is more than the {len(train)} training images")
+    fitted = _fitted(SCORES, k, directory, cfg, model, prepared, accelerator, batch_size)
     c = len(classes)
-    fitted = {"knn": KNNScore(k).fit(train), "mahalanobis": MahalanobisScore().fit(train, train_labels)}
     score = lambda name, rows: (LOGIT_SCORES[name](rows[:, :c]) if name in LOGIT_SCORES else
                                 fitted[name](rows[:, c:]))
     values = {name: (score(name, known), score(name, other)) for name in SCORES}
-    result = {name: {"auroc": auroc(a, b), "fpr_at_95_tpr": fpr_at_tpr(a, b)} for name, (a, b) in values.items()}
+    result: dict[str, Any] = {name: {"auroc": auroc(a, b), "fpr_at_95_tpr": fpr_at_tpr(a, b)}
+                              for name, (a, b) in values.items()}
+    at_threshold = _at_threshold(rule, known, other, labels, c) if rule is not None else None
     if accelerator.is_main_process:
         print(f"{directory}: {len(known):,} {split} images (known) against {len(other):,} unknown images; "
-              f"k-NN bank: {len(train):,} training images, k {k}")
+              f"k-NN bank: {len(fitted['knn'].bank):,} training images, k {k}")
         for name, r in result.items():
             print(f"  {name:<12} AUROC {r['auroc']:.4f} | FPR at 95% TPR {r['fpr_at_95_tpr']:.4f}")
+        if at_threshold is not None:
+            print(f"  at the stored threshold of {rule.score} ({rule.threshold:.6g}, fitted to keep "
+                  f"{100 * rule.keep:g}% of the validation images): known kept {100 * at_threshold['known_kept']:.2f}%"
+                  f", their top-1 {100 * at_threshold['top1_of_kept']:.2f}%, unknown rejected "
+                  f"{100 * at_threshold['unknown_rejected']:.2f}%")
         where = Path(output).parent if output else directory
         if output:
-            Path(output).write_text(json.dumps({"split": split, "known": len(known), "unknown": len(other),
-                                                "k": k, "scores": result}, indent=1) + "\n")
+            Path(output).write_text(json.dumps({"split": split, "known": len(known), "unknown": len(other), "k": k,
+                                                "scores": result, "stored_threshold": at_threshold}, indent=1) + "\n")
         _picture(values, result, where / "unknown_scores.png")
-    return result
+    return {**result, **({"stored_threshold": at_threshold} if at_threshold is not None else {})}
+
+
+def _at_threshold(rule: UnknownRule, known: Tensor, other: Tensor, labels: Tensor, c: int) -> dict[str, Any]:
+    """The stored rule on the known images (their logits and features ``known``, classes ``labels``) and the unknown
+    ones: the share of known images kept, the top-1 accuracy of those kept, the share of unknown ones rejected."""
+    kept = rule.scores(known[:, :c], known[:, c:]) >= rule.threshold
+    rejected = rule.scores(other[:, :c], other[:, c:]) < rule.threshold
+    right = known[:, :c].argmax(1) == labels
+    return {"score": rule.score, "threshold": rule.threshold, "keep": rule.keep,
+            "known_kept": float(kept.double().mean()),
+            "top1_of_kept": float(right[kept].double().mean()) if kept.any() else 0.0,
+            "unknown_rejected": float(rejected.double().mean())}
 
 
 def _picture(values: dict[str, tuple[torch.Tensor, torch.Tensor]], result: dict[str, dict[str, float]],

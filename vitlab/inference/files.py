@@ -60,28 +60,37 @@ def write_eval_predictions(path: Path, key: Any, labels: Any, probs: Any, classe
     os.replace(tmp, path)
 
 
-def columns(names: list[str], k: int, multi_label: bool) -> list[str]:
+def columns(names: list[str], k: int, multi_label: bool, unknown: bool = False) -> list[str]:
     if multi_label:
         return ["image", "error", "labels", *(f"prob_{c}" for c in names)]
-    return ["image", "error", *(f"{what}_{r}" for r in range(1, k + 1) for what in ("class", "index", "prob"))]
+    answer = ["label", "unknown_score"] if unknown else []
+    return ["image", "error", *answer, *(f"{what}_{r}" for r in range(1, k + 1) for what in ("class", "index", "prob"))]
 
 
 def rows(files: list[str], errors: list[str], probs: Tensor, names: list[str], k: int,
-          thresholds: Tensor | None) -> list[dict[str, Any]]:
+          thresholds: Tensor | None, unknown: tuple[Tensor, float, str] | None = None) -> list[dict[str, Any]]:
     """An output row of each image: its top ``k`` (single-label), or the classes at or above ``thresholds``
     and every class's probability (multi-label); an unreadable image's row holds its error only. The batch's
-    top k and thresholds are taken at once (one per row cost more than the forward pass of a small image)."""
-    rows: list[dict[str, Any]] = []
+    top k and thresholds are taken at once (one per row cost more than the forward pass of a small image).
+    ``unknown``: each image's open-set score, the threshold and the name of an image below it: a single-label row
+    then also holds its ``label`` (that name below the threshold, else its top class) and ``unknown_score``."""
+    if unknown is not None and thresholds is None:
+        scores, threshold, label = unknown
+        top = probs.argmax(1).tolist()
+        answered = [(label if s < threshold else names[t], s) for s, t in zip(scores.tolist(), top)]
+        return [r if "error" in r else {"image": r["image"], "label": a, "unknown_score": s, **r}
+                for r, (a, s) in zip(rows(files, errors, probs, names, k, None), answered)]
+    out: list[dict[str, Any]] = []
     if thresholds is not None:
         for path, error, p, above in zip(files, errors, probs.tolist(), (probs >= thresholds).tolist()):
-            rows.append({"image": path, "error": error} if error else
+            out.append({"image": path, "error": error} if error else
                         {"image": path, "labels": [n for n, a in zip(names, above) if a], "probs": dict(zip(names, p))})
-        return rows
+        return out
     values, indices = probs.topk(k, dim=1)
     for path, error, top, index in zip(files, errors, values.tolist(), indices.tolist()):
-        rows.append({"image": path, "error": error} if error else
+        out.append({"image": path, "error": error} if error else
                     {"image": path, "classes": [names[i] for i in index], "indices": index, "probs": top})
-    return rows
+    return out
 
 
 def csv_lines(rows: list[dict[str, Any]], columns: list[str]) -> str:
@@ -89,6 +98,8 @@ def csv_lines(rows: list[dict[str, Any]], columns: list[str]) -> str:
     writer = csv.writer(text, lineterminator="\n")
     for row in rows:
         flat: dict[str, Any] = {"image": row["image"], "error": row.get("error", "")}
+        if "label" in row:
+            flat.update({"label": row["label"], "unknown_score": f"{row['unknown_score']:.6g}"})
         if "labels" in row:
             flat["labels"] = label_set_cell(row["labels"])
             flat.update({f"prob_{c}": f"{v:.6g}" for c, v in row["probs"].items()})
@@ -106,7 +117,10 @@ def text_line(row: dict[str, Any]) -> str:
     if "labels" in row:
         shown = [f"{c} {row['probs'][c]:.3f}" for c in row["labels"]]
         return f"{row['image']}: " + (", ".join(shown) if shown else "no class")
-    return f"{row['image']}: " + ", ".join(f"{c} {v:.3f}" for c, v in zip(row["classes"], row["probs"]))
+    top = ", ".join(f"{c} {v:.3f}" for c, v in zip(row["classes"], row["probs"]))
+    if "label" in row and row["label"] != row["classes"][0]:  # below the unknown threshold
+        return f"{row['image']}: {row['label']} (score {row['unknown_score']:.4g}); {top}"
+    return f"{row['image']}: {top}"
 
 
 def to_parquet(partial: Path, out: Path) -> None:
@@ -149,11 +163,12 @@ def to_npy(partial: Path, out: Path) -> None:
 
 
 def job_record(model: nn.Module, k: int, tta: str, dtype: torch.dtype | None, embed: bool,
-               max_pixels: int = 0) -> dict[str, Any]:
+               max_pixels: int = 0, unknown: dict[str, Any] | str | None = None) -> dict[str, Any]:
     """What decides a job's rows besides its inputs: the weights (a digest of every tensor), the checkpoint's
     record (classes, preprocessing, temperature, thresholds: a digest of ``pretrained_cfg``), what a row holds
     (embeddings or predictions, top ``k``), the test-time augmentation, the precision, and a pixel limit where one
-    is set (``max_pixels``: which images are rows of an error; absent when 0, as in the records written before it)."""
+    is set (``max_pixels``: which images are rows of an error; absent when 0, as in the records written before it),
+    and how rows answer ``unknown`` (``unknown``: the rule and its label, or 'off' for a model that has one)."""
     weights = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         weights.update(name.encode())
@@ -162,7 +177,7 @@ def job_record(model: nn.Module, k: int, tta: str, dtype: torch.dtype | None, em
     return {"rows": "embeddings" if embed else "predictions", "topk": None if embed else k, "tta": tta,
             "precision": str(dtype or torch.float32).removeprefix("torch."), "weights": weights.hexdigest(),
             "checkpoint record": hashlib.sha256(record.encode()).hexdigest(),
-            **({"max_pixels": max_pixels} if max_pixels else {})}
+            **({"max_pixels": max_pixels} if max_pixels else {}), **({"unknown": unknown} if unknown else {})}
 
 
 def job_file(partial: Path) -> Path:

@@ -15,17 +15,24 @@ rather than pytorch-ood's at run time: pytorch-ood's k-NN goes through scikit-le
 detectors keep no state a checkpoint could store; these are a few tensor lines on the model's device.
 
 :func:`auroc` and :func:`fpr_at_tpr` rate a score on known and unknown images (the known ones the positives);
-:func:`threshold_keeping` is the score's value that keeps a share of known images.
+:func:`threshold_keeping` is the score's value that keeps a share of known images. :class:`UnknownRule` is a score
+with the threshold ``vitlab calibrate --unknown`` fitted (and the k-NN bank or the Mahalanobis statistics it fitted
+them on, kept in a file beside the weights): what ``vitlab predict``, ``vitlab serve`` and
+:func:`vitlab.unknown.unknown_scores` answer ``unknown`` by.
 """
 from __future__ import annotations
 
 import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
 __all__ = ["msp", "max_logit", "energy", "KNNScore", "MahalanobisScore", "auroc", "fpr_at_tpr", "threshold_keeping",
-           "LOGIT_SCORES", "FEATURE_SCORES"]
+           "LOGIT_SCORES", "FEATURE_SCORES", "SCORES", "UNKNOWN_MODES", "UnknownRule", "stored_rule"]
 
 
 def msp(logits: Tensor) -> Tensor:
@@ -75,6 +82,13 @@ class KNNScore:
                for q in queries.split(self.chunk)]
         return -torch.cat(out) if out else queries.new_zeros(0)
 
+    def state(self) -> dict[str, Tensor]:
+        return {"bank": self.bank}
+
+    def load_state(self, state: dict[str, Tensor]) -> KNNScore:
+        self.bank = state["bank"]
+        return self
+
 
 class MahalanobisScore:
     """Minus the smallest squared Mahalanobis distance of a feature to a class mean, under the covariance the
@@ -105,8 +119,16 @@ class MahalanobisScore:
         distances = torch.einsum("bcd,de,bce->bc", centered, self.precision, centered)
         return -distances.amin(dim=1).float()
 
+    def state(self) -> dict[str, Tensor]:
+        return {"means": self.means, "precision": self.precision}
+
+    def load_state(self, state: dict[str, Tensor]) -> MahalanobisScore:
+        self.means, self.precision = state["means"], state["precision"]
+        return self
+
 
 FEATURE_SCORES = {"knn": KNNScore, "mahalanobis": MahalanobisScore}
+SCORES = (*LOGIT_SCORES, *FEATURE_SCORES)
 
 
 def auroc(known: Tensor, unknown: Tensor) -> float:
@@ -134,3 +156,69 @@ def threshold_keeping(known: Tensor, keep: float = 0.95) -> float:
 def fpr_at_tpr(known: Tensor, unknown: Tensor, tpr: float = 0.95) -> float:
     """The share of unknown images kept at the threshold that keeps ``tpr`` of the known ones (FPR at 95% TPR)."""
     return float((unknown.double() >= threshold_keeping(known, tpr)).double().mean())
+
+
+@dataclass
+class UnknownRule:
+    """A score and the threshold below which an image is said to be of none of the classes: ``score`` (one of
+    :data:`SCORES`), ``threshold`` (fitted to keep ``keep`` of the validation images), the name rows give such an
+    image (``label``), and for a feature score its fitted :class:`KNNScore` (``k``) or :class:`MahalanobisScore`."""
+
+    score: str
+    threshold: float
+    keep: float
+    label: str = "unknown"
+    k: int | None = None
+    fitted: KNNScore | MahalanobisScore | None = None
+
+    @property
+    def needs_features(self) -> bool:
+        return self.score in FEATURE_SCORES
+
+    def scores(self, logits: Tensor, features: Tensor | None = None) -> Tensor:
+        """``(B,)`` float32 on the CPU: the score of each image, from its logits ``(B, C)`` (the raw ones, not
+        divided by a temperature) or pooled features ``(B, D)``."""
+        if self.needs_features:
+            return self.fitted(features).float().cpu()
+        return LOGIT_SCORES[self.score](logits).cpu()
+
+    def record(self, state_file: str | None) -> dict[str, Any]:
+        """What ``config.json`` keeps of it, under the weights it was fitted on (``state_file``: its bank's)."""
+        return {"score": self.score, "threshold": self.threshold, "keep": self.keep,
+                **({"k": self.k} if self.k is not None else {}), **({"state": state_file} if state_file else {})}
+
+    def save_state(self, path: Path) -> None:
+        """The fitted bank or statistics to ``path`` (safetensors, written whole, then renamed into place)."""
+        from safetensors.torch import save_file
+
+        tmp = path.with_name(path.name + ".tmp")
+        save_file({k: v.detach().cpu().contiguous() for k, v in self.fitted.state().items()}, str(tmp))
+        os.replace(tmp, path)
+
+
+UNKNOWN_MODES = ("auto", "on", "off")
+
+
+def stored_rule(cfg: dict[str, Any], label: str = "unknown", mode: str = "auto") -> UnknownRule | None:
+    """The rule ``vitlab calibrate --unknown`` kept for a loaded model's weights (its ``pretrained_cfg``: the
+    ``unknown`` record and the ``checkpoint`` directory its state file lies in), rows naming such images ``label``;
+    None if none was fitted (``mode='auto'``) or ``mode='off'``. ``mode='on'``: one line if none was fitted."""
+    from ..errors import ConfigError
+
+    if mode not in UNKNOWN_MODES:
+        raise ConfigError(f"--unknown {mode}: give auto (the stored threshold where there is one), on or off")
+    if not label.strip():
+        raise ConfigError("--unknown-label: give the name a row gives an image of none of the classes")
+    record = cfg.get("unknown")
+    if mode == "off" or not record:
+        if mode == "on":
+            raise ConfigError("--unknown on: this model was never calibrated for unknown images (no threshold kept "
+                              "with its weights): run vitlab calibrate --checkpoint RUN --unknown SCORE first")
+        return None
+    rule = UnknownRule(record["score"], float(record["threshold"]), float(record["keep"]), label, record.get("k"))
+    if rule.needs_features:
+        from safetensors.torch import load_file
+
+        state = load_file(str(Path(cfg["checkpoint"]) / record["state"]))
+        rule.fitted = (KNNScore(rule.k) if rule.score == "knn" else MahalanobisScore()).load_state(state)
+    return rule

@@ -304,6 +304,8 @@ def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], 
         fitted = calibration_of(meta, weights.name)  # vitlab calibrate's, on these weights
         if fitted.get("temperature"):  # probabilities are softmax(logits / temperature)
             cfg["temperature"] = float(fitted["temperature"])
+        if fitted.get("unknown"):  # vitlab calibrate --unknown: a score and its threshold (open_set.stored_rule)
+            cfg["unknown"] = dict(fitted["unknown"])
         if meta.get("lora"):  # LoRA adapters on a base model (vitlab.models.lora.merge_lora folds them in)
             cfg["lora"] = dict(meta["lora"])
         if meta.get("multi_label"):  # several classes an image: a sigmoid a class, not a softmax

@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from ..data.decode import TooManyPixels
 from ..errors import DataError
 from ..inference.forward import cpu_chunk
+from ..inference.open_set import UnknownRule, stored_rule
 from ..prediction import BatchPredictor
 from ..runtime import autocast_dtype, default_device
 from .batching import DynamicBatcher
@@ -83,7 +84,8 @@ def create_app(model: nn.Module, *, checkpoint: str | Path | None = None, max_ba
                max_wait_ms: float = MAX_WAIT_MS, max_upload_mb: float = MAX_UPLOAD_MB, max_images: int = MAX_IMAGES,
                api_key: str | None = None,
                cors_origins: tuple[str, ...] = (), device: str | torch.device | None = None,
-               precision: str = "run", max_image_pixels: int = MAX_IMAGE_PIXELS) -> FastAPI:
+               precision: str = "run", max_image_pixels: int = MAX_IMAGE_PIXELS, unknown: str = "auto",
+               unknown_label: str = "unknown") -> FastAPI:
     """The FastAPI application serving ``model`` (a vitlab image classifier): the routes of the module's table.
 
     ``max_batch_size``, ``max_wait_ms``: the dynamic batching (1: a forward pass a request). ``max_upload_mb``: a
@@ -91,21 +93,28 @@ def create_app(model: nn.Module, *, checkpoint: str | Path | None = None, max_ba
     image whose header gives more pixels (width x height) is refused (413) before it is decoded, and the requests in
     flight decode at most that many pixels at once (:class:`~vitlab.serving.uploads.PixelBudget`). ``api_key``: every
     route but ``/health`` asks for it. ``cors_origins``: the origins whose pages may call the API (none by
-    default)."""
+    default). ``unknown``, ``unknown_label``: as ``vitlab predict``'s: an image below the threshold ``vitlab
+    calibrate --unknown`` kept is answered first ``{"label": unknown_label, "score": its score, "unknown": true,
+    "threshold": ...}``, then its classes."""
     names = list(model.pretrained_cfg.get("label_names") or [])
     device = default_device() if device is None else torch.device(device)
     model = model.to(device).eval()
     size = tuple(model.pretrained_cfg["input_size"][1:])
     chunk = cpu_chunk(model, (3, *size)) if device.type == "cpu" else 0
+    rule = stored_rule(model.pretrained_cfg, unknown_label, unknown)
     predictor = BatchPredictor(model, device=device, dtype=autocast_dtype(model, precision, device), chunk=chunk,
-                               names=names)
+                               names=names, unknown=rule)
 
     def run(kind: str, images: Tensor) -> Tensor:
         with torch.no_grad():
-            return predictor.features(images) if kind == "embed" else predictor.probabilities(images)
+            if kind == "embed":
+                return predictor.features(images)
+            probs, scores = predictor.predictions(images)
+            return probs if scores is None else torch.cat([probs, scores[:, None]], dim=1)  # the score: a last column
 
     batcher = DynamicBatcher(run, max_batch_size, max_wait_ms)
     record = _model_record(model, checkpoint)
+    record["unknown"] = {"score": rule.score, "threshold": rule.threshold, "label": rule.label} if rule else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> Any:
@@ -126,7 +135,7 @@ def create_app(model: nn.Module, *, checkpoint: str | Path | None = None, max_ba
         app.add_middleware(CORSMiddleware, allow_origins=list(cors_origins), allow_methods=["GET", "POST"],
                            allow_headers=["Authorization", "Content-Type"])
     limits = _Limits(int(max_upload_mb * 2**20), max_images, max_image_pixels)
-    _routes(app, model, device, batcher, record, limits, predictor.thresholds)
+    _routes(app, model, device, batcher, record, limits, predictor.thresholds, rule)
     return app
 
 
@@ -211,8 +220,9 @@ async def _read_images(request: Request, limits: _Limits) -> tuple[list[bytes], 
 
 
 def _routes(app: FastAPI, model: nn.Module, device: torch.device, batcher: DynamicBatcher, record: dict[str, Any],
-            limits: _Limits, thresholds: Tensor | None) -> None:
-    """The routes of the module's table (``thresholds``: a multi-label run's, as predict applies them)."""
+            limits: _Limits, thresholds: Tensor | None, rule: UnknownRule | None = None) -> None:
+    """The routes of the module's table (``thresholds``: a multi-label run's, as predict applies them; ``rule``: the
+    unknown threshold, whose scores the batches' rows carry as a last column)."""
     from starlette.concurrency import run_in_threadpool
 
     names = record["classes"]
@@ -239,7 +249,10 @@ def _routes(app: FastAPI, model: nn.Module, device: torch.device, batcher: Dynam
             raise _Refused(422, f"top_k={top_k}: give how many classes to list, 1 or more")
         images, count = await model_input(request)
         probs = await batcher.submit("predict", images)
-        answers = [_answer(row, names, top_k, thresholds) for row in probs]
+        if rule is None:
+            answers = [_answer(row, names, top_k, thresholds) for row in probs]
+        else:
+            answers = [_unknown(float(row[-1]), rule) + _answer(row[:-1], names, top_k, None) for row in probs]
         return answers[0] if count == 1 and not _is_multipart(request) else answers
 
     @app.post("/v1/embed", summary="the pooled features of images")
@@ -294,6 +307,13 @@ def _answer(probs: Tensor, names: list[str], top_k: int, thresholds: Tensor | No
     if thresholds is not None:
         return [{"label": names[k], "score": float(probs[k])} for k in order if probs[k] >= thresholds[k]]
     return [{"label": names[k], "score": float(probs[k])} for k in order[:top_k]]
+
+
+def _unknown(score: float, rule: UnknownRule) -> list[dict[str, Any]]:
+    """The entry that says an image is of none of the classes (its score below the rule's threshold), or none."""
+    if score >= rule.threshold:
+        return []
+    return [{"label": rule.label, "score": score, "unknown": True, "threshold": rule.threshold}]
 
 
 def _rollout(model: nn.Module, image: Tensor, device: torch.device) -> Tensor:

@@ -25,9 +25,11 @@ def require_serving() -> None:
 def serve(checkpoint: str | Path, host: str = "127.0.0.1", port: int = 8000, *, max_batch_size: int = MAX_BATCH_SIZE,
           max_wait_ms: float = MAX_WAIT_MS, max_upload_mb: float = MAX_UPLOAD_MB, api_key_env: str | None = None,
           cors_origins: tuple[str, ...] = (), device: str | None = None, precision: str = "run",
-          log_level: str = "info", max_image_pixels: int = MAX_IMAGE_PIXELS) -> None:
+          log_level: str = "info", max_image_pixels: int = MAX_IMAGE_PIXELS, unknown: str = "auto",
+          unknown_label: str = "unknown") -> None:
     """Serve the classifier in ``checkpoint`` at ``http://host:port`` until SIGTERM; ``api_key_env``: the
-    environment variable holding the key every route but ``/health`` asks for."""
+    environment variable holding the key every route but ``/health`` asks for; ``unknown``, ``unknown_label``: as
+    :func:`~vitlab.serving.app.create_app`'s."""
     require_serving()
     if not 1 <= max_batch_size <= 4096:
         raise ConfigError(f"--max-batch-size {max_batch_size}: give 1 (a forward pass a request) to 4096")
@@ -52,7 +54,8 @@ def serve(checkpoint: str | Path, host: str = "127.0.0.1", port: int = 8000, *, 
         raise ConfigError(f"{checkpoint}: not an image classifier with class names; vitlab serve serves one")
     app = create_app(model, checkpoint=checkpoint, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms,
                      max_upload_mb=max_upload_mb, api_key=key, cors_origins=cors_origins, device=device,
-                     precision=precision, max_image_pixels=max_image_pixels)
+                     precision=precision, max_image_pixels=max_image_pixels, unknown=unknown,
+                     unknown_label=unknown_label)
     print(f"serving {checkpoint} at http://{host}:{port} (the page: /, the API: /docs"
           f"{'; every route but /health asks for the key in $' + api_key_env if key else ''})", flush=True)
     # uvicorn shuts down gracefully on SIGTERM, then raises the signal again under the handler it found: this one
