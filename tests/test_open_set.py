@@ -282,3 +282,36 @@ def test_serve_answers_unknown_first_below_the_threshold_and_its_classes_after(v
         with TestClient(create_app(model, device="cpu", unknown="off")) as client:
             assert len(client.post("/v1/predict?top_k=2", content=blob.getvalue(),
                                    headers={"Content-Type": "image/png"}).json()) == 2
+
+
+def test_an_exported_file_with_its_preprocessing_carries_a_logit_scores_threshold_and_says_when_it_cannot(val_run,
+                                                                                                           tmp_path):
+    # onnxruntime runs the file on uint8 images (B, H, W, 3): its unknown_score is vitlab.unknown_scores' of the same
+    # images, its metadata the threshold; a k-NN threshold stays out of the file, in one line
+    import json
+
+    ort = pytest.importorskip("onnxruntime")
+    import onnx
+
+    import vitlab
+    from vitlab import load_model
+    from vitlab.export import export_model
+    from vitlab.unknown import calibrate_unknown
+
+    threshold = calibrate_unknown(val_run, "energy")
+    model = load_model(val_run)
+    result = export_model(model, tmp_path / "m.onnx", with_preprocess=True)
+    assert result["outputs"] == ["probabilities", "unknown_score"] and result["max_abs_diff"] < 1e-4
+    assert "unknown" not in result
+    meta = {p.key: p.value for p in onnx.load(str(tmp_path / "m.onnx")).metadata_props}
+    assert json.loads(meta["vitlab.unknown"]) == {"score": "energy", "threshold": threshold, "below": "unknown"}
+    images = torch.from_numpy(np.random.default_rng(2).integers(0, 256, (5, 32, 32, 3), dtype=np.uint8))
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    probs, scores = session.run(None, {"images": images.numpy()})
+    expected = vitlab.unknown_scores(model, images.permute(0, 3, 1, 2))["scores"]
+    assert scores.shape == (5,) and np.allclose(scores, expected.numpy(), atol=1e-4)
+    assert np.allclose(probs.sum(1), 1, atol=1e-5)
+    calibrate_unknown(val_run, "knn", k=5)
+    result = export_model(load_model(val_run), tmp_path / "k.onnx", with_preprocess=True, check=False)
+    assert result["outputs"] == ["probabilities"]
+    assert result["unknown"].startswith("the knn score is not in the file: it searches a bank of training features")

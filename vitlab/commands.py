@@ -227,8 +227,10 @@ def _export(args: argparse.Namespace) -> None:
                if "max_abs_diff" in result else "")
     what = (", uint8 (batch, H, W, 3) -> probabilities" if args.with_preprocess else "") + \
         (", int8 weights" if args.quantize else "")
-    print(f"wrote {result['output']} ({args.format}{what}; inputs {', '.join(result['inputs'])}, dynamic batch)"
-          f"{checked}")
+    print(f"wrote {result['output']} ({args.format}{what}; inputs {', '.join(result['inputs'])}, outputs "
+          f"{', '.join(result['outputs'])}, dynamic batch){checked}")
+    if "unknown" in result:
+        print(result["unknown"])
 
 
 def _int_or_fail(value: str, flag: str, expected: str) -> int:

@@ -21,7 +21,11 @@ lengths, which ``torch.export`` cannot trace symbolically.
 ``with_preprocess`` (an image classifier): the file takes what a deployment has, ``images`` uint8 RGB
 ``(batch, H, W, 3)`` at the training size, normalizes them inside as training did, and returns ``probabilities``
 (softmax at the run's temperature; a multi-label run's sigmoids); its metadata (ONNX ``metadata_props``; a ``.pt2``'s
-``vitlab.json``) carries the label names, the thresholds, the temperature, the input layout. ``quantize='int8'``
+``vitlab.json``) carries the label names, the thresholds, the temperature, the input layout. A model calibrated for
+images of none of its classes (``vitlab calibrate --unknown``) by a score of its logits (``msp``, ``max_logit``,
+``energy``) also returns ``unknown_score`` ``(batch,)``, and the metadata its threshold and label (``vitlab.unknown``:
+an image is unknown below it); a feature score's bank (``knn``, ``mahalanobis``) stays out of the file, which the
+result's ``unknown`` line says. ``quantize='int8'``
 (ONNX): onnxruntime's dynamic quantization of the matrix products' weights (``MatMul``, ``Gemm``), the norms, residual
 adds, softmax and the patch embedding's convolution kept in float32.
 """
@@ -39,6 +43,7 @@ from torch.export import Dim
 
 from .errors import CheckpointError, ConfigError
 from .models import GPT, RNNSeq2Seq, Seq2SeqTransformer
+from .inference.open_set import LOGIT_SCORES
 from .models.hub import image_input_size
 
 __all__ = ["export_model", "example_inputs", "PreprocessedClassifier", "FORMATS"]
@@ -49,20 +54,26 @@ FORMATS = ("onnx", "torch-export")
 class PreprocessedClassifier(nn.Module):
     """``model`` (an image classifier) behind its preprocessing: uint8 RGB ``(B, H, W, 3)`` -> probabilities
     ``(B, classes)``, normalized as :func:`vitlab.data.transforms.normalize` does (the same operations), at the
-    temperature of ``model.pretrained_cfg``; sigmoids for a multi-label model."""
+    temperature of ``model.pretrained_cfg``; sigmoids for a multi-label model. With an unknown threshold of a logit
+    score kept for the weights: (probabilities, ``unknown_score`` ``(B,)``), the score of the raw logits."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         cfg = model.pretrained_cfg
         self.model, self.multi_label = model, bool(cfg.get("multi_label"))
         self.temperature = float(cfg.get("temperature", 1.0))
+        unknown = cfg.get("unknown") or {}
+        self.unknown = dict(unknown) if unknown.get("score") in LOGIT_SCORES else None
         self.register_buffer("mean", torch.tensor([v * 255 for v in cfg["mean"]]).view(-1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor([v * 255 for v in cfg["std"]]).view(-1, 1, 1), persistent=False)
 
-    def forward(self, images: Tensor) -> Tensor:
+    def forward(self, images: Tensor) -> Tensor | tuple[Tensor, Tensor]:
         x = (images.permute(0, 3, 1, 2).to(torch.float32) - self.mean) / self.std
         logits = self.model(x).float()
-        return logits.sigmoid() if self.multi_label else (logits / self.temperature).softmax(-1)
+        probs = logits.sigmoid() if self.multi_label else (logits / self.temperature).softmax(-1)
+        if self.unknown is None:
+            return probs
+        return probs, LOGIT_SCORES[self.unknown["score"]](logits)
 
     def metadata(self) -> dict[str, str]:
         """What a deployment reads beside the file, as strings (JSON for lists)."""
@@ -71,7 +82,9 @@ class PreprocessedClassifier(nn.Module):
                 "vitlab.thresholds": json.dumps(cfg.get("thresholds")), "vitlab.temperature": str(self.temperature),
                 "vitlab.multi_label": json.dumps(self.multi_label),
                 "vitlab.input": f"uint8 RGB (batch, {cfg['input_size'][1]}, {cfg['input_size'][2]}, 3)",
-                "vitlab.output": "sigmoids" if self.multi_label else "softmax probabilities at the temperature"}
+                "vitlab.output": "sigmoids" if self.multi_label else "softmax probabilities at the temperature",
+                **({"vitlab.unknown": json.dumps({"score": self.unknown["score"], "threshold": self.unknown["threshold"],
+                                                  "below": "unknown"})} if self.unknown else {})}
 
 
 def example_inputs(model: nn.Module) -> tuple[tuple[Tensor, ...], tuple[dict[int, Dim], ...], list[str]]:
@@ -150,6 +163,8 @@ def export_model(model: nn.Module, output: str | Path, format: Literal["onnx", "
         model = PreprocessedClassifier(model).eval()
     args, dynamic, names = example_inputs(model)
     outputs = ["probabilities" if with_preprocess else "logits"]
+    if with_preprocess and model.unknown is not None:
+        outputs.append("unknown_score")
     tmp = output.with_name(f".{output.stem}.tmp{'.pt2' if format == 'torch-export' else output.suffix}")
     try:
         with torch.no_grad(), warnings.catch_warnings():
@@ -164,6 +179,12 @@ def export_model(model: nn.Module, output: str | Path, format: Literal["onnx", "
                 torch.export.save(torch.export.export(model, args, dynamic_shapes=dynamic), str(tmp),
                                   extra_files=extra)
         result: dict[str, Any] = {"output": str(output), "format": format, "inputs": names, "outputs": outputs}
+        if with_preprocess and (model.model.pretrained_cfg.get("unknown") or {}).get("score") not in (None,
+                                                                                             *LOGIT_SCORES):
+            score = model.model.pretrained_cfg["unknown"]["score"]
+            result["unknown"] = (f"the {score} score is not in the file: it searches a bank of training features "
+                                 f"kept beside the weights (vitlab predict and serve use it); calibrate a logit score "
+                                 f"(msp, max_logit, energy) for a file that says unknown")
         if check:
             result["max_abs_diff"] = _max_abs_diff(model, tmp, format, _check_inputs(model, args), names)
         os.replace(tmp, output)
@@ -199,8 +220,10 @@ def _finish_onnx(path: Path, metadata: dict[str, str], quantize: str | None) -> 
 
 
 def _max_abs_diff(model: nn.Module, path: Path, format: str, inputs: tuple[Tensor, ...], names: list[str]) -> float:
+    """The largest difference of the file's outputs (each of them) from the eager model's."""
     with torch.no_grad():
-        expected = model(*inputs).float().cpu()
+        expected = model(*inputs)
+    expected = [t.float().cpu() for t in (expected if isinstance(expected, tuple) else (expected,))]
     if format == "onnx":
         try:
             import onnxruntime
@@ -208,8 +231,10 @@ def _max_abs_diff(model: nn.Module, path: Path, format: str, inputs: tuple[Tenso
             raise CheckpointError("checking the ONNX file needs onnxruntime: pip install 'vitlab[export]' "
                                   "(or pass check=False / --no-check)") from None
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        got = torch.from_numpy(session.run(None, {n: x.cpu().numpy() for n, x in zip(names, inputs)})[0])
+        got = [torch.from_numpy(a) for a in session.run(None, {n: x.cpu().numpy() for n, x in zip(names, inputs)})]
     else:
         with torch.no_grad():
-            got = torch.export.load(str(path)).module()(*inputs).float().cpu()
-    return (got - expected).abs().max().item()
+            out = torch.export.load(str(path)).module()(*inputs)
+        got = [t.float().cpu() for t in (out if isinstance(out, (tuple, list)) else (out,))]
+    assert len(got) == len(expected), f"the file gives {len(got)} outputs, the model {len(expected)}"
+    return max((g - e).abs().max().item() for g, e in zip(got, expected))
