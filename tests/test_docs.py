@@ -9,10 +9,11 @@ of each class, the first lines of each file); a block that reads one the suite c
 The one departure from "as written": a training command (``python train.py``, ``vitlab train``,
 ``make train CONFIG=... ARGS=...``, ``torchrun ... train.py``) gets a few keys appended that make it
 seconds long (:func:`_shortened`): one epoch, tiny subsets, no tracker unless it names one, and for a
-CIFAR-10 config that would download, the same images from the shared copy. ``vitlab`` commands and
-``train.py`` run in this process (their arguments and output are those of the command line); other
-commands run in ``bash``; a block that starts a background job (a line ending in ``&``: a server) runs whole in one
-``bash``. ``source .venv/bin/activate`` does nothing here: the suite runs in the
+CIFAR-10 config that would download, the same images from the shared copy; a k-NN open-set score (``vitlab
+calibrate --unknown``, ``vitlab eval --unknown-images``) gets ``--unknown-k 5``, for the subsets' few images.
+``vitlab`` commands and ``train.py`` run in this process (their arguments and output are those of the command
+line); other commands run in ``bash``; a block that starts a background job (a line ending in ``&``: a server) runs
+whole in one ``bash``. ``source .venv/bin/activate`` does nothing here: the suite runs in the
 environment. A block marked ``<!-- skip: reason -->`` on the line before it is reported as skipped with
 its reason; it needs what the suite cannot have (a GPU, network, SLURM).
 
@@ -216,6 +217,9 @@ def _run_command(command: str, run: PageRun, monkeypatch: pytest.MonkeyPatch) ->
         if "--trials" in args:
             args[args.index("--trials") + 1] = "2"
         return _in_process(main, ["tune", *_shortened(args, run.cwd, run.shared)])
+    if tool == "vitlab" and ("--unknown-images" in argv or argv[1:2] == ["calibrate"] and "--unknown" in argv) \
+            and "--unknown-k" not in argv:  # the k-NN score's neighbour among the tiny subsets' few training images
+        return _in_process(main, [*argv[1:], "--unknown-k", "5"])
     if tool == "vitlab":
         return _in_process(main, argv[1:])
     if argv[:2] == ["make", "train"]:

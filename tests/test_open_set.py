@@ -315,3 +315,21 @@ def test_an_exported_file_with_its_preprocessing_carries_a_logit_scores_threshol
     result = export_model(load_model(val_run), tmp_path / "k.onnx", with_preprocess=True, check=False)
     assert result["outputs"] == ["probabilities"]
     assert result["unknown"].startswith("the knn score is not in the file: it searches a bank of training features")
+
+
+@pytest.mark.parametrize("build", ["vit", "vit distilled", "vit avg pool", "timm"])
+def test_logits_and_features_of_one_pass_are_the_forward_and_the_pooled_features(build):
+    from vitlab.inference.forward import logits_and_features, pooled_features
+    from vitlab.models import VisionTransformer
+    from vitlab.models.timm_classifier import TimmClassifier
+
+    torch.manual_seed(0)
+    small = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_classes=5)
+    model = {"vit": lambda: VisionTransformer(**small),
+             "vit distilled": lambda: VisionTransformer(**small, distilled=True),
+             "vit avg pool": lambda: VisionTransformer(**small, global_pool="avg", class_token=False),
+             "timm": lambda: TimmClassifier("test_vit", num_classes=5)}[build]().eval()
+    x = torch.randn(3, 3, *(32, 32) if build != "timm" else model.pretrained_cfg["input_size"][1:])
+    with torch.no_grad():
+        logits, features = logits_and_features(model, x)
+        assert torch.equal(logits, model(x)) and torch.equal(features, pooled_features(model, x))

@@ -33,7 +33,7 @@ from .data.transforms import ModelInput, decode_size, decode_upright
 from .errors import ConfigError, DataError
 from .inference.files import columns, csv_lines, job_file, job_record, open_partial, resume_rows, rows, \
     text_line, to_npy, to_parquet
-from .inference.forward import ChunkedForward, cpu_chunk, feature_model, pooled_features
+from .inference.forward import ChunkedForward, cpu_chunk, feature_model, logits_and_features, pooled_features
 from .inference.open_set import UnknownRule, stored_rule
 from .inference.tta import tta_logits
 from .inference.view import crops_view_size, eval_view, model_dataset
@@ -406,12 +406,15 @@ class BatchPredictor:
         """:meth:`probabilities` and, with an ``unknown`` rule, each image's open-set score ``(B,)`` (of its raw
         logits, or of its pooled features: a second forward pass), on the CPU."""
         x = self.model_input(images.to(self.device, non_blocking=True))
-        logits = self.forward(lambda c: tta_logits(self.model, c, self.tta, self.multi, self.size).float().cpu(), x)
+        features = None
+        if self.unknown is not None and self.unknown.needs_features:  # both from one pass through the blocks
+            both = self.forward(lambda c: torch.cat([t.float() for t in logits_and_features(self.model, c)], 1).cpu(),
+                                x)
+            logits, features = both[:, :len(self.names)], both[:, len(self.names):]
+        else:
+            logits = self.forward(lambda c: tta_logits(self.model, c, self.tta, self.multi, self.size).float().cpu(), x)
         probs = logits.sigmoid() if self.multi else (logits / self.temperature).softmax(-1)
-        if self.unknown is None:
-            return probs, None
-        features = self.features(images) if self.unknown.needs_features else None
-        return probs, self.unknown.scores(logits, features)
+        return probs, None if self.unknown is None else self.unknown.scores(logits, features)
 
     def close(self) -> None:
         self.forward.close()

@@ -33,6 +33,17 @@ def pooled_features(model: nn.Module, images: Tensor) -> Tensor:
     return pooled[0] if isinstance(pooled, tuple) else pooled
 
 
+def logits_and_features(model: nn.Module, images: Tensor) -> tuple[Tensor, Tensor]:
+    """The logits ``(b, K)`` and the pooled pre-logits features ``(b, E)`` of ``images`` from one pass through the
+    blocks (``forward_features`` once, then ``forward_head`` with and without ``pre_logits``: timm's API, whose
+    ``forward`` is the two composed)."""
+    inner = getattr(model, "module", model)
+    inner = inner if hasattr(inner, "forward_head") else inner.model
+    tokens = inner.forward_features(images)
+    pooled = inner.forward_head(tokens, pre_logits=True)
+    return inner.forward_head(tokens), pooled[0] if isinstance(pooled, tuple) else pooled
+
+
 @torch.no_grad()
 def gathered(model: nn.Module, loader: Any, accelerator: Accelerator, compute: Callable[[nn.Module, Tensor], Tensor],
              model_input: Callable[[Tensor], Tensor] | None = None) -> tuple[Tensor, Tensor]:
