@@ -333,3 +333,28 @@ def test_logits_and_features_of_one_pass_are_the_forward_and_the_pooled_features
     with torch.no_grad():
         logits, features = logits_and_features(model, x)
         assert torch.equal(logits, model(x)) and torch.equal(features, pooled_features(model, x))
+
+
+def test_unknown_images_as_a_csv_table_score_as_the_same_files_and_a_table_of_the_runs_classes_is_refused(tiny_run,
+                                                                                                         tmp_path):
+    import json
+
+    from PIL import Image
+
+    from vitlab.errors import DataError
+    from vitlab.unknown import evaluate_unknown
+
+    g = np.random.default_rng(3)
+    (tmp_path / "imgs").mkdir()
+    for i in range(12):
+        Image.fromarray(g.integers(0, 256, (32, 32, 3)).astype(np.uint8)).save(tmp_path / "imgs" / f"{i}.png")
+    (tmp_path / "test.csv").write_text("image,labels\n" + "".join(f"imgs/{i}.png,{'noise' if i % 2 else 'blank'}\n"
+                                                                   for i in range(12)))
+    by_table = evaluate_unknown(tiny_run, ["data.dataset=csv", f"data.root={tmp_path}"], k=5,
+                                output=tmp_path / "table.json")
+    by_files = evaluate_unknown(tiny_run, [str(tmp_path / "imgs")], k=5, output=tmp_path / "files.json")
+    assert json.loads((tmp_path / "table.json").read_text())["unknown"] == 12
+    assert by_table == by_files
+    (tmp_path / "test.csv").write_text("image,labels\nimgs/0.png,class_2\nimgs/1.png,noise\n")
+    with pytest.raises(DataError, match=r"^--unknown-images: the data set's class 'class_2' is one of the run's"):
+        evaluate_unknown(tiny_run, ["data.dataset=csv", f"data.root={tmp_path}"], k=5)

@@ -225,7 +225,8 @@ def _eval_parsers(sub: Any) -> None:
                     help="an image classifier's test-time augmentation: flip, the mean of each image's probabilities "
                          "and its mirror's; crops, of its five crops (corners and center of a view 1/0.875 larger)")
     ev.add_argument("--unknown-images", nargs="+", metavar="PATH",
-                    help="images of none of the run's classes (files, folders, globs): how well each score (maximum "
+                    help="images of none of the run's classes (files, folders, globs, or data.* keys naming a data "
+                         "set: data.dataset=csv data.root=DIR, its data.test_split): how well each score (maximum "
                          "softmax, maximum logit, energy, k-NN, Mahalanobis) tells them from the split's, as AUROC "
                          "and FPR at 95%% TPR")
     ev.add_argument("--unknown-k", type=int, default=50, help="--unknown-images: the k-NN score's neighbour (50)")

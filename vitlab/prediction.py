@@ -84,11 +84,12 @@ def files_index(model: nn.Module, files: list[str]) -> SplitIndex:
                       upright=reader.exif_transpose)
 
 
-def data_split(model: nn.Module, keys: list[str], split: str = "") -> SplitIndex | ShardIndex:
+def data_split(model: nn.Module, keys: list[str], split: str = "",
+               own_classes: bool = False) -> SplitIndex | ShardIndex:
     """The split ``split`` (default: ``data.test_split``) of the data set the ``data.*`` ``keys`` name, as
     training names one (``data.dataset=hf data.root=...``), listed (nothing decoded), its labels read through
-    the model's classes where it has them (a Hugging Face split without labels is listed too); read upright as
-    the model's training read its files.
+    the model's classes where it has them (``own_classes``: its own classes, as of images of none of the model's;
+    a Hugging Face split without labels is listed too); read upright as the model's training read its files.
 
     Shards (``data.dataset=wds``, or a streamed Hugging Face split) come as their listing (a
     :class:`~vitlab.data.shards.ShardIndex`), read in order.
@@ -105,15 +106,16 @@ def data_split(model: nn.Module, keys: list[str], split: str = "") -> SplitIndex
     d = load_config(None, [*keys, "data.download=false"] if not any(k.startswith("data.download=") for k in keys)
                     else keys).data
     cfg = model.pretrained_cfg
+    classes = list(cfg["label_names"]) if cfg.get("label_names") and not own_classes else None
     if streamed_in_shards(d):
         from .tasks.image_data import index_stream
 
         d.exif_transpose = decode_upright(model)
-        return index_stream(d, split or d.test_split, list(cfg["label_names"]) if cfg.get("label_names") else None)
+        return index_stream(d, split or d.test_split, classes)
     multi = bool(cfg.get("multi_label"))
     return index_split(d.dataset, d.root, split or d.test_split, download=d.download, image_key=d.image_key,
-                       label_key=d.label_key, classes=list(cfg["label_names"]) if cfg.get("label_names") else None,
-                       exif_transpose=decode_upright(model), multi_label=multi, labelled=False)
+                       label_key=d.label_key, classes=classes, exif_transpose=decode_upright(model), multi_label=multi,
+                       labelled=False)
 
 
 class _ShardView(IterableDataset):

@@ -26,7 +26,8 @@ from .inference.open_set import (FEATURE_SCORES, LOGIT_SCORES, SCORES, KNNScore,
                                  fpr_at_tpr, stored_rule, threshold_keeping)
 from .inference.view import model_dataset
 from .models.hub import set_calibration, weights_name
-from .prediction import files_index, list_images
+from .data.shards import ShardIndex
+from .prediction import data_split, files_index, list_images
 from .tasks.classification.evaluation import classifier_split
 
 __all__ = ["calibrate_unknown", "evaluate_unknown", "unknown_scores", "SCORES"]
@@ -149,18 +150,14 @@ def evaluate_unknown(checkpoint: str | Path, unknown: list[str], split: str = "t
     ``unknown_scores.png``. ``k``: the k-NN score's neighbour."""
     directory, cfg, model = _single_label_run(checkpoint, overrides, use_ema, "--unknown-images")
     info = model.pretrained_cfg
-    files = list_images(list(unknown))
-    named = {p.name for f in files for p in Path(f).parents} & set(info["label_names"])
-    if named:
-        raise DataError(f"--unknown-images: the folder {sorted(named)[0]!r} is named like one of the run's classes; "
-                        f"unknown images are of none of them")
+    unknown_index = _unknown_set(model, list(unknown))
     rule = stored_rule(info)
     accelerator, loader, classes, _, _ = classifier_split(directory, cfg, model, split, batch_size)
     prepared = accelerator.prepare(model)
     model_input = ModelInput(info["mean"], info["std"])
     known, labels = gathered(prepared, loader, accelerator, _logits_and_features, model_input)
-    unknown_loader = accelerator.prepare(DataLoader(model_dataset(model, files_index(model, files)),
-                                                    batch_size=batch_size, num_workers=cfg.data.num_workers))
+    unknown_loader = accelerator.prepare(DataLoader(model_dataset(model, unknown_index), batch_size=batch_size,
+                                                    num_workers=cfg.data.num_workers))
     other, _ = gathered(prepared, unknown_loader, accelerator, _logits_and_features, model_input)
     fitted = _fitted(SCORES, k, directory, cfg, model, prepared, accelerator, batch_size)
     c = len(classes)
@@ -186,6 +183,32 @@ def evaluate_unknown(checkpoint: str | Path, unknown: list[str], split: str = "t
                                                 "scores": result, "stored_threshold": at_threshold}, indent=1) + "\n")
         _picture(values, result, where / "unknown_scores.png")
     return {**result, **({"stored_threshold": at_threshold} if at_threshold is not None else {})}
+
+
+def _unknown_set(model: nn.Module, given: list[str]) -> Any:
+    """The images of none of the model's classes, listed: files, folders and globs, or a data set (``data.*`` keys
+    naming its split as predict's do: a csv table, a Hugging Face split, an image folder). One line if a folder or a
+    class of theirs is named like one of the model's classes, or for shards (streamed: list them in a table)."""
+    keys = [g for g in given if g.startswith("data.") and "=" in g]
+    if keys and len(keys) < len(given):
+        raise ConfigError("--unknown-images: give image files, folders and globs, or a data set (data.* keys), not both")
+    classes = set(model.pretrained_cfg["label_names"])
+    if not keys:
+        files = list_images(given)
+        named = {p.name for f in files for p in Path(f).parents} & classes
+        if named:
+            raise DataError(f"--unknown-images: the folder {sorted(named)[0]!r} is named like one of the run's classes; "
+                            f"unknown images are of none of them")
+        return files_index(model, files)
+    index = data_split(model, keys, own_classes=True)  # its split: data.test_split's
+    if isinstance(index, ShardIndex):
+        raise ConfigError("--unknown-images: shards are streamed, not listed; give the images as a folder, a csv "
+                          "table (data.dataset=csv) or a Hugging Face split read whole")
+    named = set(index.classes) & classes
+    if named:
+        raise DataError(f"--unknown-images: the data set's class {sorted(named)[0]!r} is one of the run's classes; "
+                        f"unknown images are of none of them")
+    return index
 
 
 def _at_threshold(rule: UnknownRule, known: Tensor, other: Tensor, labels: Tensor, c: int) -> dict[str, Any]:
