@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import tiny_overrides
+from conftest import reset_accelerate, tiny_overrides
 
 pytest.importorskip("optuna")
 ROOT = Path(__file__).resolve().parents[1]
 
+from vitlab.cli import train_main  # noqa: E402
 from vitlab.errors import ConfigError  # noqa: E402
 from vitlab.tuning import tune  # noqa: E402
 
@@ -71,9 +72,8 @@ def test_a_study_trains_its_trials_as_runs_and_best_yaml_trains_the_best_again(t
     best = min(table, key=lambda r: float(r["val_loss"]))
     assert {p.name for p in study.glob("*.png")} == {"history.png", "importances.png", "slices.png"}
     # best.yaml: a whole config that trains the best trial again, the same validation loss to the last digit
-    again = subprocess.run([sys.executable, "-m", "vitlab.cli", "train", "--config", str(study / "best.yaml")],
-                           capture_output=True, text=True, cwd=ROOT)
-    assert again.returncode == 0, again.stderr[-2000:]
+    train_main(["--config", str(study / "best.yaml")])  # as train.py runs it, in this process
+    reset_accelerate()
     assert last_eval(study / "best")["val_loss"] == float(best["val_loss"])
     # the same study with more trials (here through the Python API) continues it: only the new one runs
     before = {p: p.stat().st_mtime for p in study.glob("trial_*/metrics.jsonl")}
