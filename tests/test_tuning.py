@@ -98,13 +98,13 @@ def test_a_trial_that_fails_is_recorded_with_its_reason_and_the_study_goes_on(ti
 @pytest.mark.slow
 def test_a_study_stopped_mid_trial_is_continued_by_the_same_command_and_the_trial_run_again(tiny_imagefolder,
                                                                                             tmp_path):
-    base = write_base(tiny_imagefolder, tmp_path / "base.yaml", "train.epochs=30")
+    # 6 epochs: the first trial is stopped when its first evaluation is written, 5 epochs before its end
+    base = write_base(tiny_imagefolder, tmp_path / "base.yaml", "train.epochs=6", "train.eval_every=1")
     space = tmp_path / "space.yaml"
     space.write_text("optim.lr: {low: 1.0e-3, high: 1.0e-2, log: true}\n")
     study = tmp_path / "study"
-    command = tune_command(base, space, study, 2, "--pruner", "none", "train.epochs=2")
-    stopped = subprocess.Popen(tune_command(base, space, study, 2, "--pruner", "none"), cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    command = tune_command(base, space, study, 2, "--pruner", "none")
+    stopped = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = study / "trial_0000/metrics.jsonl"
     deadline = time.time() + 120
     while not (metrics.is_file() and metrics.read_text().count('"split": "eval"') >= 1) and time.time() < deadline:
@@ -230,3 +230,30 @@ def test_a_pruned_trials_process_is_stopped_and_later_epochs_are_not_reported(tm
     assert sorted(trial.reported) == [1, 2, 3]
     written = len((run / "metrics.jsonl").read_text().splitlines())
     assert 3 <= written < 100 and time.monotonic() - started < 30
+
+
+def test_a_study_continued_with_another_space_base_or_metric_and_a_storage_that_cannot_be_opened_are_one_line(
+        tiny_imagefolder, tmp_path, monkeypatch):
+    import vitlab.tuning.study
+
+    monkeypatch.setattr(vitlab.tuning.study, "_command", stand_in_run)  # trials of a few ms
+    base = write_base(tiny_imagefolder, tmp_path / "base.yaml", "train.epochs=10", "train.eval_every=1",
+                      "optim.min_lr=0")
+    space = tmp_path / "space.yaml"
+    space.write_text("optim.lr: [3.0e-3, 1.0e-3]\n")
+    study = tmp_path / "study"
+    tune(base, space, 1, study=study, metric="val_loss", pruner="none")
+    tune(base, space, 2, study=study, metric="val_loss", pruner="none")  # the same search: continued
+    assert len(rows(study)) == 2
+    other = tmp_path / "other.yaml"
+    other.write_text("optim.lr: [3.0e-3, 2.0e-3]\n")
+    for kwargs, said in ((dict(space=other), "space"), (dict(overrides=["optim.weight_decay=0.1"]), "base config"),
+                         (dict(metric="val_top1"), "metric")):
+        arguments = dict(config=base, space=space, trials=3, study=study, metric="val_loss", pruner="none") | kwargs
+        with pytest.raises(ConfigError, match=rf"^--study .*study: its trials searched another {said}; give a new "
+                                              rf"--study") as raised:
+            tune(**arguments)
+        assert "\n" not in str(raised.value)
+    assert len(rows(study)) == 2
+    with pytest.raises(ConfigError, match=r"^--storage postgresql://nobody@127\.0\.0\.1:1/none: cannot be opened \("):
+        tune(base, space, 1, study=tmp_path / "s2", storage="postgresql://nobody@127.0.0.1:1/none")

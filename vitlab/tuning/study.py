@@ -194,10 +194,15 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
     study_dir = Path(study or f"runs/tune_{Path(config).stem}")
     study_dir.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    the_study = optuna.create_study(study_name=study_dir.name, storage=_storage(study_dir, storage),
-                                    load_if_exists=True, direction=_direction(metric, cfg.train.greater_is_better),
-                                    sampler=optuna.samplers.TPESampler(seed=seed),
-                                    pruner=_pruner(pruner, cfg.train.epochs))
+    try:
+        the_study = optuna.create_study(study_name=study_dir.name, storage=_storage(study_dir, storage),
+                                        load_if_exists=True, direction=_direction(metric, cfg.train.greater_is_better),
+                                        sampler=optuna.samplers.TPESampler(seed=seed),
+                                        pruner=_pruner(pruner, cfg.train.epochs))
+    except Exception as e:  # noqa: BLE001  (whatever the database's driver raises)
+        raise ConfigError(f"--storage {storage or study_dir / 'study.db'}: cannot be opened "
+                          f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    _same_study(the_study, study_dir, _merged(config, overrides), space, metric)
     stop: dict[str, Any] = {}
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -263,6 +268,24 @@ def _report(study: Any, study_dir: Path, config: str | Path, overrides: list[str
           f"again: train.py --config {study_dir / 'best.yaml'}", flush=True)
     return {"best_trial": best.number, "best_value": best.value, "best_params": best.params,
             "best_config": str(study_dir / "best.yaml")}
+
+
+def _same_study(study: Any, study_dir: Path, base: dict[str, Any], space: str | Path, metric: str) -> None:
+    """A new study records what it searches (the base config with its overrides, the space, the metric); one
+    continued with another of them is refused: its trials would not be comparable."""
+    import hashlib
+
+    said = {"base config": base, "space": yaml.safe_load(Path(space).read_text()), "metric": metric}
+    digests = {k: hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()[:16]
+               for k, v in said.items()}
+    kept = study.user_attrs.get("vitlab")
+    if kept is None:
+        study.set_user_attr("vitlab", digests)
+        return
+    differ = [k for k in digests if kept.get(k) != digests[k]]
+    if differ:
+        raise ConfigError(f"--study {study_dir}: its trials searched another {' and '.join(differ)}; give a new --study "
+                          f"for this search, or the {differ[0]} the study was started with to continue it")
 
 
 def _merged(config: str | Path, overrides: list[str]) -> dict[str, Any]:
