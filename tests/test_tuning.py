@@ -257,3 +257,32 @@ def test_a_study_continued_with_another_space_base_or_metric_and_a_storage_that_
     assert len(rows(study)) == 2
     with pytest.raises(ConfigError, match=r"^--storage postgresql://nobody@127\.0\.0\.1:1/none: cannot be opened \("):
         tune(base, space, 1, study=tmp_path / "s2", storage="postgresql://nobody@127.0.0.1:1/none")
+
+
+@pytest.mark.slow
+def test_a_study_killed_with_its_trial_is_continued_and_the_killed_trial_asked_again(tiny_imagefolder, tmp_path):
+    # kill -9 of the study and its trial's training (the machine went away): the trial stays RUNNING in the
+    # database, its heartbeat silent. Its heartbeat is aged past the grace period here (a minute) rather than waited
+    # for; the same study then fails it as stale and asks its values again, and runs 2 trials in all
+    import os
+    import sqlite3
+
+    base = write_base(tiny_imagefolder, tmp_path / "base.yaml", "train.epochs=6", "train.eval_every=1")
+    space = tmp_path / "space.yaml"
+    space.write_text("optim.lr: {low: 1.0e-3, high: 1.0e-2, log: true}\n")
+    study = tmp_path / "study"
+    killed = subprocess.Popen(tune_command(base, space, study, 2, "--pruner", "none"), cwd=ROOT,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    metrics = study / "trial_0000/metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.is_file() and '"split": "eval"' in metrics.read_text()) and time.time() < deadline:
+        time.sleep(0.2)
+    os.killpg(killed.pid, signal.SIGKILL)
+    killed.wait(timeout=60)
+    assert [r["state"] for r in rows_of_db(study)] == ["RUNNING"]
+    with sqlite3.connect(study / "study.db") as db:
+        db.execute("UPDATE trial_heartbeats SET heartbeat = datetime(heartbeat, '-5 minutes')")
+    tune(base, space, 2, study=study, pruner="none")
+    table = rows(study)
+    assert [r["state"] for r in table] == ["FAIL", "COMPLETE", "COMPLETE"], table
+    assert float(table[0]["optim.lr"]) in {float(r["optim.lr"]) for r in table[1:]}  # asked again, the same value
