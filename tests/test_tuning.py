@@ -286,3 +286,28 @@ def test_a_study_killed_with_its_trial_is_continued_and_the_killed_trial_asked_a
     table = rows(study)
     assert [r["state"] for r in table] == ["FAIL", "COMPLETE", "COMPLETE"], table
     assert float(table[0]["optim.lr"]) in {float(r["optim.lr"]) for r in table[1:]}  # asked again, the same value
+
+
+@pytest.mark.slow
+def test_two_processes_share_one_study_and_run_its_trials_once_each(tiny_imagefolder, tmp_path):
+    # The same command started twice at once on one SQLite study: the 4 trials split between the processes, each run
+    # once (a trial one asked after the other had asked the 4th is recorded as not run, and not counted)
+    import optuna
+
+    base = write_base(tiny_imagefolder, tmp_path / "base.yaml")
+    space = tmp_path / "space.yaml"
+    space.write_text("optim.lr: {low: 1.0e-3, high: 1.0e-2, log: true}\n")
+    study = tmp_path / "study"
+    study.mkdir()
+    command = tune_command(base, space, study, 4, "--pruner", "none")
+    both = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outputs = [p.communicate(timeout=600) for p in both]
+    assert all(p.returncode == 0 for p in both), [err[-2000:] for _, err in outputs]
+    trials = optuna.load_study(study_name="study", storage=f"sqlite:///{study / 'study.db'}").trials
+    complete = [t for t in trials if t.state.name == "COMPLETE"]
+    assert len(complete) == 4 and all(t.state.name in ("COMPLETE", "FAIL") for t in trials)
+    assert all(t.user_attrs.get("surplus") for t in trials if t.state.name == "FAIL")
+    ran = [out.count("-> val_top1") for out, _ in outputs]
+    assert sorted(ran) != [0, 4] and sum(ran) == 4, ran  # both ran trials, 4 in all
+    assert all((study / f"trial_{t.number:04d}/checkpoints/last/model.safetensors").is_file() for t in complete)

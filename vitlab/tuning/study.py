@@ -142,11 +142,47 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 def _counted(study: Any) -> int:
     """Trials that completed, were pruned, or failed for a reason of their own (not those stopped with the study or
-    whose process died: those are run again)."""
+    whose process died: those are run again; nor those asked beyond the total by processes sharing the study)."""
+    return sum(_counts(t) for t in study.trials)
+
+
+def _counts(trial: Any) -> bool:
     from optuna.trial import TrialState
 
-    return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED)
-               or (t.state == TrialState.FAIL and "reason" in t.user_attrs) for t in study.trials)
+    return trial.state in (TrialState.COMPLETE, TrialState.PRUNED) or (
+        trial.state == TrialState.FAIL and "reason" in trial.user_attrs and not trial.user_attrs.get("surplus"))
+
+
+def _heartbeat(study: Any) -> bool:
+    from optuna.storages._heartbeat import is_heartbeat_enabled
+
+    return is_heartbeat_enabled(study._storage)
+
+
+def _wait_for_others(study: Any, trials: int) -> bool:
+    """With the trials running (other processes' sharing the study) the total would be reached: fail those whose
+    heartbeat went silent (their process died; they are asked again), wait 2 s and say so."""
+    import warnings
+
+    import optuna
+    from optuna.trial import TrialState
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # experimental
+        optuna.storages.fail_stale_trials(study)
+    if _counted(study) + sum(t.state == TrialState.RUNNING for t in study.trials) < trials:
+        return False
+    time.sleep(2)
+    return True
+
+
+def _surplus(study: Any, number: int, trials: int) -> bool:
+    """Whether trial ``number`` is beyond the study's total: the trials that count and those running (other processes'
+    sharing the study, this one), in the order they were asked, ``number`` among them after the first ``trials``."""
+    from optuna.trial import TrialState
+
+    ahead = [t.number for t in study.trials if _counts(t) or t.state == TrialState.RUNNING]
+    return number in ahead[trials:]
 
 
 def _retry_interrupted(study: Any) -> None:
@@ -211,17 +247,25 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
             stop["process"].send_signal(signal.SIGTERM)
 
     def objective(trial: Any) -> float:
+        stop["number"] = trial.number  # this process's (the study's last may be another process's)
+        if shared and _surplus(the_study, trial.number, trials):  # another process sharing it asked the last one
+            trial.set_user_attr("surplus", True)
+            trial.set_user_attr("reason", f"not run: the study's {trials} trials were asked by its processes")
+            raise TrialFailed(trial.user_attrs["reason"])
         values = suggest(trial, dimensions)
         run_dir = study_dir / f"trial_{trial.number:04d}"
         return _run_trial(trial, _command(str(config), overrides, values, run_dir), run_dir, metric, stop)
 
     start, deadline = time.time(), time.time() + 60 * timeout_minutes if timeout_minutes else None
+    shared = _heartbeat(the_study)  # a running trial is alive (its heartbeat) or failed as stale: it can be counted
     previous = signal.signal(signal.SIGTERM, on_signal)
     try:
         while _counted(the_study) < trials and (deadline is None or time.time() < deadline):
+            if shared and _wait_for_others(the_study, trials):
+                continue
             _retry_interrupted(the_study)
             the_study.optimize(objective, n_trials=1, catch=(TrialFailed,))
-            _progress(the_study, trials, metric, start, deadline)
+            _progress(the_study, stop["number"], trials, metric, start, deadline)
     except KeyboardInterrupt:
         raise SystemExit(f"the study stopped; {study_dir} keeps it: the same command continues it") from None
     finally:
@@ -229,10 +273,10 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
     return _report(the_study, study_dir, config, overrides, metric)
 
 
-def _progress(study: Any, trials: int, metric: str, start: float, deadline: float | None) -> None:
+def _progress(study: Any, number: int, trials: int, metric: str, start: float, deadline: float | None) -> None:
     from optuna.trial import TrialState
 
-    last = study.trials[-1]
+    last = study.trials[number]
     said = {TrialState.COMPLETE: f"{metric} {last.value:.4f}" if last.value is not None else "",
             TrialState.PRUNED: "pruned", TrialState.FAIL: f"failed: {last.user_attrs.get('reason', 'stopped')}"}
     best = ""
