@@ -277,10 +277,6 @@ def _shards(args: argparse.Namespace) -> None:
 
 # The command of each name (``vitlab <name>``; ``train`` is :func:`vitlab.cli.train_main`).
 def _tune(args: argparse.Namespace) -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("optuna") is None:
-        raise ConfigError("vitlab tune needs optuna, which is not installed: pip install 'vitlab[tune]'")
     from .tuning import tune
 
     tune(args.config, args.space, args.trials, study=args.study, storage=args.storage, pruner=args.pruner,

@@ -215,8 +215,16 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
     by Optuna's TPE
     sampler seeded ``seed`` and ``pruner`` ('median', 'hyperband', 'none'), for at most ``timeout_minutes``. Writes
     ``best.yaml`` (a whole config that trains the best trial again), ``trials.csv`` and the study's pictures into
-    ``study``. Returns the best trial's number, values and metric."""
-    import optuna
+    ``study``. Returns the best trial's number, values and metric.
+
+    Raises:
+        ConfigError: one line, before any trial: Optuna not installed, or what :func:`_check`, :func:`read_space`,
+            the storage and :func:`_same_study` refuse.
+    """
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError("vitlab tune needs optuna, which is not installed: pip install 'vitlab[tune]'") from None
 
     overrides = list(overrides)
     cfg = load_config(config, overrides)
