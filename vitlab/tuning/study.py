@@ -238,14 +238,20 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
     study_dir = Path(study or f"runs/tune_{Path(config).stem}")
     study_dir.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        the_study = optuna.create_study(study_name=study_dir.name, storage=_storage(study_dir, storage),
-                                        load_if_exists=True, direction=_direction(metric, cfg.train.greater_is_better),
-                                        sampler=optuna.samplers.TPESampler(seed=seed),
-                                        pruner=_pruner(pruner, cfg.train.epochs))
-    except Exception as e:  # noqa: BLE001  (whatever the database's driver raises)
-        raise ConfigError(f"--storage {storage or study_dir / 'study.db'}: cannot be opened "
-                          f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    for attempt in range(5):
+        try:
+            the_study = optuna.create_study(
+                study_name=study_dir.name, storage=_storage(study_dir, storage), load_if_exists=True,
+                direction=_direction(metric, cfg.train.greater_is_better), sampler=optuna.samplers.TPESampler(seed=seed),
+                pruner=_pruner(pruner, cfg.train.epochs))
+            break
+        except Exception as e:  # noqa: BLE001  (whatever the database's driver raises)
+            # processes started together on a new database: one creates its tables, the others find them half made
+            if attempt < 4 and any(w in str(e) for w in ("UNIQUE constraint", "already exists", "is locked")):
+                time.sleep(1 + attempt)
+                continue
+            raise ConfigError(f"--storage {storage or study_dir / 'study.db'}: cannot be opened "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
     _same_study(the_study, study_dir, _merged(config, overrides), space, metric)
     stop: dict[str, Any] = {}
 
