@@ -17,6 +17,7 @@ from conftest import reset_accelerate, tiny_overrides
 
 pytest.importorskip("optuna")
 ROOT = Path(__file__).resolve().parents[1]
+LR = "optim.lr: {low: 1.0e-3, high: 1.0e-2, log: true}"  # a learning rate, the space of most tests here
 
 from vitlab.cli import train_main  # noqa: E402
 from vitlab.errors import ConfigError  # noqa: E402
@@ -37,6 +38,12 @@ def write_base(data: Path, path: Path, *extra: str) -> Path:
     return path
 
 
+def searched(data: Path, tmp_path: Path, space: str, *extra: str) -> tuple[Path, Path, Path]:
+    """A study's base config (the tiny run, ``extra`` keys), its space (``space``, YAML) and its directory."""
+    (tmp_path / "space.yaml").write_text(space + "\n")
+    return write_base(data, tmp_path / "base.yaml", *extra), tmp_path / "space.yaml", tmp_path / "study"
+
+
 def tune_command(base: Path, space: Path, study: Path, trials: int, *extra: str) -> list[str]:
     return [sys.executable, "-m", "vitlab.cli", "tune", "--config", str(base), "--space", str(space), "--study",
             str(study), "--trials", str(trials), *extra]
@@ -53,10 +60,7 @@ def last_eval(run: Path) -> dict:
 
 @pytest.mark.slow
 def test_a_study_trains_its_trials_as_runs_and_best_yaml_trains_the_best_again(tiny_imagefolder, tmp_path):
-    base = write_base(tiny_imagefolder, tmp_path / "base.yaml")
-    space = tmp_path / "space.yaml"
-    space.write_text("optim.lr: {low: 1.0e-3, high: 1.0e-2, log: true}\nmodel.embed_dim: [16, 32]\n")
-    study = tmp_path / "study"
+    base, space, study = searched(tiny_imagefolder, tmp_path, f"{LR}\nmodel.embed_dim: [16, 32]")
     done = subprocess.run(tune_command(base, space, study, 2, "--metric", "val_loss", "--pruner", "none"),
                           capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -245,10 +249,7 @@ def test_a_study_stopped_or_killed_mid_trial_is_continued_by_the_same_command_an
     import os
     import sqlite3
 
-    base = write_base(tiny_imagefolder, tmp_path / "base.yaml", "train.epochs=6", "train.eval_every=1")
-    space = tmp_path / "space.yaml"
-    space.write_text("optim.lr: {low: 1.0e-3, high: 1.0e-2, log: true}\n")
-    study = tmp_path / "study"
+    base, space, study = searched(tiny_imagefolder, tmp_path, LR, "train.epochs=6", "train.eval_every=1")
     command = tune_command(base, space, study, 2, "--pruner", "none")
 
     def started_until_evaluated(trial: int) -> subprocess.Popen:
@@ -284,10 +285,7 @@ def test_two_processes_share_one_study_and_run_its_trials_once_each(tiny_imagefo
     # once (a trial one asked after the other had asked the 3rd is recorded as not run, and not counted)
     import optuna
 
-    base = write_base(tiny_imagefolder, tmp_path / "base.yaml")
-    space = tmp_path / "space.yaml"
-    space.write_text("optim.lr: {low: 1.0e-3, high: 1.0e-2, log: true}\n")
-    study = tmp_path / "study"
+    base, space, study = searched(tiny_imagefolder, tmp_path, LR)
     study.mkdir()
     command = tune_command(base, space, study, 3, "--pruner", "none")
     both = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
