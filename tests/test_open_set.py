@@ -2,6 +2,8 @@
 ratings against scikit-learn's ROC."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -358,3 +360,45 @@ def test_unknown_images_as_a_csv_table_score_as_the_same_files_and_a_table_of_th
     (tmp_path / "test.csv").write_text("image,labels\nimgs/0.png,class_2\nimgs/1.png,noise\n")
     with pytest.raises(DataError, match=r"^--unknown-images: the data set's class 'class_2' is one of the run's"):
         evaluate_unknown(tiny_run, ["data.dataset=csv", f"data.root={tmp_path}"], k=5)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_calibrate_and_eval_unknown_on_two_processes_give_one_process_numbers(val_run, tmp_path):
+    # Each process scores its share of the validation, training, test and unknown images (13: uneven shares);
+    # gathered, the threshold and every rating are one process's
+    import json
+    import shutil
+    import subprocess
+
+    from PIL import Image
+
+    from conftest import TORCHRUN_2, launch_env
+    from vitlab.cli import main
+
+    run = Path(shutil.copytree(val_run, tmp_path / "run"))
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    g = np.random.default_rng(4)
+    for i in range(13):
+        Image.fromarray(g.integers(0, 256, (32, 32, 3)).astype(np.uint8)).save(unknown / f"{i}.png")
+    calibrate = ["calibrate", "--checkpoint", str(run), "--unknown", "knn", "--unknown-k", "5"]
+    evaluate = ["eval", "--checkpoint", str(run), "--unknown-images", str(unknown), "--unknown-k", "5",
+                "--batch-size", "8", "--output"]
+    stored = lambda: json.loads((run / "checkpoints/best/config.json").read_text())["calibration"][
+        "model.safetensors"]["unknown"]["threshold"]
+    main(calibrate)
+    one = stored()
+    main([*evaluate, str(tmp_path / "one.json")])
+    for args in (calibrate, [*evaluate, str(tmp_path / "two.json")]):
+        done = subprocess.run([*TORCHRUN_2, "-m", "vitlab.cli", *args], capture_output=True, text=True,
+                              env=launch_env(2, exact=True))
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert stored() == pytest.approx(one, abs=1e-6)
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
+    assert a["known"] == b["known"] == 36 and a["unknown"] == b["unknown"] == 13
+    for name in a["scores"]:
+        assert b["scores"][name] == pytest.approx(a["scores"][name], abs=1e-6), name
+    numbers = ("threshold", "known_kept", "top1_of_kept", "unknown_rejected")
+    assert [b["stored_threshold"][n] for n in numbers] == pytest.approx([a["stored_threshold"][n] for n in numbers],
+                                                                         abs=1e-6)

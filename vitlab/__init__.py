@@ -1,8 +1,8 @@
 """vitlab: Vision Transformers on one shared attention core.
 
 Public API: ``VisionTransformer``, ``create_model``, ``list_models``, ``load_model``,
-``create_transform``, ``unknown_scores``. The packages, lowest first (a lower one never imports a higher one): the foundation
-(``errors``, ``schema``: the config's typed sections, ``runtime``, ...), ``attention`` (the one core and its
+``create_transform``, ``unknown_scores``. The packages, lowest first (a lower one never imports a higher one): the
+foundation (``errors``, ``schema``: the config's typed sections, ``runtime``, ...), ``attention`` (the one core and its
 variants), ``layers`` (norms, MLPs, MoE, positions, blocks), ``models`` (ViT, encoder-decoder, language model, RNN,
 MAE, DINO; registry), ``data``, ``inference`` (the one evaluation view and forward pass), ``tasks`` (one entry a task
 in ``tasks.registry``: classification, seq2seq, lm, mae, dino); then the engine:

@@ -179,9 +179,8 @@ def export_model(model: nn.Module, output: str | Path, format: Literal["onnx", "
                 torch.export.save(torch.export.export(model, args, dynamic_shapes=dynamic), str(tmp),
                                   extra_files=extra)
         result: dict[str, Any] = {"output": str(output), "format": format, "inputs": names, "outputs": outputs}
-        if with_preprocess and (model.model.pretrained_cfg.get("unknown") or {}).get("score") not in (None,
-                                                                                             *LOGIT_SCORES):
-            score = model.model.pretrained_cfg["unknown"]["score"]
+        score = (model.model.pretrained_cfg.get("unknown") or {}).get("score") if with_preprocess else None
+        if score and model.unknown is None:  # a feature score: its bank is not in the graph
             result["unknown"] = (f"the {score} score is not in the file: it searches a bank of training features "
                                  f"kept beside the weights (vitlab predict and serve use it); calibrate a logit score "
                                  f"(msp, max_logit, energy) for a file that says unknown")

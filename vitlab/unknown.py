@@ -27,7 +27,7 @@ from .inference.open_set import (FEATURE_SCORES, LOGIT_SCORES, SCORES, KNNScore,
 from .inference.view import model_dataset
 from .models.hub import set_calibration, weights_name
 from .data.shards import ShardIndex
-from .prediction import data_split, files_index, list_images
+from .prediction import BatchPredictor, data_split, files_index, list_images
 from .tasks.classification.evaluation import classifier_split
 
 __all__ = ["calibrate_unknown", "evaluate_unknown", "unknown_scores", "SCORES"]
@@ -128,14 +128,14 @@ def unknown_scores(model: nn.Module, images: Tensor, rule: UnknownRule | None = 
     if rule is None:
         raise ConfigError("this model was never calibrated for unknown images: run vitlab calibrate --checkpoint RUN "
                           "--unknown SCORE first, or give a rule")
-    cfg = model.pretrained_cfg
-    device = next(model.parameters()).device
-    x = ModelInput(cfg["mean"], cfg["std"])(images.to(device))
     was_training = model.training
-    model.eval()
-    logits, features = (t.float() for t in logits_and_features(model, x))
-    model.train(was_training)
-    scores = rule.scores(logits, features)
+    predictor = BatchPredictor(model.eval(), device=next(model.parameters()).device,
+                               names=list(model.pretrained_cfg["label_names"]), unknown=rule)  # predict's pass
+    try:
+        _, scores = predictor.predictions(images)
+    finally:
+        predictor.close()
+        model.train(was_training)
     return {"scores": scores, "unknown": scores < rule.threshold}
 
 
