@@ -334,12 +334,19 @@ def _chromium() -> str | None:
 @pytest.mark.slow
 @pytest.mark.browser
 def test_the_page_in_a_real_browser_shows_the_top_1_vitlab_predict_gives(run, tiny_imagefolder, tmp_path, on_cpu):
+    # The run served with an unknown threshold above every image's maximum softmax (2.0): the page says so above
+    # the classes, as the API answers it first
     playwright = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     browser_path = _chromium()
     if browser_path is None:
         pytest.skip("no Chromium on this machine (Debian: apt install chromium)")
+    from vitlab.checkpoint import resolve_checkpoint
     from vitlab.cli import main
+    from vitlab.models.hub import set_calibration
 
+    run = Path(shutil.copytree(run, tmp_path / "run"))
+    set_calibration(resolve_checkpoint(run), "model.safetensors", unknown={"score": "msp", "threshold": 2.0,
+                                                                            "keep": 0.95})
     image = _test_images(tiny_imagefolder)[5]
     main(["predict", "--checkpoint", str(run), "--output", str(tmp_path / "p.jsonl"), "--num-workers", "0",
           str(image)])
@@ -359,7 +366,9 @@ def test_the_page_in_a_real_browser_shows_the_top_1_vitlab_predict_gives(run, ti
             page.wait_for_selector(".card .row")
             shown = page.inner_text(".card .row .label")
             rows = page.locator(".card .row").count()
+            said = page.inner_text(".card .unknown")
             browser.close()
         assert shown == expected and rows == 3 and offline == []
+        assert said.startswith("unknown: score 0.") and said.endswith("below 2.000")
     finally:
         server.stop()
