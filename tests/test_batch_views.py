@@ -120,6 +120,26 @@ def test_a_jitter_without_some_adjustments_draws_and_applies_only_the_others():
     torch.testing.assert_close(batched(images, params), torch.stack(expected), atol=2e-5, rtol=0)
 
 
+def test_the_jitters_hue_made_of_its_images_alone_equals_the_whole_batchs_and_torchvisions():
+    # On the CPU a round's hue shift is made of the images whose round is hue (found on the host); on the GPU of
+    # every image, kept where it applies (no wait for the host). Both ways against torchvision, image by image.
+    batched = BatchedColorJitter(0.4, 0.4, 0.2, 0.1, 0.8)
+    reference = v2.RandomApply([v2.ColorJitter(0.4, 0.4, 0.2, 0.1)], p=0.8)
+    images = torch.rand(128, 3, 16, 16, generator=torch.Generator().manual_seed(5))
+    params = torch.tensor([batched.draw(torch.Generator().manual_seed(s)) for s in range(128)])
+    expected = []
+    for s, image in enumerate(images):
+        torch.manual_seed(s)
+        expected.append(reference(image))
+    hue_rounds = (params[:, 0] > 0.5)[:, None] & (params[:, 1:5] == 3)
+    assert 10 < hue_rounds[:, 0].sum() < 50 and hue_rounds.any(dim=1).float().mean() > 0.7  # each round has some
+    subset, whole = BatchedColorJitter.apply(images, params, subset=True), BatchedColorJitter.apply(images, params,
+                                                                                                   subset=False)
+    torch.testing.assert_close(subset, whole, atol=1e-6, rtol=0)
+    torch.testing.assert_close(subset, torch.stack(expected), atol=2e-5, rtol=0)
+    torch.testing.assert_close(batched(images, params), subset, atol=0, rtol=0)  # the CPU's way
+
+
 def test_a_crops_overshoot_below_black_gives_finite_colours():
     # Upscaled stripes of blue over black: the bicubic dips below 0 beside each edge while red stays at 0, where
     # the hue's saturation divides by the brightest channel (0); the loader's uint8 crop is clamped, so is this
