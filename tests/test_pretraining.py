@@ -397,6 +397,22 @@ def test_vitlab_eval_of_an_mae_run_is_its_k_nn_and_without_knn_says_how(mae_run,
     assert "names no labelled images" in capsys.readouterr().err
 
 
+def test_unknown_scores_of_an_mae_run_are_one_line_and_write_nothing(mae_run, tiny_imagefolder, tmp_path, capsys):
+    # The scores of 'none of my classes' are a classifier's: an MAE run has no classes to be none of
+    from vitlab.cli import main
+
+    run_dir = mae_run[0]
+    before = {f: f.stat().st_mtime_ns for f in run_dir.rglob("*") if f.is_file()}
+    for argv in (["calibrate", "--checkpoint", str(run_dir), "--unknown"],
+                 ["eval", "--checkpoint", str(run_dir), "--unknown-images", str(tiny_imagefolder / "test")]):
+        with pytest.raises(SystemExit) as exited:
+            main(argv)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert exited.value.code == 2 and len(err) == 1, err
+        assert "classifier" in err[0] and "mae" in err[0], err[0]
+    assert {f: f.stat().st_mtime_ns for f in run_dir.rglob("*") if f.is_file()} == before
+
+
 def test_a_classifier_fine_tunes_probes_and_adapts_from_the_mae_encoder(mae_run, tiny_imagefolder, tmp_path):
     from vitlab.models.pretrained import load_pretrained
 
