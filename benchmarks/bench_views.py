@@ -7,6 +7,10 @@ made at once). Medians printed and written as JSON.
 
     python benchmarks/bench_views.py --data ../shared/data/cifar10
 
+``--task classification``: the quick config (``configs/cifar10_cpu_quick.yaml``) with random resized crops
+(``data.train_crop=rrc`` of the images kept at 40 px), the DataLoader's per-image crops (``data.loader=torch``) against the device loader's
+batch (``data.loader=gpu``).
+
 ``--gpu DIR`` (issue 75): pretraining images/s on a GPU, views in the loader against a batch at a time on the
 device, for MAE and DINO with the shipped CPU configs' models (32 px) and with ViT-S/16 at 224 px, each run two
 epochs in a process of its own (bf16, ``--workers`` loader workers for both paths), the second epoch's figure
@@ -31,9 +35,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def one_epoch(data: str, views: str, images: int, out_dir: Path, task: str = "mae") -> dict[str, float]:
-    subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / f"configs/{task}_cifar10_cpu.yaml"),
+    if task == "classification":  # the views of random resized crops: the DataLoader's or the device loader's
+        config, setting = "configs/cifar10_cpu_quick.yaml", ["data.train_crop=rrc", "data.decode_size=40",
+                                                             f"data.loader={'gpu' if views == 'device' else 'torch'}"]
+    else:
+        config, setting = f"configs/{task}_cifar10_cpu.yaml", [f"data.views={views}"]
+    subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / config),
                     "data.dataset=imagefolder", f"data.root={data}", f"data.train_subset={images}", "train.epochs=1",
-                    f"data.views={views}", "train.log_with=none", f"train.output_dir={out_dir}"],
+                    *setting, "train.log_with=none", f"train.output_dir={out_dir}"],
                    check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     epoch = next(r for r in records if r["split"] == "eval")
@@ -147,7 +156,8 @@ def view_costs(n: int = 2048, batch: int = 256) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="a CIFAR-10 ImageFolder (train/<class>/*.png)")
-    parser.add_argument("--task", choices=("mae", "dino"), default="mae", help="the shipped CPU config of this task")
+    parser.add_argument("--task", choices=("mae", "dino", "classification"), default="mae",
+                        help="the shipped CPU config of this task (classification: the quick config, with rrc)")
     parser.add_argument("--gpu", type=Path, help="the GPU runs (see above), their images made in this folder")
     parser.add_argument("--runs", default=",".join(GPU_RUNS), help="--gpu: which of " + ", ".join(GPU_RUNS))
     parser.add_argument("--workers", type=int, default=12, help="--gpu: DataLoader workers")

@@ -66,13 +66,15 @@ def test_evaluation_shards_are_exact_across_processes():
     assert torch.equal(images, data.images[:16])  # no augmentation in evaluation
 
 
-def test_training_with_the_device_loader_learns(tiny_imagefolder, tmp_path):
+@pytest.mark.parametrize("crop", [(), ("data.train_crop=rrc", "data.decode_size=40", "data.scale=[0.3,1.0]")],
+                         ids=["pad", "rrc"])
+def test_training_with_the_device_loader_learns(tiny_imagefolder, tmp_path, crop):
     from conftest import tiny_overrides
     from vitlab.config import load_config
     from vitlab.training import train
 
     summary = train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "run", "data.loader=gpu",
-                                                     "train.epochs=3")))
+                                                     "train.epochs=3", *crop)))
     assert summary["test_top1"] >= 0.9
 
 
@@ -155,9 +157,13 @@ def test_loader_auto_is_the_device_loader_on_cuda_only():
     assert resolve_loader("auto", "none", cuda, streamed=True) == "torch"  # and streamed images
     assert resolve_loader("gpu", "none", cpu) == "gpu" and resolve_loader("torch", "none", cuda) == "torch"
     load_config(None, ["data.loader=gpu", "data.augment=randaugment"])
-    for key in ("data.augment=autoaugment", "data.augment=trivialaugment", "data.train_crop=rrc"):
+    for key in ("data.augment=autoaugment", "data.augment=trivialaugment", "data.train_crop=src"):
         with pytest.raises(ConfigError, match="data.loader=torch"):
             load_config(None, ["data.loader=gpu", key])
+    load_config(None, ["data.loader=gpu", "data.train_crop=rrc"])  # random resized crops: when asked
+    with pytest.raises(ConfigError, match=r"^data.loader=gpu holds .* data.train_crop=rrc streams the images to crop "
+                                          r"each at its own size: set data.decode_size"):
+        resolve_loader("gpu", "none", cpu, streamed=True, train_crop="rrc")
 
 
 @pytest.mark.parametrize("size", [(32, 32), (24, 40)])
@@ -192,3 +198,90 @@ def test_sharpness_without_the_host_copy_equals_torchvisions_at_every_magnitude(
     for m in torch.linspace(0.0, 0.9, 31).tolist():  # torchvision's magnitude bins, both signs
         for factor in (1.0 + m, 1.0 - m):
             assert torch.equal(_sharpen(x, factor), TF.adjust_sharpness(x, factor)), factor
+
+
+# Random resized crops in the device loader (data.loader=gpu with data.train_crop=rrc): a batch's boxes drawn at
+# once from the loader's generator, so their distribution (not each box) is torchvision's; the crop of a box is.
+
+@pytest.mark.parametrize("shape, scale, ratio", [((40, 36), (0.08, 1.0), (3 / 4, 4 / 3)),
+                                                 ((32, 32), (0.05, 0.4), (0.2, 5.0))])  # many tries fail: fallback
+def test_a_batchs_boxes_are_distributed_as_torchvisions_over_10000_draws(shape, scale, ratio):
+    from scipy.stats import ks_2samp
+    from torchvision.transforms import v2
+
+    from vitlab.data.batch_views import rrc_boxes
+
+    n = 10_000
+    ours = rrc_boxes(torch.rand(n, 22, generator=torch.Generator().manual_seed(0)), *shape, scale, ratio)
+    reference = v2.RandomResizedCrop(8, scale=scale, ratio=ratio)
+    torch.manual_seed(0)
+    theirs = torch.tensor([list(reference.make_params([torch.zeros(3, *shape)]).values())[:4] for _ in range(n)])
+    assert ours.shape == (n, 4) and ours.dtype == torch.long
+    top, left, h, w = ours.T
+    assert (top >= 0).all() and (left >= 0).all() and (top + h <= shape[0]).all() and (left + w <= shape[1]).all()
+    for column in range(4):  # top, left, height, width
+        assert ks_2samp(ours[:, column].numpy(), theirs[:, column].numpy()).pvalue > 1e-3, column
+    area = (h * w).double() / (shape[0] * shape[1])
+    their_area = (theirs[:, 2] * theirs[:, 3]).double() / (shape[0] * shape[1])
+    assert abs(area.mean() - their_area.mean()) < 0.01 and ks_2samp(area.numpy(), their_area.numpy()).pvalue > 1e-3
+    whole = lambda boxes: ((boxes[:, 2] == shape[0]) & (boxes[:, 3] == shape[1])).double().mean()
+    assert abs(whole(ours) - whole(theirs)) < 0.01  # the fallback (the central crop) as often
+
+
+def test_the_crop_of_a_box_is_torchvisions_resized_crop_to_a_level():
+    from torchvision.transforms.v2 import functional as TF
+
+    from vitlab.data.batch_views import resized_crops, rrc_boxes
+
+    images = torch.randint(0, 256, (64, 3, 40, 36), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    boxes = rrc_boxes(torch.rand(64, 22, generator=torch.Generator().manual_seed(2)), 40, 36, (0.08, 1.0),
+                      (3 / 4, 4 / 3))
+    ours = resized_crops(images, boxes, (24, 24), uint8=True)
+    theirs = torch.stack([TF.resized_crop(image, *box.tolist(), [24, 24], interpolation=TF.InterpolationMode.BICUBIC,
+                                          antialias=True) for image, box in zip(images, boxes)])
+    differ = (ours.int() - theirs.int()).abs()
+    # torch's uint8 kernel's fixed-point weights: 0.5% of the pixels a level apart here, one pixel two; made in one
+    # pass and rounded once (no uint8 between the two resizes) a fifth differ, by up to 18 levels on this noise
+    assert differ.max() <= 2 and (differ > 0).float().mean() < 0.01
+
+
+def test_the_device_loaders_random_resized_crops_are_elastic_resumable_and_vary():
+    data = _data()
+    args = dict(seed=5, train_crop="rrc", size=(6, 6), scale=(0.3, 1.0), augment="randaugment")
+    for start in (0, 2):
+        whole = list(DeviceImageLoader(data, 16, "cpu", **args).batches_from(start))
+        assert whole[0][0].shape == (16, 3, 6, 6) and whole[0][0].dtype == torch.uint8
+        if start:
+            assert all(torch.equal(a[0], b[0]) for a, b in zip(whole, everything[start:]))  # resumed as whole
+        everything = whole
+        for processes in (2, 4):
+            parts = [list(DeviceImageLoader(data, 16, "cpu", num_processes=processes, process_index=r,
+                                            **args).batches_from(start)) for r in range(processes)]
+            for step, (images, labels) in enumerate(whole):
+                assert torch.equal(torch.cat([p[step][1] for p in parts]), labels)
+                assert torch.equal(torch.cat([p[step][0] for p in parts]), images), (processes, step)
+    other = DeviceImageLoader(data, 16, "cpu", **args)
+    other.set_epoch(1)
+    first, second = next(iter(DeviceImageLoader(data, 16, "cpu", **args))), next(iter(other))
+    assert not torch.equal(first[0], second[0])
+    resized = DeviceImageLoader(data, 16, "cpu", seed=5, size=(6, 6), crop_padding=0, hflip=False)
+    assert not torch.equal(first[0], next(iter(resized))[0])  # crops, not the whole image made small
+
+
+def test_evaluation_of_an_rrc_run_on_the_device_loader_sees_the_dataloaders_images(tiny_imagefolder):
+    # An rrc run is evaluated on the center crop of crop_pct (timm's, through PIL): the device loader's evaluation
+    # images are the DataLoader's, pixel for pixel
+    from vitlab.config import load_config
+    from vitlab.data.images import TensorImageDataset
+    from vitlab.inference.view import eval_dataset
+    from vitlab.tasks.image_data import device_eval_data, index_splits
+
+    cfg = load_config(None, ["data.dataset=imagefolder", f"data.root={tiny_imagefolder}", "data.train_crop=rrc",
+                             "data.crop_pct=0.8", "data.decode_size=40"])
+    _, test_index = index_splits(cfg.data, seed=0)
+    test = test_index.load((40, 40), in_memory=True)
+    view = eval_dataset(test, (32, 32), 0.8)
+    assert isinstance(view, TensorImageDataset)
+    expected = torch.stack([view[i][0] for i in range(len(view))])
+    got = torch.cat([x for x, _ in DeviceImageLoader(device_eval_data(test, (32, 32), 0.8), 10, "cpu", train=False)])
+    assert torch.equal(got, expected) and got.shape == (36, 3, 32, 32)

@@ -45,13 +45,16 @@ def _state(run_dir: Path, which: str = "last") -> dict:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("loader", ["torch", "gpu", "torch-streamed"])
+@pytest.mark.parametrize("loader", ["torch", "gpu", "gpu-rrc", "torch-streamed"])
 def test_a_signal_inside_an_epoch_checkpoints_there_and_the_same_command_ends_bit_identical(
         tiny_imagefolder, tmp_path, monkeypatch, on_cpu, loader):
     # torch-streamed: each image decoded by a DataLoader worker when read; the resumed epoch's sampler
-    # skips the batches before the checkpoint without decoding them.
+    # skips the batches before the checkpoint without decoding them. gpu-rrc: the device loader's random resized
+    # crops of images kept larger than the model's input.
     extra = (*RANDOM, f"data.loader={loader.split('-')[0]}",
-             *(("data.in_memory=false", "data.num_workers=2") if loader.endswith("streamed") else ()))
+             *(("data.in_memory=false", "data.num_workers=2") if loader.endswith("streamed") else ()),
+             *(("data.train_crop=rrc", "data.decode_size=40", "data.scale=[0.3,1.0]") if loader.endswith("rrc")
+               else ()))
     whole, parts = tmp_path / "whole", tmp_path / "parts"
     train(load_config(None, tiny_overrides(tiny_imagefolder, whole, *extra)))
     reset_accelerate()

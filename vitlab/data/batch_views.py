@@ -8,6 +8,10 @@ algorithm, so the same distribution of boxes) and its resize torch's antialiased
 rows over its crop's pixels, and a batch of them two batched matrix products. Given the same box, an image's view equals
 ``torchvision.transforms.v2.functional.resized_crop`` of the float image to float32 rounding (tested).
 
+The device loader (``data.loader=gpu``, :class:`~vitlab.data.images.DeviceImageLoader`) draws a batch's boxes at
+once instead (:func:`rrc_boxes`: the same rule, so the same distribution, from numbers its generator draws for the
+batch where it is) and rounds each crop to uint8 as torch's CPU kernel makes the DataLoader's (``uint8=True``).
+
 Not kornia's ``RandomResizedCrop``: it resamples the crop by a bilinear warp without antialiasing (another
 picture of a shrunk crop than torchvision's and PIL's), and draws from torch's global generator, which a run
 resumed inside an epoch or on other processes could not redraw alike.
@@ -20,7 +24,7 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["rrc_params", "resize_weights", "resized_crops", "BatchedResizedCrop", "BatchedColorJitter",
+__all__ = ["rrc_params", "rrc_boxes", "resize_weights", "resized_crops", "BatchedResizedCrop", "BatchedColorJitter",
            "BatchedGrayscale", "BatchedGaussianBlur", "BatchedSolarize", "BatchedViews"]
 
 BICUBIC_A = -0.5  # the antialiased bicubic filter's (PIL's and torch's antialias=True), not plain bicubic's -0.75
@@ -43,6 +47,11 @@ def rrc_params(generator: torch.Generator, height: int, width: int, scale: tuple
             top = int(torch.randint(0, height - h + 1, size=(1,), generator=generator))
             left = int(torch.randint(0, width - w + 1, size=(1,), generator=generator))
             return top, left, h, w
+    return _central_box(height, width, ratio)
+
+
+def _central_box(height: int, width: int, ratio: tuple[float, float]) -> tuple[int, int, int, int]:
+    """torchvision's fallback where no try fits: the central crop of the ratio in ``ratio`` nearest the image's."""
     in_ratio = width / height
     if in_ratio < min(ratio):
         w, h = width, int(round(width / min(ratio)))
@@ -51,6 +60,30 @@ def rrc_params(generator: torch.Generator, height: int, width: int, scale: tuple
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w
+
+
+def rrc_boxes(uniforms: Tensor, height: int, width: int, scale: tuple[float, float],
+              ratio: tuple[float, float]) -> Tensor:
+    """Random resized crops' boxes ``(top, left, height, width)``, int64 ``(n, 4)``, of images of ``height`` x
+    ``width``, a batch at once from ``uniforms`` ``(n, 22)`` in ``[0, 1)`` (where they are: the device loader's
+    generator draws them for the batch): :func:`rrc_params`'s rule (10 tries of an area of ``scale`` and a
+    log-uniform ratio, the first that fits, else the central crop of the nearest ratio; the position uniform) in
+    float32, so the boxes are distributed as torchvision's (tested over 10,000 draws), not drawn from its generator."""
+    low, high = _log_ratio(tuple(ratio))
+    target = (height * width) * (scale[0] + (scale[1] - scale[0]) * uniforms[:, :10])
+    aspect = torch.exp(low + (high - low) * uniforms[:, 10:20])
+    w, h = torch.round(torch.sqrt(target * aspect)), torch.round(torch.sqrt(target / aspect))
+    fits = (w > 0) & (w <= width) & (h > 0) & (h <= height)
+    first = fits.to(torch.uint8).argmax(dim=1, keepdim=True)        # the first try that fits (0 where none does)
+    fitted = fits.any(dim=1)
+    fallback_top, fallback_left, fh, fw = _central_box(height, width, tuple(ratio))
+    h = torch.where(fitted, h.gather(1, first)[:, 0], float(fh))
+    w = torch.where(fitted, w.gather(1, first)[:, 0], float(fw))
+    top = torch.where(fitted, torch.minimum(torch.floor(uniforms[:, 20] * (height - h + 1)), height - h),
+                      float(fallback_top))
+    left = torch.where(fitted, torch.minimum(torch.floor(uniforms[:, 21] * (width - w + 1)), width - w),
+                       float(fallback_left))
+    return torch.stack((top, left, h, w), dim=1).to(torch.long)
 
 
 @functools.lru_cache(maxsize=8)
@@ -107,14 +140,19 @@ def _weights(size: int, start: Tensor, length: Tensor, out: int) -> Tensor:
     return resize_weights(size, start, length, out)
 
 
-def resized_crops(images: Tensor, boxes: Tensor, size: tuple[int, int]) -> Tensor:
+def resized_crops(images: Tensor, boxes: Tensor, size: tuple[int, int], uint8: bool = False) -> Tensor:
     """Each image's box resized to ``size``: ``images`` ``(B, C, H, W)`` (uint8 or float), ``boxes`` ``(B, 4)``
-    integers ``(top, left, height, width)`` -> float32 ``(B, C, *size)`` in the images' range, unrounded."""
+    integers ``(top, left, height, width)`` -> float32 ``(B, C, *size)`` in the images' range, unrounded; with
+    ``uint8``, uint8 as torch's uint8 resize on the CPU makes them (the DataLoader's crops): the width resized
+    first and rounded to uint8, then the height (to a level of it: its weights are fixed-point)."""
     _, _, height, width = images.shape
     boxes = boxes.to(images.device)
     rows = _weights(height, boxes[:, 0], boxes[:, 2], size[0])                 # (B, out_h, H)
     cols = _weights(width, boxes[:, 1], boxes[:, 3], size[1])                  # (B, out_w, W)
-    return rows[:, None] @ (images.to(torch.float32) @ cols.transpose(1, 2)[:, None])
+    if not uint8:
+        return rows[:, None] @ (images.to(torch.float32) @ cols.transpose(1, 2)[:, None])
+    level = lambda x: x.round_().clamp_(0, 255)
+    return level(rows[:, None] @ level(images.to(torch.float32) @ cols.transpose(1, 2)[:, None])).to(torch.uint8)
 
 
 class BatchedResizedCrop:

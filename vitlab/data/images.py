@@ -20,6 +20,7 @@ from torchvision.transforms import v2
 
 from ..errors import DataError
 from ..seeding import process_seed
+from .batch_views import resized_crops, rrc_boxes
 from .transforms import resize_images
 
 __all__ = ["ImageData", "TensorImageDataset", "balanced_indices", "stratified_indices", "DeviceImageLoader",
@@ -309,6 +310,12 @@ class DeviceImageLoader:
     :class:`~vitlab.data.plan.EpochPlan`), dropout's numbers are left alone, and :meth:`batches_from`
     starts an epoch at any batch as if the ones before it had been drawn.
 
+    With ``train_crop='rrc'`` a random resized crop (``scale``, ``ratio``; bicubic with antialiasing, rounded to
+    uint8) to ``size`` replaces the padded crop: the global batch's boxes drawn at once
+    (:func:`~vitlab.data.batch_views.rrc_boxes`: torchvision's distribution of boxes, not its draws), the crops
+    made as two batched matrix products (:func:`~vitlab.data.batch_views.resized_crops`). Its evaluation images
+    are the DataLoader's center crops, made once (:func:`vitlab.tasks.image_data.device_eval_data`).
+
     With a ``sampler`` (:class:`~vitlab.data.balance.ClassSampler`, ``data.sampler``) an epoch is its draws
     instead of a permutation.
 
@@ -330,11 +337,18 @@ class DeviceImageLoader:
     def __init__(self, data: ImageData, batch_size: int, device: torch.device | str, train: bool = True,
                  crop_padding: int = 4, hflip: bool = True, seed: int = 0, num_processes: int = 1,
                  process_index: int = 0, size: tuple[int, int] | None = None, augment: str = "none",
-                 randaugment_ops: int = 2, randaugment_magnitude: int = 9, sampler: Any = None) -> None:
+                 randaugment_ops: int = 2, randaugment_magnitude: int = 9, sampler: Any = None,
+                 train_crop: str = "pad", scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> None:
         if augment not in ("none", "randaugment"):
             raise ValueError(f"augment={augment!r}: the device loader does 'none' or 'randaugment'")
+        if train_crop not in ("pad", "rrc"):
+            raise ValueError(f"train_crop={train_crop!r}: the device loader does 'pad' or 'rrc'")
         self.images = data.images.to(device)
         self.size = tuple(size) if size is not None and tuple(size) != tuple(data.images.shape[-2:]) else None
+        # rrc: a random resized crop of the stored image to the model's input (size), in place of the padded crop
+        self.rrc = (tuple(size or data.images.shape[-2:]), tuple(scale), tuple(ratio)) \
+            if train and train_crop == "rrc" else None
         self.labels = data.labels.to(device)
         self.batch_size, self.train, self.seed = batch_size, train, seed
         self.crop_padding, self.hflip = (crop_padding, hflip) if train else (0, False)
@@ -353,11 +367,16 @@ class DeviceImageLoader:
         return n // self.batch_size if self.train else -(-n // self.batch_size)
 
     def _augment(self, x: Tensor, within: tuple[int, int]) -> Tensor:
-        """Random crop with zero padding, flips and RandAugment for a uint8 batch ``(b, C, H, W)``, per image,
+        """Random crop with zero padding (or a random resized crop), flips and RandAugment for a uint8 batch
+        ``(b, C, H, W)``, per image,
         ``x`` being images ``within = (start, total)`` of the global batch (:func:`_draws`)."""
         b, _, h, w = x.shape
         g = self._generator
-        if self.crop_padding:
+        if self.rrc is not None:
+            size, scale, ratio = self.rrc
+            uniforms = _draws(lambda n: torch.rand(n, 22, device=x.device, generator=g), b, within)
+            x = resized_crops(x, rrc_boxes(uniforms, h, w, scale, ratio), size, uint8=True)
+        elif self.crop_padding:
             p = self.crop_padding
             padded = torch.nn.functional.pad(x, (p, p, p, p))
             dy = _draws(lambda n: torch.randint(0, 2 * p + 1, (n,), device=x.device, generator=g), b, within)
@@ -396,6 +415,6 @@ class DeviceImageLoader:
             if self.train:  # the global batch's draws, whichever process augments its part
                 self._generator.manual_seed(process_seed(self.seed, 0, self.epoch, "augment", i))
                 x = self._augment(x, (len(part) * self.process_index, len(batch)))
-            if self.size is not None:
+            if self.size is not None and not (self.train and self.rrc):  # rrc's crops are made at the size
                 x = resize_images(x, self.size)
             yield x, self.labels[part]

@@ -24,7 +24,7 @@ from .splits import decode_size_of
 if TYPE_CHECKING:
     from ...schema import DataConfig
 
-__all__ = ["in_memory", "resolve_loader", "train_transform_of", "build_loaders"]
+__all__ = ["in_memory", "resolve_loader", "train_transform_of", "device_eval_data", "build_loaders"]
 
 
 def in_memory(d: DataConfig, train: SplitIndex, test: SplitIndex, size: tuple[int, int]) -> tuple[bool, str]:
@@ -115,20 +115,36 @@ def resolve_loader(loader: str, augment: str, device: torch.device, streamed: bo
                    train_crop: str = "pad", color_jitter: float = 0.0, aug_repeats: int = 1) -> str:
     """``data.loader`` made concrete: ``'auto'`` is the device-resident loader on a CUDA device unless
     the transforms need the DataLoader (AutoAugment, TrivialAugment, timm's augmentations, color jitter,
-    random resized crops, repeated augmentation) or the images are streamed, else ``'torch'`` (why: docs/performance.md,
-    measured on an H100).
+    repeated augmentation) or the images are streamed, else ``'torch'`` (why: docs/performance.md,
+    measured on an H100). Random resized crops take the device loader when asked (``'gpu'``); ``'auto'`` leaves
+    them to the DataLoader until the device's crops are measured on a GPU.
 
     Raises:
         ConfigError: if ``'gpu'`` is asked for images that ``data.in_memory=auto`` chose to stream.
     """
+    if loader == "gpu" and streamed and train_crop != "pad":
+        raise ConfigError(f"data.loader=gpu holds the whole data set on the device, and data.train_crop={train_crop} "
+                          f"streams the images to crop each at its own size: set data.decode_size (e.g. a little "
+                          f"larger than the model's input) to keep them in memory at that size, or use data.loader=torch")
     if loader == "gpu" and streamed:
         raise ConfigError("data.loader=gpu holds the whole data set on the device, and data.in_memory=auto chose to "
                           "stream it (it is larger than the memory budget): use data.loader=torch, or "
                           "data.in_memory=true to keep it in memory anyway")
     if loader != "auto":
         return loader
-    on_device = not streamed and not device_loader_problems(augment, train_crop, color_jitter, aug_repeats)
+    on_device = not streamed and train_crop == "pad" and not device_loader_problems(augment, train_crop,
+                                                                                     color_jitter, aug_repeats)
     return "gpu" if device.type == "cuda" and on_device else "torch"
+
+
+def device_eval_data(data: ImageData, size: tuple[int, int], crop_pct: float | None) -> ImageData:
+    """``data`` as the device loader evaluates it: itself (resized there, as the DataLoader's evaluation resizes),
+    or with ``crop_pct`` (an ``rrc`` run) each image's center crop made once, as the DataLoader makes it every
+    evaluation (:func:`~vitlab.inference.view.eval_dataset`: timm's, through PIL), uint8 ``(N, C, *size)``."""
+    if crop_pct is None:
+        return data
+    view = eval_dataset(data, size, crop_pct)
+    return ImageData(torch.stack([view[i][0] for i in range(len(view))]), data.labels, data.classes, data.key)
 
 
 def build_loaders(d: DataConfig, seed: int, accelerator: Any, micro_batch: int, train_data: ImageData,
@@ -148,10 +164,12 @@ def build_loaders(d: DataConfig, seed: int, accelerator: Any, micro_batch: int, 
         train_loader: Any = DeviceImageLoader(train_data, micro_batch, crop_padding=d.crop_padding, hflip=d.hflip,
                                               augment=d.augment, randaugment_ops=d.randaugment_ops,
                                               randaugment_magnitude=d.randaugment_magnitude, sampler=sampler,
-                                              **shard)
-        eval_loaders = {name: DeviceImageLoader(data, micro_batch, train=False, **shard)
-                        for name, data in eval_sets.items()}
-        feature_loader = DeviceImageLoader(train_data, micro_batch, train=False, **shard) if features else None
+                                              train_crop=d.train_crop, scale=d.scale, ratio=d.ratio, **shard)
+        crop_pct = d.crop_pct if d.train_crop == "rrc" else None
+        eval_loaders = {name: DeviceImageLoader(device_eval_data(data, size, crop_pct), micro_batch, train=False,
+                                                **shard) for name, data in eval_sets.items()}
+        feature_loader = DeviceImageLoader(device_eval_data(train_data, size, crop_pct), micro_batch, train=False,
+                                           **shard) if features else None
     else:
         stored = tuple(train_data.images.shape[-2:]) if d.train_crop == "pad" else None
         transform = train_transform_of(d, size, stored, mean)
