@@ -33,6 +33,7 @@ def steps_under_sync_debug(cfg, run_dir):
 
 @pytest.mark.parametrize("loader, extra", [
     ("gpu", ["data.augment=randaugment", "train.compile=true"]),  # device-resident, RandAugment on the device
+    ("gpu", ["data.train_crop=rrc", "data.decode_size=40"]),  # random resized crops of the batch on the device
     ("torch", ["data.num_workers=2"]),  # DataLoader workers, pinned batches copied without blocking
 ])
 def test_an_optimizer_step_never_synchronizes_with_the_host(tiny_imagefolder, tmp_path, loader, extra):
