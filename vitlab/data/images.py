@@ -368,8 +368,8 @@ class DeviceImageLoader:
 
     def _augment(self, x: Tensor, within: tuple[int, int]) -> Tensor:
         """Random crop with zero padding (or a random resized crop), flips and RandAugment for a uint8 batch
-        ``(b, C, H, W)``, per image,
-        ``x`` being images ``within = (start, total)`` of the global batch (:func:`_draws`)."""
+        ``(b, C, H, W)``, per image, ``x`` being images ``within = (start, total)`` of the global batch
+        (:func:`_draws`)."""
         b, _, h, w = x.shape
         g = self._generator
         if self.rrc is not None:
@@ -415,6 +415,6 @@ class DeviceImageLoader:
             if self.train:  # the global batch's draws, whichever process augments its part
                 self._generator.manual_seed(process_seed(self.seed, 0, self.epoch, "augment", i))
                 x = self._augment(x, (len(part) * self.process_index, len(batch)))
-            if self.size is not None and not (self.train and self.rrc):  # rrc's crops are made at the size
+            if self.size is not None and self.rrc is None:  # rrc's crops are made at the size (training only)
                 x = resize_images(x, self.size)
             yield x, self.labels[part]
