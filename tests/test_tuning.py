@@ -14,12 +14,14 @@ import pytest
 import yaml
 
 from conftest import reset_accelerate, tiny_overrides
+from helpers.stand_in_trials import stand_in
 
 pytest.importorskip("optuna")
 ROOT = Path(__file__).resolve().parents[1]
+STAND_IN = ROOT / "tests" / "helpers" / "stand_in_trials.py"
 LR = "optim.lr: {low: 1.0e-3, high: 1.0e-2, log: true}"  # a learning rate, the space of most tests here
 
-from vitlab.cli import train_main  # noqa: E402
+from vitlab.cli import main, train_main  # noqa: E402
 from vitlab.errors import ConfigError  # noqa: E402
 from vitlab.tuning import tune  # noqa: E402
 
@@ -44,9 +46,12 @@ def searched(data: Path, tmp_path: Path, space: str, *extra: str) -> tuple[Path,
     return write_base(data, tmp_path / "base.yaml", *extra), tmp_path / "space.yaml", tmp_path / "study"
 
 
-def tune_command(base: Path, space: Path, study: Path, trials: int, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "vitlab.cli", "tune", "--config", str(base), "--space", str(space), "--study",
-            str(study), "--trials", str(trials), *extra]
+def tune_command(base: Path, space: Path, study: Path, trials: int, *extra: str,
+                 stand_in: tuple[float, int] | None = None) -> list[str]:
+    """``vitlab tune``'s command line; ``stand_in``: its trials stand-ins of (seconds an epoch, epochs)."""
+    program = ["-m", "vitlab.cli"] if stand_in is None else [str(STAND_IN), *map(str, stand_in)]
+    return [sys.executable, *program, "tune", "--config", str(base), "--space", str(space), "--study", str(study),
+            "--trials", str(trials), *extra]
 
 
 def rows(study: Path) -> list[dict]:
@@ -59,12 +64,11 @@ def last_eval(run: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_a_study_trains_its_trials_as_runs_and_best_yaml_trains_the_best_again(tiny_imagefolder, tmp_path):
+def test_a_study_trains_its_trials_as_runs_and_best_yaml_trains_the_best_again(tiny_imagefolder, tmp_path, capsys):
     base, space, study = searched(tiny_imagefolder, tmp_path, f"{LR}\nmodel.embed_dim: [16, 32]")
-    done = subprocess.run(tune_command(base, space, study, 2, "--metric", "val_loss", "--pruner", "none"),
-                          capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.count("\ntrial ") + done.stdout.startswith("trial ") == 2  # a line a trial
+    main(tune_command(base, space, study, 2, "--metric", "val_loss", "--pruner", "none")[3:])  # vitlab tune, here
+    out = capsys.readouterr().out
+    assert out.count("\ntrial ") + out.startswith("trial ") == 2  # a line a trial
     table = rows(study)
     assert [r["state"] for r in table] == ["COMPLETE"] * 2
     for r in table:  # each trial an ordinary run: its own config, metrics and checkpoint
@@ -134,20 +138,6 @@ def test_a_missing_space_file_names_what_to_write(tiny_imagefolder, tmp_path):
         tune(base, tmp_path / "nowhere.yaml", 2, study=tmp_path / "study")
 
 
-def stand_in_run(base: str, overrides: list[str], values: dict, run_dir: Path) -> list[str]:
-    """In place of train.py: a run of 10 evaluated epochs, 10 ms each, whose validation loss is 0.1 at a learning
-    rate that learns and 1.0 at one that cannot; on SIGTERM it exits as a preempted run does (75)."""
-    loss = 0.1 if values["optim.lr"] > 1e-4 else 1.0
-    script = (
-        "import json, signal, sys, time\n"
-        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(75))\n"
-        f"with open({str(run_dir / 'metrics.jsonl')!r}, 'a') as f:\n"
-        "    for epoch in range(1, 11):\n"
-        f"        f.write(json.dumps({{'split': 'eval', 'epoch': epoch, 'val_loss': {loss}}}) + '\\n'); f.flush()\n"
-        "        time.sleep(0.01)\n")
-    return [sys.executable, "-c", script]
-
-
 @pytest.mark.slow
 def test_the_median_pruner_judges_from_half_the_schedule_against_three_finished_trials(tiny_imagefolder, tmp_path,
                                                                                        monkeypatch):
@@ -158,7 +148,7 @@ def test_the_median_pruner_judges_from_half_the_schedule_against_three_finished_
 
     import vitlab.tuning.study
 
-    monkeypatch.setattr(vitlab.tuning.study, "_command", stand_in_run)
+    monkeypatch.setattr(vitlab.tuning.study, "_command", stand_in())
     base = write_base(tiny_imagefolder, tmp_path / "base.yaml", "train.epochs=10", "train.eval_every=1",
                       "optim.min_lr=0")
     space = tmp_path / "space.yaml"
@@ -215,7 +205,7 @@ def test_a_study_continued_with_another_space_base_or_metric_and_a_storage_that_
         tiny_imagefolder, tmp_path, monkeypatch):
     import vitlab.tuning.study
 
-    monkeypatch.setattr(vitlab.tuning.study, "_command", stand_in_run)  # trials of a few ms
+    monkeypatch.setattr(vitlab.tuning.study, "_command", stand_in())  # trials of a few ms
     base = write_base(tiny_imagefolder, tmp_path / "base.yaml", "train.epochs=10", "train.eval_every=1",
                       "optim.min_lr=0")
     space = tmp_path / "space.yaml"
@@ -245,12 +235,13 @@ def test_a_study_stopped_or_killed_mid_trial_is_continued_by_the_same_command_an
     # saying how to continue. The same command asks that trial's values again, and is then killed with its trial
     # (kill -9 of the process group: the machine went away): the trial stays RUNNING in the database, its heartbeat
     # silent, aged past the minute of grace here rather than waited for. The same study then fails it as stale, asks
-    # its values a third time and runs 2 trials in all
+    # its values a third time and runs 2 trials in all. The trials are stand-ins of 6 epochs of 0.5 s (a real trial
+    # stopped by SIGTERM is test_preemption's preempted run)
     import os
     import sqlite3
 
     base, space, study = searched(tiny_imagefolder, tmp_path, LR, "train.epochs=6", "train.eval_every=1")
-    command = tune_command(base, space, study, 2, "--pruner", "none")
+    command = tune_command(base, space, study, 2, "--pruner", "none", stand_in=(0.5, 6))
 
     def started_until_evaluated(trial: int) -> subprocess.Popen:
         process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -282,12 +273,13 @@ def test_a_study_stopped_or_killed_mid_trial_is_continued_by_the_same_command_an
 @pytest.mark.slow
 def test_two_processes_share_one_study_and_run_its_trials_once_each(tiny_imagefolder, tmp_path):
     # The same command started twice at once on one SQLite study: the 3 trials split between the processes, each run
-    # once (a trial one asked after the other had asked the 3rd is recorded as not run, and not counted)
+    # once (a trial one asked after the other had asked the 3rd is recorded as not run, and not counted). The trials
+    # are stand-ins of 2 s (4 epochs of 0.5 s), as long as the tiny run's
     import optuna
 
     base, space, study = searched(tiny_imagefolder, tmp_path, LR)
     study.mkdir()
-    command = tune_command(base, space, study, 3, "--pruner", "none")
+    command = tune_command(base, space, study, 3, "--pruner", "none", stand_in=(0.5, 4))
     both = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for _ in range(2)]
     outputs = [p.communicate(timeout=600) for p in both]
@@ -298,7 +290,7 @@ def test_two_processes_share_one_study_and_run_its_trials_once_each(tiny_imagefo
     assert all(t.user_attrs.get("surplus") for t in trials if t.state.name == "FAIL")
     ran = [out.count("-> val_top1") for out, _ in outputs]
     assert sorted(ran) != [0, 3] and sum(ran) == 3, ran  # both ran trials, 3 in all
-    assert all((study / f"trial_{t.number:04d}/checkpoints/last/model.safetensors").is_file() for t in complete)
+    assert all(len((study / f"trial_{t.number:04d}/metrics.jsonl").read_text().splitlines()) == 4 for t in complete)
 
 
 def test_without_optuna_the_study_says_which_extra_to_install(tiny_imagefolder, tmp_path, monkeypatch):
