@@ -212,10 +212,10 @@ def _run_command(command: str, run: PageRun, monkeypatch: pytest.MonkeyPatch) ->
         return _in_process(train_main, _shortened(argv[2:], run.cwd, run.shared))
     if tool == "vitlab" and argv[1:2] == ["train"]:
         return _in_process(train_main, _shortened(argv[2:], run.cwd, run.shared))
-    if tool == "vitlab" and argv[1:2] == ["tune"]:  # two trials, each a run shortened as the training commands
+    if tool == "vitlab" and argv[1:2] == ["tune"]:  # one trial, a run shortened as the training commands
         args = argv[2:]
         if "--trials" in args:
-            args[args.index("--trials") + 1] = "2"
+            args[args.index("--trials") + 1] = "1"
         return _in_process(main, ["tune", *_shortened(args, run.cwd, run.shared)])
     if tool == "vitlab" and ("--unknown-images" in argv or argv[1:2] == ["calibrate"] and "--unknown" in argv) \
             and "--unknown-k" not in argv:  # the k-NN score's neighbour among the tiny subsets' few training images
