@@ -97,7 +97,8 @@ class DataConfig:
     # Where a self-supervised run's views are made: loader, each image by torchvision's transforms in the
     # DataLoader; device, a batch at a time where the model is (vitlab.data.batch_views: torchvision's random
     # resized crops, flips and DINO's colour transforms, each image's drawn from its own generator seeded by the run,
-    # the epoch and the image). device: task: mae or dino, on images in memory.
+    # the epoch and the image). device: task: mae or dino; streamed images (folders not held in memory, shards) are
+    # decoded by the loader's workers at data.decode_size, else the model's input size, and cropped from that.
     views: Literal["loader", "device"] = "loader"
     # ImageFolder images are resized to decode_size x decode_size once, when decoded (0 = the model's
     # input size); the loaders resize each batch to the model's input size (CIFAR-10 stays 32 x 32 in

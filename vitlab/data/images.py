@@ -24,7 +24,7 @@ from .batch_views import resized_crops, rrc_boxes
 from .transforms import resize_images
 
 __all__ = ["ImageData", "TensorImageDataset", "balanced_indices", "stratified_indices", "DeviceImageLoader",
-           "rand_augment", "seeded_transform"]
+           "rand_augment", "seeded_sample", "seeded_transform"]
 
 
 
@@ -67,9 +67,8 @@ class TensorImageDataset(Dataset):
     The epoch is held in shared memory, so DataLoader workers that live across epochs
     (``persistent_workers``) read the one the main process set before the epoch's batches were asked for.
 
-    A transform whose ``draws_from`` is ``'generator'`` (views made a batch at a time on the device,
-    :mod:`vitlab.data.batch_views`) is called ``transform(image, generator)`` with a generator of its own seeded
-    so, cheaper than torch's under ``fork_rng``.
+    A transform whose ``draws_from`` is ``'generator'`` (views made a batch at a time on the device) is given a
+    generator of its own seeded so (:func:`seeded_sample`).
 
     With ``lazy`` (streamed images and a transform that decodes what it needs, ``data.scaled_decode``),
     the transform is given each image's file undecoded (:meth:`StreamedImages.lazy`).
@@ -102,10 +101,18 @@ class TensorImageDataset(Dataset):
             return image, label
         if self.seed is None:
             return self.transform(image), label
-        if getattr(self.transform, "draws_from", None) == "generator":  # parameters drawn here, applied later
-            generator = torch.Generator().manual_seed(process_seed(self.seed, 0, self.epoch, "samples", int(i)))
-            return self.transform(image, generator), label
-        return seeded_transform(self.transform, image, self.seed, self.epoch, int(i)), label
+        return seeded_sample(self.transform, image, self.seed, self.epoch, int(i)), label
+
+
+def seeded_sample(transform: Callable[..., Any], image: Any, seed: int, epoch: int, i: int) -> Any:
+    """Sample ``i``'s augmentation in ``epoch``, a function of (seed, epoch, sample): a transform whose
+    ``draws_from`` is ``'generator'`` (views made a batch at a time on the device, :mod:`vitlab.data.batch_views`:
+    their parameters drawn here, applied later) is called ``transform(image, generator)`` with a generator of its own
+    seeded by :func:`vitlab.seeding.process_seed` ``(seed, 0, epoch, 'samples', i)``, cheaper than torch's under
+    ``fork_rng``; any other transform draws from torch's, seeded alike (:func:`seeded_transform`)."""
+    if getattr(transform, "draws_from", None) == "generator":
+        return transform(image, torch.Generator().manual_seed(process_seed(seed, 0, epoch, "samples", i)))
+    return seeded_transform(transform, image, seed, epoch, i)
 
 
 def seeded_transform(transform: v2.Transform, image: Any, seed: int, epoch: int, i: int) -> Tensor:

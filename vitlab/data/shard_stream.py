@@ -25,7 +25,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, IterableDataset, default_collate, get_worker_info
 from torchvision.transforms import v2
 
-from .images import seeded_transform
+from .images import seeded_sample
 from .plan import EpochPlan, Segment, pieces, shuffle
 from .shards import ShardIndex
 from .workers import shutdown_workers
@@ -58,7 +58,7 @@ class ShardStream(IterableDataset):
     Args:
         index: The listed shards.
         segments: The sample ranges to read, ``(shard, start, stop)``.
-        transform: Applied to each image (seeded per sample in training).
+        transform: Applied to each image (seeded per sample in training, :func:`~.images.seeded_sample`).
         batch_size: This process's batch (the global batch is ``batch_size * num_processes``).
         train: Follow the epoch's plan (shuffled, whole global batches); else every sample once, in order.
         num_processes, process_index: This process among the run's.
@@ -157,7 +157,7 @@ class ShardStream(IterableDataset):
     def _sample(self, sid: int, sample: dict[str, Any], epoch: int) -> tuple[Tensor, Tensor]:
         image = self.decode(sample, self.size, lazy=True) if self.lazy else self.decode(sample, self.size)
         if self.transform is not None:
-            image = (seeded_transform(self.transform, image, self.seed, epoch, sid) if self.train
+            image = (seeded_sample(self.transform, image, self.seed, epoch, sid) if self.train
                      else self.transform(image))
         return image, (self.labels[sid] if self.labels is not None else torch.tensor(self.label(sample)))
 

@@ -26,7 +26,7 @@ from ..errors import ConfigError, need
 from ..models.dino import cosine_momentum, dino_loss, teacher_temperature, update_center
 from ..runtime import bare_model
 from .base import Resumed, TaskSetup, build_model
-from .pretraining import check_device_views, check_unlabelled, pretraining_task, unlabelled_data
+from .pretraining import check_unlabelled, pretraining_task, unlabelled_data
 
 if TYPE_CHECKING:
     from ..schema import Config, DINOConfig
@@ -172,6 +172,4 @@ def check_dino(cfg: Config) -> None:
     need(0 <= s.center_momentum < 1, "dino.center_momentum", s.center_momentum, "a number in [0, 1) (DINO: 0.9)")
     need(0 <= s.warmup_teacher_temp_epochs <= cfg.train.epochs, "dino.warmup_teacher_temp_epochs",
          s.warmup_teacher_temp_epochs, f"an integer in [0, train.epochs={cfg.train.epochs}]")
-    if cfg.data.views == "device":
-        check_device_views(cfg, "with data.views=device (DINO's views made a batch at a time)")
     check_unlabelled(cfg)

@@ -17,8 +17,7 @@ from ..errors import need
 from ..models.hub import image_input_size
 from .base import Resumed, TaskSetup, build_model
 from .image_data import train_transform_of
-from .pretraining import (MaskedDeviceView, MaskedView, check_device_views, check_unlabelled, pretraining_task,
-                          unlabelled_data)
+from .pretraining import MaskedDeviceView, MaskedView, check_unlabelled, pretraining_task, unlabelled_data
 
 if TYPE_CHECKING:
     from ..schema import Config
@@ -75,7 +74,6 @@ def check_mae(cfg: Config) -> None:
         need(d.augment == "none" and d.color_jitter == 0, "data.augment" if d.augment != "none" else
              "data.color_jitter", d.augment if d.augment != "none" else d.color_jitter,
              f"none {said}: other augmentations are made in the loader (data.views=loader)")
-        check_device_views(cfg, said)
     check_unlabelled(cfg)
 
 

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from ..data.split import SplitIndex
 
 __all__ = ["unlabelled_images", "pretraining_loader", "normalization", "MaskedView", "MaskedDeviceView", "KNNMonitor",
-           "check_device_views", "monitor_loaders", "knn_monitor", "backbone_of", "evaluate_backbone", "Unlabelled", "unlabelled_data",
+           "monitor_loaders", "knn_monitor", "backbone_of", "evaluate_backbone", "Unlabelled", "unlabelled_data",
            "pretraining_task", "check_unlabelled", "monitor_validation", "evaluate_run"]
 
 
@@ -94,9 +94,6 @@ def pretraining_loader(cfg: Config, accelerator: Accelerator, micro_batch: int, 
             train.samples_per_epoch, {"partitions": train.plan.partitions}
     index = unlabelled_images(d)
     keep, where = in_memory(d, index, index.subset(torch.zeros(0, dtype=torch.long), ""), size)
-    if d.views == "device" and not keep:
-        raise ConfigError(f"data.views=device makes the views of images held in memory, and these are streamed "
-                          f"({where}): set data.in_memory=true, or data.views=loader")
     accelerator.print(f"{where}; {len(index):,} images, without labels ({index.where})")
     data = index.load(decode_size_of(d, size, keep), d.train_subset, t.seed, keep, d.scaled_decode,
                       d.cache_dir or None)
@@ -319,15 +316,6 @@ def monitor_validation(cfg: Config) -> str:
     if cfg.monitor.root and cfg.monitor.val_size:
         return ""
     return "a self-supervised run's is its k-NN monitor's: set monitor.root (labelled images) and monitor.val_size=N"
-
-
-def check_device_views(cfg: Config, said: str) -> None:
-    """What ``data.views: device`` needs of any task: images held in memory, not streamed (``said``: the task's
-    words for its views, for the message)."""
-    d = cfg.data
-    need(d.in_memory is not False and not streamed_in_shards(d), "data.in_memory" if d.in_memory is False else
-         "data.dataset", d.in_memory if d.in_memory is False else d.dataset,
-         f"images held in memory {said}; streamed images take data.views=loader")
 
 
 def check_unlabelled(cfg: Config) -> None:

@@ -24,8 +24,9 @@ __all__ = ["decode_size_of", "index_splits", "training_class_counts", "class_cou
 def decode_size_of(d: DataConfig, size: tuple[int, int], keep_in_memory: bool = True) -> tuple[int, int] | None:
     """The size image files are decoded at: ``data.decode_size``, else the model's input ``size``; None
     (each its own size) for images streamed to ImageNet-style transforms (``data.train_crop=rrc`` or ``src``),
-    which crop each image by its own size."""
-    if d.train_crop != "pad" and not keep_in_memory and not d.decode_size:
+    which crop each image by its own size, unless a self-supervised run's views are made on the device
+    (``data.views=device``: a batch's images cropped at once, all of one size)."""
+    if d.train_crop != "pad" and not keep_in_memory and not d.decode_size and d.views != "device":
         return None
     return (d.decode_size, d.decode_size) if d.decode_size else tuple(size)
 
