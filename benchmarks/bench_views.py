@@ -34,7 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def one_epoch(data: str, views: str, images: int, out_dir: Path, task: str = "mae") -> dict[str, float]:
+def one_epoch(data: str, views: str, images: int, out_dir: Path, task: str = "mae",
+              extra: tuple[str, ...] = ()) -> dict[str, float]:
     if task == "classification":  # the views of random resized crops: the DataLoader's or the device loader's
         config, setting = "configs/cifar10_cpu_quick.yaml", ["data.train_crop=rrc", "data.decode_size=40",
                                                              f"data.loader={'gpu' if views == 'device' else 'torch'}"]
@@ -42,7 +43,7 @@ def one_epoch(data: str, views: str, images: int, out_dir: Path, task: str = "ma
         config, setting = f"configs/{task}_cifar10_cpu.yaml", [f"data.views={views}"]
     subprocess.run([sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / config),
                     "data.dataset=imagefolder", f"data.root={data}", f"data.train_subset={images}", "train.epochs=1",
-                    *setting, "train.log_with=none", f"train.output_dir={out_dir}"],
+                    *setting, *extra, "train.log_with=none", f"train.output_dir={out_dir}"],
                    check=True, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     epoch = next(r for r in records if r["split"] == "eval")
@@ -161,7 +162,8 @@ def main() -> None:
     parser.add_argument("--gpu", type=Path, help="the GPU runs (see above), their images made in this folder")
     parser.add_argument("--runs", default=",".join(GPU_RUNS), help="--gpu: which of " + ", ".join(GPU_RUNS))
     parser.add_argument("--workers", type=int, default=12, help="--gpu: DataLoader workers")
-    parser.add_argument("--set", action="append", default=[], help="--gpu: a key=value for every run (smoke tests)")
+    parser.add_argument("--set", action="append", default=[],
+                        help="a key=value for every run (e.g. data.in_memory=false: streamed images; smoke tests)")
     parser.add_argument("--images-224", type=int, default=4096, help="--gpu: images of the 224-px runs")
     parser.add_argument("--images", type=int, default=50000, help="training images an epoch (--gpu: 32-px ones)")
     parser.add_argument("--repeats", type=int, default=2)
@@ -174,7 +176,8 @@ def main() -> None:
     for _ in range(args.repeats):
         for views in runs:
             with tempfile.TemporaryDirectory() as tmp:
-                runs[views].append(one_epoch(args.data, views, args.images, Path(tmp) / "run", args.task))
+                runs[views].append(one_epoch(args.data, views, args.images, Path(tmp) / "run", args.task,
+                                             tuple(args.set)))
                 print(views, runs[views][-1], flush=True)
     result = {"runs": runs, "medians": {v: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
                                         for v, rs in runs.items()},
