@@ -1,16 +1,23 @@
-"""Views made a batch at a time on the run's device: random resized crops and horizontal flips whose parameters
-are drawn per image, on the CPU, from a generator seeded by the run, the epoch and the image (a few scalars an image,
-in the loader), and applied to the whole batch at once where the batch is (:class:`BatchedResizedCrop`).
+"""Views made a batch at a time on the run's device: random resized crops, horizontal flips and DINO's colour
+transforms, each image's parameters made from uniform numbers drawn for it (in the loader, from a generator seeded by
+the run, the epoch and the image: one call an image) by torchvision's rules, a batch at once where the batch is, and
+applied to the whole batch at once there.
 
-The crop is torchvision's ``RandomResizedCrop`` (its ``make_params`` drawn with an explicit generator: the same
-algorithm, so the same distribution of boxes) and its resize torch's antialiased bicubic (``F.interpolate(mode=
-'bicubic', antialias=True)``, PIL's filter): separable, so each image's resize is two matrices of weights, the
-rows over its crop's pixels, and a batch of them two batched matrix products. Given the same box, an image's view equals
-``torchvision.transforms.v2.functional.resized_crop`` of the float image to float32 rounding (tested).
+Each transform says how many uniforms an image takes (``uniforms``) and turns a batch's ``(B, uniforms)`` into its
+parameters (``params``): the box by :func:`rrc_boxes` (torchvision's ``RandomResizedCrop.make_params`` rule: 10 tries
+of an area and a log-uniform ratio, the first that fits, else the central crop), a flip or any other coin where its
+uniform is below the probability (torchvision's ``_RandomApplyTransform``, ``RandomApply``), the jitter's order the
+ranks of four uniforms (a uniformly random order, as ``randperm``) and each factor uniform in torchvision's range. So
+the parameters are distributed as torchvision's draws (tested over 10,000 draws), not drawn from its generator: the
+views of an image in an epoch are a function of the run's seed, the epoch and the image, wherever they are made.
 
-The device loader (``data.loader=gpu``, :class:`~vitlab.data.images.DeviceImageLoader`) draws a batch's boxes at
-once instead (:func:`rrc_boxes`: the same rule, so the same distribution, from numbers its generator draws for the
-batch where it is) and rounds each crop to uint8 as torch's CPU kernel makes the DataLoader's (``uint8=True``).
+The crop's resize is torch's antialiased bicubic (``F.interpolate(mode='bicubic', antialias=True)``, PIL's filter):
+separable, so each image's resize is two matrices of weights, the rows over its crop's pixels, and a batch of them two
+batched matrix products. Given the same parameters, an image's view equals torchvision's of the float image (its
+``functional`` ops in the same order) to 2e-5 (tested).
+
+The device loader (``data.loader=gpu``, :class:`~vitlab.data.images.DeviceImageLoader`) draws a batch's uniforms at
+once from its generator and rounds each crop to uint8 as torch's CPU kernel makes the DataLoader's (``uint8=True``).
 
 Not kornia's ``RandomResizedCrop``: it resamples the crop by a bilinear warp without antialiasing (another
 picture of a shrunk crop than torchvision's and PIL's), and draws from torch's global generator, which a run
@@ -24,30 +31,10 @@ import math
 import torch
 from torch import Tensor
 
-__all__ = ["rrc_params", "rrc_boxes", "resize_weights", "resized_crops", "BatchedResizedCrop", "BatchedColorJitter",
+__all__ = ["rrc_boxes", "resize_weights", "resized_crops", "BatchedResizedCrop", "BatchedColorJitter",
            "BatchedGrayscale", "BatchedGaussianBlur", "BatchedSolarize", "BatchedViews"]
 
 BICUBIC_A = -0.5  # the antialiased bicubic filter's (PIL's and torch's antialias=True), not plain bicubic's -0.75
-
-
-def rrc_params(generator: torch.Generator, height: int, width: int, scale: tuple[float, float],
-               ratio: tuple[float, float]) -> tuple[int, int, int, int]:
-    """``(top, left, height, width)`` of a random resized crop of an image of ``height`` x ``width``: torchvision's
-    ``RandomResizedCrop.make_params`` (an area of ``scale`` of the image, a log-uniform aspect ratio in ``ratio``;
-    10 tries, then the central crop of the nearest ratio), each draw from ``generator``, in its order and float32
-    arithmetic (the same boxes from the same generator state: tested)."""
-    area = height * width
-    low, high = _log_ratio(tuple(ratio))
-    draw = torch.empty(1)
-    for _ in range(10):
-        target_area = area * draw.uniform_(scale[0], scale[1], generator=generator).item()
-        aspect = torch.exp(draw.uniform_(low, high, generator=generator)).item()
-        w, h = int(round(math.sqrt(target_area * aspect))), int(round(math.sqrt(target_area / aspect)))
-        if 0 < w <= width and 0 < h <= height:
-            top = int(torch.randint(0, height - h + 1, size=(1,), generator=generator))
-            left = int(torch.randint(0, width - w + 1, size=(1,), generator=generator))
-            return top, left, h, w
-    return _central_box(height, width, ratio)
 
 
 def _central_box(height: int, width: int, ratio: tuple[float, float]) -> tuple[int, int, int, int]:
@@ -65,10 +52,10 @@ def _central_box(height: int, width: int, ratio: tuple[float, float]) -> tuple[i
 def rrc_boxes(uniforms: Tensor, height: int, width: int, scale: tuple[float, float],
               ratio: tuple[float, float]) -> Tensor:
     """Random resized crops' boxes ``(top, left, height, width)``, int64 ``(n, 4)``, of images of ``height`` x
-    ``width``, a batch at once from ``uniforms`` ``(n, 22)`` in ``[0, 1)`` (where they are: the device loader's
-    generator draws them for the batch): :func:`rrc_params`'s rule (10 tries of an area of ``scale`` and a
-    log-uniform ratio, the first that fits, else the central crop of the nearest ratio; the position uniform) in
-    float32, so the boxes are distributed as torchvision's (tested over 10,000 draws), not drawn from its generator."""
+    ``width``, a batch at once from ``uniforms`` ``(n, 22)`` in ``[0, 1)``, where they are: torchvision's
+    ``RandomResizedCrop.make_params`` rule (10 tries of an area of ``scale`` and a log-uniform ratio, the first that
+    fits, else the central crop of the nearest ratio; the position uniform) in float32, so the boxes are distributed
+    as torchvision's (tested over 10,000 draws), not drawn from its generator."""
     low, high = _log_ratio(tuple(ratio))
     target = (height * width) * (scale[0] + (scale[1] - scale[0]) * uniforms[:, :10])
     aspect = torch.exp(low + (high - low) * uniforms[:, 10:20])
@@ -157,18 +144,21 @@ def resized_crops(images: Tensor, boxes: Tensor, size: tuple[int, int], uint8: b
 
 class BatchedResizedCrop:
     """A random resized crop to ``size`` (``scale``, ``ratio``: torchvision's) and, with ``hflip``, a horizontal
-    flip with probability 0.5: :meth:`draw` gives an image's parameters ``(top, left, height, width, flipped)``
-    (int64 ``(5,)``) from its generator, in the loader; calling it on a batch and its parameters gives the views,
-    float32 ``(B, C, *size)`` in ``[0, 255]``, where the batch is."""
+    flip with probability 0.5: :meth:`params` makes a batch's parameters ``(top, left, height, width, flipped)``
+    (int64 ``(B, 5)``) of its uniforms; calling it on a batch and its parameters gives the views, float32
+    ``(B, C, *size)`` in ``[0, 255]``."""
+
+    uniforms, width = 23, 5
 
     def __init__(self, size: tuple[int, int], scale: tuple[float, float] = (0.08, 1.0),
                  ratio: tuple[float, float] = (3 / 4, 4 / 3), hflip: bool = True) -> None:
         self.size, self.scale, self.ratio, self.hflip = tuple(size), tuple(scale), tuple(ratio), hflip
 
-    def draw(self, generator: torch.Generator, height: int, width: int) -> Tensor:
-        box = rrc_params(generator, height, width, self.scale, self.ratio)
-        flipped = bool(self.hflip and torch.rand(1, generator=generator).item() < 0.5)
-        return torch.tensor([*box, int(flipped)], dtype=torch.long)
+    def params(self, u: Tensor, height: int, width: int) -> Tensor:
+        """int64 ``(B, 5)`` of ``u`` ``(B, 23)``: the box of images of ``height`` x ``width`` (:func:`rrc_boxes`),
+        flipped where the last uniform is below 0.5."""
+        flipped = (u[:, 22] < 0.5) & self.hflip
+        return torch.cat((rrc_boxes(u[:, :22], height, width, self.scale, self.ratio), flipped.long()[:, None]), 1)
 
     def __call__(self, images: Tensor, params: Tensor) -> Tensor:
         views = resized_crops(images, params[:, :4], self.size)
@@ -225,35 +215,39 @@ def _hue(x: Tensor, factor: Tensor) -> Tensor:
     return _hsv_to_rgb(torch.stack(((h + factor[:, None, None]).remainder(1.0), s, v), dim=-3))
 
 
-def _applied(p: float, generator: torch.Generator) -> bool:
-    """torchvision's coin of ``RandomApply`` and its ``_RandomApplyTransform``s: applied unless ``rand >= p``."""
-    return bool(torch.rand(1, generator=generator).item() < p)
+def _coin(u: Tensor, p: float) -> Tensor:
+    """torchvision's coin of ``RandomApply`` and its ``_RandomApplyTransform``s (applied unless ``rand >= p``),
+    as 1.0 or 0.0."""
+    return (u < p).to(torch.float64)
 
 
-def _uniform(low: float, high: float, generator: torch.Generator) -> float:
-    return float(torch.empty(1).uniform_(low, high, generator=generator).item())
+def _between(u: Tensor, low: float, high: float) -> Tensor:
+    """Uniform in ``[low, high)``, as torchvision's ``uniform_(low, high)``."""
+    return low + (high - low) * u.to(torch.float64)
 
 
 class BatchedColorJitter:
     """``RandomApply([ColorJitter(brightness, contrast, saturation, hue)], p)``: per image applied or not, the four
     adjustments in a random order, each factor drawn as torchvision draws them (a factor of 0 is no adjustment and no
-    draw). Parameters ``(applied, order (4), factors (4))``; the batch is made at once (each of the four rounds is
-    one blend towards black, the image's mean grey or its grey, and a hue shift where an image's round is hue; an
-    adjustment without a factor is numbered 4, none)."""
+    draw). Parameters ``(applied, order (4), factors (4))`` of 9 uniforms (the coin, the order's ranks, the factors);
+    the batch is made at once (each of the four rounds is one blend towards black, the image's mean grey or its grey,
+    and a hue shift where an image's round is hue; an adjustment without a factor is numbered 4, none)."""
 
-    width = 9
+    uniforms, width = 9, 9
 
     def __init__(self, brightness: float, contrast: float, saturation: float, hue: float, p: float = 1.0) -> None:
         self.p = p
         self.ranges = [None if v == 0 else (max(0.0, 1 - v), 1 + v) for v in (brightness, contrast, saturation)]
         self.ranges.append(None if hue == 0 else (-hue, hue))
 
-    def draw(self, generator: torch.Generator) -> list[float]:
-        if not _applied(self.p, generator):
-            return [0.0, 0, 1, 2, 3, 1.0, 1.0, 1.0, 0.0]
-        order = [i if self.ranges[i] is not None else 4 for i in torch.randperm(4, generator=generator).tolist()]
-        neutral = [1.0, 1.0, 1.0, 0.0]
-        return [1.0, *order, *(neutral[i] if r is None else _uniform(*r, generator) for i, r in enumerate(self.ranges))]
+    def params(self, u: Tensor) -> Tensor:
+        order = u[:, 1:5].argsort(dim=1)  # the ranks of four uniforms: every order alike, as randperm(4)
+        missing = torch.tensor([r is None for r in self.ranges], device=u.device)
+        order = torch.where(missing[order], 4, order).to(torch.float64)
+        neutral = (1.0, 1.0, 1.0, 0.0)
+        factors = [torch.full_like(u[:, 0], neutral[i], dtype=torch.float64) if r is None else _between(u[:, 5 + i], *r)
+                   for i, r in enumerate(self.ranges)]
+        return torch.cat((_coin(u[:, :1], self.p), order, torch.stack(factors, 1)), 1)
 
     def __call__(self, x: Tensor, params: Tensor) -> Tensor:
         return self.apply(x, params, subset=x.device.type == "cpu")
@@ -284,31 +278,32 @@ class BatchedColorJitter:
 
 
 class BatchedGrayscale:
-    """``RandomGrayscale(p)``: parameters ``(applied,)``."""
+    """``RandomGrayscale(p)``: parameters ``(applied,)`` of a uniform."""
 
-    width = 1
+    uniforms, width = 1, 1
 
     def __init__(self, p: float) -> None:
         self.p = p
 
-    def draw(self, generator: torch.Generator) -> list[float]:
-        return [float(_applied(self.p, generator))]
+    def params(self, u: Tensor) -> Tensor:
+        return _coin(u, self.p)
 
     def __call__(self, x: Tensor, params: Tensor) -> Tensor:
         return torch.where(params[:, 0, None, None, None] > 0.5, _grey(x).expand_as(x), x)
 
 
 class BatchedGaussianBlur:
-    """``RandomApply([GaussianBlur(kernel_size, sigma)], p)``: parameters ``(applied, sigma)``; torchvision's kernel
-    (a softmax over ``kernel_size`` points), reflected borders, applied as two 1-D passes a batch at once."""
+    """``RandomApply([GaussianBlur(kernel_size, sigma)], p)``: parameters ``(applied, sigma)`` of 2 uniforms;
+    torchvision's kernel (a softmax over ``kernel_size`` points), reflected borders, applied as two 1-D passes a batch
+    at once."""
 
-    width = 2
+    uniforms, width = 2, 2
 
     def __init__(self, kernel_size: int, sigma: tuple[float, float], p: float) -> None:
         self.kernel_size, self.sigma, self.p = kernel_size, tuple(sigma), p
 
-    def draw(self, generator: torch.Generator) -> list[float]:
-        return [1.0, _uniform(*self.sigma, generator)] if _applied(self.p, generator) else [0.0, 1.0]
+    def params(self, u: Tensor) -> Tensor:
+        return torch.stack((_coin(u[:, 0], self.p), _between(u[:, 1], *self.sigma)), 1)
 
     def __call__(self, x: Tensor, params: Tensor) -> Tensor:
         b, c, h, w = x.shape
@@ -325,37 +320,38 @@ class BatchedGaussianBlur:
 
 class BatchedSolarize:
     """``RandomSolarize(threshold, p)`` of images in [0, 1] (``threshold`` in the same units: 128/255 for uint8's
-    128): parameters ``(applied,)``."""
+    128): parameters ``(applied,)`` of a uniform."""
 
-    width = 1
+    uniforms, width = 1, 1
 
     def __init__(self, threshold: float, p: float) -> None:
         self.threshold, self.p = threshold, p
 
-    def draw(self, generator: torch.Generator) -> list[float]:
-        return [float(_applied(self.p, generator))]
+    def params(self, u: Tensor) -> Tensor:
+        return _coin(u, self.p)
 
     def __call__(self, x: Tensor, params: Tensor) -> Tensor:
         return torch.where((params[:, 0, None, None, None] > 0.5) & (x >= self.threshold), 1.0 - x, x)
 
 
 class BatchedViews:
-    """A crop (and flip) followed by colour transforms, each image's parameters drawn in that order from its
-    generator, as torchvision's ``Compose`` of the same transforms draws from torch's (so the same views from the
-    same seed): :meth:`draw` gives float64 ``(width,)`` in the loader; calling it on uint8 ``(B, C, H, W)`` and
-    ``(B, width)`` gives float32 views ``(B, C, *size)`` in ``[0, 255]``, unrounded, where the batch is (the crop
-    clamped to the images' range before its colour transforms, as a uint8 crop is)."""
+    """A crop (and flip) followed by colour transforms, as torchvision's ``Compose`` of the same transforms:
+    :meth:`params` makes a batch's float64 ``(B, width)`` of its ``(B, uniforms)``, each transform's from its own
+    uniforms; calling it on uint8 ``(B, C, H, W)`` and the parameters gives float32 views ``(B, C, *size)`` in
+    ``[0, 255]``, unrounded (the crop clamped to the images' range before its colour transforms, as a uint8 crop is)."""
 
     def __init__(self, crop: BatchedResizedCrop, *colour: BatchedColorJitter | BatchedGrayscale
                  | BatchedGaussianBlur | BatchedSolarize) -> None:
         self.crop, self.colour = crop, colour
-        self.width = 5 + sum(t.width for t in colour)
+        self.width = crop.width + sum(t.width for t in colour)
+        self.uniforms = crop.uniforms + sum(t.uniforms for t in colour)
 
-    def draw(self, generator: torch.Generator, height: int, width: int) -> Tensor:
-        params = self.crop.draw(generator, height, width).tolist()
+    def params(self, u: Tensor, height: int, width: int) -> Tensor:
+        params, at = [self.crop.params(u[:, :self.crop.uniforms], height, width).to(torch.float64)], self.crop.uniforms
         for t in self.colour:
-            params += t.draw(generator)
-        return torch.tensor(params, dtype=torch.float64)
+            params.append(t.params(u[:, at:at + t.uniforms]))
+            at += t.uniforms
+        return torch.cat(params, 1)
 
     def __call__(self, images: Tensor, params: Tensor) -> Tensor:
         params = params.to(images.device)

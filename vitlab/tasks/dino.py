@@ -47,26 +47,30 @@ class MultiCropView:
 
 
 class MultiCropDeviceView(MultiCropView):
-    """``data.views: device``'s :class:`MultiCropView`: in the loader an image as stored and every view's parameters
-    drawn from the image's own generator in the order the loader's views draw them (so the same views of the same
-    image and epoch, unrounded), ``(image, params (views, width))``; :meth:`apply` makes the batch's views where the
-    batch is (:class:`~vitlab.data.batch_views.BatchedViews`). Pickles."""
+    """``data.views: device``'s :class:`MultiCropView`: in the loader an image as stored and the uniforms of all its
+    views, drawn from the image's own generator in one call (``(image, uniforms (uniforms,))``); :meth:`apply` makes
+    the batch's views where the batch is, each view's parameters of its own uniforms
+    (:class:`~vitlab.data.batch_views.BatchedViews`). Pickles."""
 
     draws_from = "generator"
 
     def views(self) -> list[BatchedViews]:
         return [self.large[i % len(self.large)] for i in range(self.global_crops)] + [self.small] * self.local_crops
 
-    def __call__(self, image: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
-        views = self.views()
-        params = torch.zeros(len(views), max(v.width for v in views), dtype=torch.float64)
-        for row, view in zip(params, views):
-            row[:view.width] = view.draw(generator, *image.shape[-2:])
-        return image, params
+    @property
+    def uniforms(self) -> int:
+        return sum(view.uniforms for view in self.views())
 
-    def apply(self, images: Tensor, params: Tensor) -> list[Tensor]:
+    def __call__(self, image: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        return image, torch.rand(self.uniforms, generator=generator)
+
+    def apply(self, images: Tensor, uniforms: Tensor) -> list[Tensor]:
         """float32 views ``(B, C, h, w)`` in ``[0, 255]`` of uint8 ``images`` ``(B, C, H, W)``, large then small."""
-        return [view(images, params[:, i, :view.width]) for i, view in enumerate(self.views())]
+        out, at = [], 0
+        for view in self.views():
+            out.append(view(images, view.params(uniforms[:, at:at + view.uniforms], *images.shape[-2:])))
+            at += view.uniforms
+        return out
 
 
 JITTER = (0.4, 0.4, 0.2, 0.1)   # DINO's colour jitter: brightness, contrast, saturation, hue

@@ -42,10 +42,7 @@ def mae_task(cfg: Config, accelerator: Accelerator, micro_batch: int, run_dir: P
 
     def views(inputs: Any) -> tuple[Tensor, Tensor]:
         """A batch's views and masking noise."""
-        if on_device:
-            images, params, noise = inputs
-            return device_view.apply(images, params), noise
-        return inputs
+        return device_view.apply(*inputs) if on_device else inputs
 
     def loss(net: nn.Module, batch: Any) -> Tensor:
         images, noise = views(batch[0])

@@ -169,23 +169,24 @@ class MaskedView:
 
 
 class MaskedDeviceView:
-    """``data.views: device``'s :class:`MaskedView`: in the loader an image as stored, its crop and flip's
-    parameters and its masking noise, all drawn from the image's own generator (``(image, params (5,), noise)``);
-    :meth:`apply` makes a batch's views where the batch is (:class:`~vitlab.data.batch_views.BatchedResizedCrop`).
-    Pickles."""
+    """``data.views: device``'s :class:`MaskedView`: in the loader an image as stored and its uniforms, drawn from
+    the image's own generator (``(image, uniforms (23 + num_patches,))``, one call); :meth:`apply` makes a batch's
+    crops, flips (:class:`~vitlab.data.batch_views.BatchedResizedCrop`, the first 23) and masking noise (the rest,
+    uniform as MAE's) where the batch is. Pickles."""
 
     draws_from = "generator"
 
     def __init__(self, crop: BatchedResizedCrop, num_patches: int) -> None:
         self.crop, self.num_patches = crop, num_patches
 
-    def __call__(self, image: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor, Tensor]:
-        params = self.crop.draw(generator, *image.shape[-2:])
-        return image, params, torch.rand(self.num_patches, generator=generator)
+    def __call__(self, image: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
+        return image, torch.rand(self.crop.uniforms + self.num_patches, generator=generator)
 
-    def apply(self, images: Tensor, params: Tensor) -> Tensor:
-        """float32 views ``(B, C, *size)`` in ``[0, 255]`` of uint8 ``images`` ``(B, C, H, W)``."""
-        return self.crop(images, params)
+    def apply(self, images: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor]:
+        """float32 views ``(B, C, *size)`` in ``[0, 255]`` of uint8 ``images`` ``(B, C, H, W)``, and their masking
+        noise ``(B, num_patches)``."""
+        u = self.crop.uniforms
+        return self.crop(images, self.crop.params(uniforms[:, :u], *images.shape[-2:])), uniforms[:, u:]
 
 
 @dataclasses.dataclass
