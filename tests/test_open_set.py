@@ -390,10 +390,10 @@ def test_calibrate_and_eval_unknown_on_two_processes_give_one_process_numbers(va
     main(calibrate)
     one = stored()
     main([*evaluate, str(tmp_path / "one.json")])
-    for args in (calibrate, [*evaluate, str(tmp_path / "two.json")]):
-        done = subprocess.run([*TORCHRUN_2, "-m", "vitlab.cli", *args], capture_output=True, text=True,
-                              env=launch_env(2, exact=True))
-        assert done.returncode == 0, done.stderr[-3000:]
+    helper = Path(__file__).parent / "helpers" / "dist_train.py"  # both commands in one launch: one start
+    done = subprocess.run([*TORCHRUN_2, str(helper), "vitlab", *calibrate, "--then", "vitlab", *evaluate,
+                           str(tmp_path / "two.json")], capture_output=True, text=True, env=launch_env(2, exact=True))
+    assert done.returncode == 0, done.stderr[-3000:]
     assert stored() == pytest.approx(one, abs=1e-6)
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
     assert a["known"] == b["known"] == 36 and a["unknown"] == b["unknown"] == 13

@@ -2,7 +2,8 @@
 stopping after an epoch as an interruption would, or recording each process's first random draws;
 several runs, one after the other in the same processes, separated by ``--then`` (a test's variants
 then start their processes once; a run stopped by a signal, ``Preempted``, is followed by the next, and the
-processes exit with its status 75 at the end).
+processes exit with its status 75 at the end). A part that starts with ``vitlab`` is that command instead
+(``vitlab calibrate ... --then vitlab eval ...``: a test's commands in one launch).
 
     torchrun --nproc_per_node 2 dist_train.py [--config FILE] [--stop-after-epoch N] [--record PREFIX]
         [--record-batches PREFIX] [--sigterm-at-step RANK STEP] key=value ... [--then ...]
@@ -105,10 +106,16 @@ for i, argv in enumerate(every):
         AcceleratorState._reset_state(reset_partial_state=True)
         GradientState._reset_state()
     with contextlib.ExitStack() as keep:
-        if i < len(every) - 1:  # the process group stays for the next run (end_training would destroy it)
+        if i < len(every) - 1:  # the process group stays for the next run (end_training, a command's end destroy it)
             keep.enter_context(patched(PartialState, "destroy_process_group", lambda self, group=None: None))
+            keep.enter_context(patched(torch.distributed, "destroy_process_group", lambda group=None: None))
         try:
-            run(parser.parse_args(argv))
+            if argv[:1] == ["vitlab"]:
+                from vitlab.cli import main
+
+                main(argv[1:])
+            else:
+                run(parser.parse_args(argv))
         except Preempted as e:
             preempted = e
 if preempted is not None:
