@@ -13,8 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitlab
-from conftest import (TORCHRUN_2, eval_on_two_processes, launch_env, max_weight_diff, reset_accelerate,
-                      tiny_overrides)
+from conftest import TORCHRUN_2, launch_env, max_weight_diff, reset_accelerate, tiny_overrides
 from vitlab import checkpoint as ckpt
 from vitlab.cli import main
 from vitlab.config import load_config
@@ -113,11 +112,33 @@ AGREE_KEYS = ("data.crop_padding=0", "data.hflip=false", "train.epochs=1", "trai
 
 
 @pytest.fixture(scope="module")
-def two_process_launch(tiny_imagefolder, identical_imagefolder, tmp_path_factory) -> tuple[Path,
-                                                                                          subprocess.CompletedProcess]:
-    """The file's two-process runs, one after the other in one torchrun launch (its processes started once, not
-    once a run): every variant of :data:`AGREE` on the quick config (``<root>/<variant>``), then each loader's
-    first training batch and random draws (``<root>/draws``)."""
+def mislabelled_run(tiny_imagefolder, tmp_path_factory) -> tuple[Path, Path]:
+    """The tiny set with a test split where a third of each class's images are its neighbour's (a model that tells
+    the colours apart gets them wrong whatever it learned), and a run of one epoch trained on it: (data, run)."""
+    root = tmp_path_factory.mktemp("mislabelled")
+    data = root / "data"
+    data.mkdir()
+    (data / "train").symlink_to(tiny_imagefolder / "train")
+    for k in range(3):
+        folder = data / "test" / f"class_{k}"
+        folder.mkdir(parents=True)
+        for i, own in enumerate(sorted((tiny_imagefolder / "test" / f"class_{k}").iterdir())):
+            source = own if i < 8 else tiny_imagefolder / "test" / f"class_{(k + 1) % 3}" / own.name
+            (folder / own.name).symlink_to(source)
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("ACCELERATE_USE_CPU", "true")
+        train(load_config(None, tiny_overrides(data, root / "run", "train.epochs=1")))
+    reset_accelerate()
+    return data, root / "run"
+
+
+@pytest.fixture(scope="module")
+def two_process_launch(tiny_imagefolder, identical_imagefolder, mislabelled_run,
+                       tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """The file's two-process runs and commands, one after the other in one torchrun launch (its processes started
+    once, not once a run): every variant of :data:`AGREE` on the quick config (``<root>/<variant>``), each loader's
+    first training batch and random draws (``<root>/draws``), the linear probe (``<root>/probe/run``) and ``vitlab
+    eval`` of :func:`mislabelled_run` (``<root>/eval/two.csv`` and ``two.json``)."""
     root, argv = tmp_path_factory.mktemp("two"), []
     for name, extra in AGREE.items():
         argv += [*(["--then"] if argv else []), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
@@ -133,6 +154,9 @@ def two_process_launch(tiny_imagefolder, identical_imagefolder, tmp_path_factory
     reset_accelerate()
     argv += ["--then", *tiny_overrides(tiny_imagefolder, root / "probe" / "run", *PROBE_KEYS,
                                        f"model.pretrained={root / 'probe' / 'source'}")]
+    (root / "eval").mkdir()
+    argv += ["--then", "vitlab", "eval", "--checkpoint", str(mislabelled_run[1]), "--predictions",
+             str(root / "eval" / "two.csv"), "--batch-size", "8", "--output", str(root / "eval" / "two.json")]
     return root, _torchrun(str(HELPER), *argv, exact=True)
 
 
@@ -798,29 +822,18 @@ def test_early_stopping_stops_after_patience_epochs_without_improvement_and_surv
 
 @pytest.mark.multiprocess
 def test_eval_predictions_file_recomputes_every_metric_as_scikit_learn_on_one_and_two_processes(
-        tiny_imagefolder, tmp_path, capsys, on_cpu):
-    # A test split where a third of each class's images are its neighbour's (the model, which tells the colours
-    # apart, gets them wrong whatever it learned); every image once, in the split's order, on 1 process and on 2
-    # (whose evaluation is sharded and gathered).
+        mislabelled_run, two_process_launch, tmp_path, capsys, on_cpu):
+    # A test split where a third of each class's images are its neighbour's; every image once, in the split's order,
+    # on 1 process and on 2 (whose evaluation is sharded and gathered: the file's launch).
     import csv
 
     from sklearn.metrics import accuracy_score, balanced_accuracy_score, precision_recall_fscore_support
 
     from vitlab.cli import main
 
-    data = tmp_path / "data"
-    (data / "train").parent.mkdir(parents=True)
-    (data / "train").symlink_to(tiny_imagefolder / "train")
-    for k in range(3):
-        folder = data / "test" / f"class_{k}"
-        folder.mkdir(parents=True)
-        for i, own in enumerate(sorted((tiny_imagefolder / "test" / f"class_{k}").iterdir())):
-            source = own if i < 8 else tiny_imagefolder / "test" / f"class_{(k + 1) % 3}" / own.name
-            (folder / own.name).symlink_to(source)
-    tiny_imagefolder = data
-    run = tmp_path / "run"
-    train(load_config(None, tiny_overrides(tiny_imagefolder, run, "train.epochs=1")))
-    reset_accelerate()
+    tiny_imagefolder, run = mislabelled_run
+    root, launch = two_process_launch
+    assert launch.returncode == 0, launch.stderr[-3000:]
     out, one = tmp_path / "m.json", tmp_path / "one.csv"
     main(["eval", "--checkpoint", str(run), "--output", str(out), "--predictions", str(one), "--batch-size", "8"])
     reset_accelerate()
@@ -838,9 +851,8 @@ def test_eval_predictions_file_recomputes_every_metric_as_scikit_learn_on_one_an
     probs = torch.tensor([[float(r[f"prob_class_{k}"]) for k in range(3)] for r in rows])
     assert torch.allclose(probs.sum(1), torch.ones(36), atol=1e-6)
     assert [f"class_{k}" for k in probs.argmax(1).tolist()] == p
-    two = tmp_path / "two.csv"
-    eval_on_two_processes(run, two, tmp_path / "two.json")
-    on_two = json.loads((tmp_path / "two.json").read_text())  # no image counted twice, none dropped
+    two = root / "eval" / "two.csv"
+    on_two = json.loads((root / "eval" / "two.json").read_text())  # no image counted twice, none dropped
     counted = [k for k, v in metrics.items() if isinstance(v, (int, float)) and k not in ("loss", "ece")]
     assert on_two["num_images"] == 36 and [on_two[k] for k in counted] == pytest.approx([metrics[k] for k in counted])
     rows_two = list(csv.DictReader(two.open()))
