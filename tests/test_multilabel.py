@@ -163,7 +163,7 @@ def _overrides(root: Path, out: Path, *extra: str) -> list[str]:
     return ["model.name=vit_cifar_tiny_patch4_32", "model.depth=1", "model.embed_dim=32", "model.num_heads=2",
             "model.patch_size=8", "data.dataset=csv", f"data.root={root}", "data.num_workers=0", "train.batch_size=16",
             "train.epochs=12", "optim.warmup_epochs=1", "optim.lr=3e-3", "train.log_every=100",
-            "data.crop_padding=0", "data.hflip=false", f"train.output_dir={out}", *extra]
+            "data.crop_padding=0", "data.hflip=false", "train.curves=false", f"train.output_dir={out}", *extra]
 
 
 def test_the_csv_layout_lists_label_sets_as_multi_hot_rows_with_the_train_files_classes(quadrants):

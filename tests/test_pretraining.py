@@ -349,7 +349,8 @@ def ssl_overrides(kind: str, data: Path, output_dir: Path, *extra: str, monitor:
     return [f"task={kind}", f"model.name={kind}_vit_cifar_tiny_patch4_32", "model.depth=1", "model.embed_dim=32",
             "model.num_heads=2", *head, "data.dataset=imagefolder", f"data.root={data}", "data.num_workers=0",
             "train.batch_size=16", "train.epochs=2", "optim.warmup_epochs=1", "optim.lr=3e-3", "train.log_every=2",
-            f"train.output_dir={output_dir}", *((f"monitor.root={monitor}", "monitor.k=5") if monitor else ()),
+            "train.curves=false", f"train.output_dir={output_dir}",
+            *((f"monitor.root={monitor}", "monitor.k=5") if monitor else ()),
             *extra]
 
 

@@ -31,7 +31,8 @@ def _weights(run_dir: Path, which: str = "last", name: str = "model.safetensors"
 def trained_run(tiny_imagefolder, tmp_path_factory) -> tuple[Path, dict]:
     """3 epochs with 15 of the 96 training images held out for validation (best/ is chosen on them)."""
     run_dir = tmp_path_factory.mktemp("trained") / "run"
-    summary = train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=3", "data.val_size=15")))
+    summary = train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=3", "data.val_size=15",
+                                                     "train.curves=true")))
     reset_accelerate()
     return run_dir, summary
 
@@ -48,6 +49,9 @@ def test_training_learns_and_writes_the_run_directory(trained_run):
     evals = _evals(run_dir)
     for name in ("config.yaml", "metrics.jsonl", "curves.png"):
         assert (run_dir / name).is_file(), name
+    from PIL import Image
+
+    assert Image.open(run_dir / "curves.png").size == (1500, 400)  # three panels, 15 x 4 inches at 100 dpi
     assert any((run_dir / "tensorboard").rglob("events.out.tfevents.*"))
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in evals] == [1, 2, 3]

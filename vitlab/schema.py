@@ -273,6 +273,7 @@ class TrainConfig:
     # directory name); all: every one installed. mlflow writes a file store in <run>/mlruns unless
     # MLFLOW_TRACKING_URI says otherwise.
     log_with: Literal["tensorboard", "wandb", "mlflow", "aim", "all", "none"] = "tensorboard"
+    curves: bool = True       # draw curves.png (loss, metrics, learning rate) when the run finishes (matplotlib)
     eval_every: int = 1       # epochs between evaluations; 0 = only after the last epoch
     # The validation metric that chooses best/ (any val_ key of metrics.jsonl: val_macro_f1, val_balanced_top1,
     # val_loss, ...; transformers' metric_for_best_model); "" = the task's (val_top1, val_bleu, val_loss).

@@ -97,7 +97,8 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
     acc.end_training()
     finished = state["epoch"] == t.epochs or bool(state.get("stopped_early"))
     if acc.is_main_process and finished:
-        plot_curves(loop.metrics_file, run_dir / "curves.png")
+        if t.curves:
+            plot_curves(loop.metrics_file, run_dir / "curves.png")
         if loop.task.finish is not None:
             loop.task.finish(loop.plain_model, run_dir)
     if not summary and finished:

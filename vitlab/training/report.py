@@ -117,7 +117,7 @@ def plot_curves(metrics_file: Path, path: Path) -> None:
         axes[1].plot([r["epoch"] for r in evals if key in r], [r[key] for r in evals if key in r], "o-", label=key)
     axes[2].plot([r["step"] / steps_per_epoch for r in trains], [r["lr"] for r in trains])
     for ax, title in zip(axes, ("loss", "evaluation metrics", "learning rate")):
-        ax.set_title(title)
+        ax.set_title(title, y=1.0)  # placed, not measured against the ticks: the same place, a draw less
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
     axes[0].legend()
