@@ -8,9 +8,10 @@ of each class, the first lines of each file); a block that reads one the suite c
 
 The one departure from "as written": a training command (``python train.py``, ``vitlab train``,
 ``make train CONFIG=... ARGS=...``, ``torchrun ... train.py``) gets a few keys appended that make it
-seconds long (:func:`_shortened`): one epoch, tiny subsets, no tracker unless it names one, and for a
-CIFAR-10 config that would download, the same images from the shared copy; a k-NN open-set score (``vitlab
-calibrate --unknown``, ``vitlab eval --unknown-images``) gets ``--unknown-k 5``, for the subsets' few images.
+seconds long (:func:`_shortened`): one epoch, tiny subsets, no tracker and no ``curves.png`` unless it names them,
+and for a CIFAR-10 config that would download, the same images from the shared copy; a k-NN open-set score
+(``vitlab calibrate --unknown``, ``vitlab eval --unknown-images``) gets ``--unknown-k 5``, for the subsets' few
+images.
 ``vitlab`` commands and ``train.py`` run in this process (their arguments and output are those of the command
 line); other commands run in ``bash``; a block that starts a background job (a line ending in ``&``: a server) runs
 whole in one ``bash``. ``source .venv/bin/activate`` does nothing here: the suite runs in the
@@ -186,6 +187,8 @@ def _shortened(args: list[str], cwd: Path, shared: Path) -> list[str]:
         extra += ["data.steps_per_epoch=2", "data.eval_batches=2"]
     if "train.log_with" not in given:
         extra.append("train.log_with=none")
+    if "train.curves" not in given:  # its figure is most of a run this short
+        extra.append("train.curves=false")
     return [*args, *extra]
 
 
