@@ -40,8 +40,8 @@ def skewed(tmp_path_factory):
 def _overrides(root, out, *extra):
     return ["model.name=vit_cifar_tiny_patch4_32", "model.depth=1", "model.embed_dim=32", "model.num_heads=2",
             "data.dataset=imagefolder", f"data.root={root}", "data.num_workers=0", "train.batch_size=8",
-            "train.epochs=2", "optim.warmup_epochs=1", "train.log_every=2", "train.curves=false", f"train.output_dir={out}",
-            *extra]
+            "train.epochs=2", "optim.warmup_epochs=1", "train.log_every=2", "train.curves=false",
+            f"train.output_dir={out}", *extra]
 
 
 def test_the_held_out_split_is_balanced_seeded_and_disjoint(photos):

@@ -242,8 +242,10 @@ class BatchedColorJitter:
 
     def params(self, u: Tensor) -> Tensor:
         order = u[:, 1:5].argsort(dim=1)  # the ranks of four uniforms: every order alike, as randperm(4)
-        missing = torch.tensor([r is None for r in self.ranges], device=u.device)
-        order = torch.where(missing[order], 4, order).to(torch.float64)
+        for i, r in enumerate(self.ranges):  # an adjustment without a factor: none (no tensor made on the host)
+            if r is None:
+                order = torch.where(order == i, 4, order)
+        order = order.to(torch.float64)
         neutral = (1.0, 1.0, 1.0, 0.0)
         factors = [torch.full_like(u[:, 0], neutral[i], dtype=torch.float64) if r is None else _between(u[:, 5 + i], *r)
                    for i, r in enumerate(self.ranges)]

@@ -32,8 +32,9 @@ __all__ = ["ImageData", "TensorImageDataset", "balanced_indices", "stratified_in
 class ImageData:
     """A split: ``images`` uint8 ``(N, C, H, W)`` (a tensor in memory, or a
     :class:`~vitlab.data.split.StreamedImages` decoded when read, indexed alike), ``labels`` int64
-    ``(N,)`` (multi-label data: bool ``(N, K)`` multi-hot rows), class names, and where the source names its images, ``key(i)``: what names image ``i`` (a
-    file's path under the split's folder, a row's number), looked up only when asked for."""
+    ``(N,)`` (multi-label data: bool ``(N, K)`` multi-hot rows), class names, and where the source names its
+    images, ``key(i)``: what names image ``i`` (a file's path under the split's folder, a row's number), looked up
+    only when asked for."""
 
     images: Tensor
     labels: Tensor
@@ -107,9 +108,9 @@ class TensorImageDataset(Dataset):
 def seeded_sample(transform: Callable[..., Any], image: Any, seed: int, epoch: int, i: int) -> Any:
     """Sample ``i``'s augmentation in ``epoch``, a function of (seed, epoch, sample): a transform whose
     ``draws_from`` is ``'generator'`` (views made a batch at a time on the device, :mod:`vitlab.data.batch_views`:
-    their parameters drawn here, applied later) is called ``transform(image, generator)`` with a generator of its own
-    seeded by :func:`vitlab.seeding.process_seed` ``(seed, 0, epoch, 'samples', i)``, cheaper than torch's under
-    ``fork_rng``; any other transform draws from torch's, seeded alike (:func:`seeded_transform`)."""
+    their uniforms drawn here, the views made later) is called ``transform(image, generator)`` with a generator of
+    its own seeded by :func:`vitlab.seeding.process_seed` ``(seed, 0, epoch, 'samples', i)``, cheaper than torch's
+    under ``fork_rng``; any other transform draws from torch's, seeded alike (:func:`seeded_transform`)."""
     if getattr(transform, "draws_from", None) == "generator":
         return transform(image, torch.Generator().manual_seed(process_seed(seed, 0, epoch, "samples", i)))
     return seeded_transform(transform, image, seed, epoch, i)
