@@ -1,59 +1,66 @@
 """The linear probe on cached features (CLIP's protocol, Radford et al. 2021, appendix A.3): a classifier's head
 fitted on the features of a frozen backbone, computed once for every image, as a multinomial logistic regression
 by L-BFGS. The objective is scikit-learn's ``LogisticRegression``'s: the mean cross-entropy plus
-``l2 / 2 * |W|^2``, the bias not penalised (scikit-learn's ``C = 1 / (l2 N)``), solved in float64 to its optimum,
-so the head is the same whatever the batch size or the number of processes. The L2 strength is chosen on a
+``l2 / 2 * |W|^2``, the bias not penalised (scikit-learn's ``C = 1 / (l2 N)``), and so is its solver (SciPy's
+L-BFGS-B in float64, on all the features at once), so the head is the same whatever the batch size or the number of
+processes. The L2 strength is chosen on a
 validation split from :data:`L2_GRID` (CLIP sweeps its C alike), or given. Multi-hot labels ``(N, K)`` make it
 scikit-learn's one-vs-rest logistic regression instead: each class's binary cross-entropy, summed over the classes."""
 from __future__ import annotations
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ..errors import ConfigError
 
-__all__ = ["L2_GRID", "fit_linear_probe", "choose_l2", "probe_loss", "probe_head"]
+__all__ = ["L2_GRID", "fit_linear_probe", "choose_l2", "probe_head"]
 
 # 1e-6 to 10 in half decades: from next to no penalty to a head that barely moves from zero.
 L2_GRID = tuple(float(f"{10 ** (e / 2):.3g}") for e in range(-12, 3))
 
 
-def probe_loss(features: Tensor, labels: Tensor, weight: Tensor, bias: Tensor, l2: float) -> Tensor:
-    """The objective: mean cross-entropy of ``features @ weight.T + bias`` plus ``l2 / 2 * |weight|^2``; for
-    multi-hot ``labels`` ``(N, K)``, the mean over the images of the summed binary cross-entropies of the classes."""
-    logits = features @ weight.T + bias
-    if labels.dim() == 2:
-        data = F.binary_cross_entropy_with_logits(logits, labels.to(logits.dtype), reduction="sum") / len(labels)
+def _objective(theta: np.ndarray, x: np.ndarray, y: np.ndarray, l2: float, multi: bool) -> tuple[float, np.ndarray]:
+    """The objective at ``theta`` (the weight ``(K, E)`` then the bias ``(K,)``, flat) and its gradient: the mean
+    cross-entropy of ``x @ weight.T + bias`` against one-hot ``y`` ``(N, K)`` (``multi``: the mean over the images of
+    the summed binary cross-entropies of the classes) plus ``l2 / 2 * |weight|^2``; float64."""
+    n, e = x.shape
+    k = y.shape[1]
+    weight, bias = theta[:k * e].reshape(k, e), theta[k * e:]
+    logits = x @ weight.T + bias
+    if multi:
+        data = (np.logaddexp(0.0, logits) - y * logits).sum() / n
+        p = np.exp(-np.logaddexp(0.0, -logits))  # the sigmoid, without overflow
     else:
-        data = F.cross_entropy(logits, labels)
-    return data + 0.5 * l2 * weight.square().sum()
+        top = logits.max(axis=1, keepdims=True)
+        log_z = top + np.log(np.exp(logits - top).sum(axis=1, keepdims=True))
+        data = float((log_z[:, 0] - (logits * y).sum(axis=1)).mean())
+        p = np.exp(logits - log_z)
+    g = (p - y) / n
+    gradient = np.concatenate(((g.T @ x + l2 * weight).ravel(), g.sum(axis=0)))
+    return data + 0.5 * l2 * float((weight * weight).sum()), gradient
 
 
 def fit_linear_probe(features: Tensor, labels: Tensor, num_classes: int, l2: float,
                      init: tuple[Tensor, Tensor] | None = None, max_iter: int = 1000) -> tuple[Tensor, Tensor]:
     """The head ``weight (K, E)``, ``bias (K,)`` (float32) of the multinomial logistic regression of ``features``
     ``(N, E)`` on ``labels`` ``(N,)`` (multi-hot ``(N, K)``: one-vs-rest) with L2 strength ``l2`` (see the module),
-    by full-batch L-BFGS with a strong-Wolfe line search in float64; ``init`` (a previous solution) starts it nearer."""
-    x, y = features.double().cpu(), (labels.double() if labels.dim() == 2 else labels.long()).cpu()
-    weight = torch.zeros(num_classes, x.shape[1], dtype=torch.float64)
-    bias = torch.zeros(num_classes, dtype=torch.float64)
-    if init is not None:
-        weight, bias = init[0].double().clone(), init[1].double().clone()
-    weight.requires_grad_(True)
-    bias.requires_grad_(True)
-    solver = torch.optim.LBFGS([weight, bias], lr=1, max_iter=max_iter, max_eval=2 * max_iter, history_size=20,
-                               tolerance_grad=1e-9, tolerance_change=1e-15, line_search_fn="strong_wolfe")
+    by full-batch L-BFGS in float64: SciPy's L-BFGS-B with the settings of scikit-learn's ``lbfgs`` solver (its line
+    search of up to 50 steps, ``ftol`` 64 machine epsilons), to a gradient of 1e-9 or ``max_iter`` iterations;
+    ``init`` (a previous solution) starts it nearer."""
+    from scipy.optimize import minimize
 
-    def closure() -> Tensor:
-        solver.zero_grad()
-        loss = probe_loss(x, y, weight, bias, l2)
-        loss.backward()
-        return loss
-
-    with torch.enable_grad():
-        solver.step(closure)
-    return weight.detach().float(), bias.detach().float()
+    x = features.double().cpu().numpy()
+    multi = labels.dim() == 2
+    y = labels.double().cpu().numpy() if multi else np.eye(num_classes)[labels.long().cpu().numpy()]
+    if init is None:
+        theta = np.zeros(num_classes * (x.shape[1] + 1))
+    else:
+        theta = np.concatenate((init[0].double().cpu().numpy().ravel(), init[1].double().cpu().numpy()))
+    found = minimize(_objective, theta, args=(x, y, l2, multi), jac=True, method="L-BFGS-B",
+                     options={"maxiter": max_iter, "maxls": 50, "gtol": 1e-9, "ftol": 64 * np.finfo(float).eps})
+    weight = torch.from_numpy(found.x[:num_classes * x.shape[1]].reshape(num_classes, -1).copy())
+    return weight.float(), torch.from_numpy(found.x[num_classes * x.shape[1]:].copy()).float()
 
 
 def choose_l2(features: Tensor, labels: Tensor, val_features: Tensor, val_labels: Tensor, num_classes: int,
