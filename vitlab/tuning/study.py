@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -195,6 +196,33 @@ def _retry_interrupted(study: Any) -> None:
             study.enqueue_trial(t.params, user_attrs={"retry_of": t.number}, skip_if_exists=False)
 
 
+def _open_study(study_dir: Path, storage: str | None, direction: str, sampler: Any, pruner: Any) -> Any:
+    """The Optuna study of ``study_dir`` (created, or loaded where it exists), or one line saying why its storage
+    cannot be opened."""
+    import optuna
+
+    for attempt in range(5):
+        try:
+            return optuna.create_study(study_name=study_dir.name, storage=_storage(study_dir, storage),
+                                       load_if_exists=True, direction=direction, sampler=sampler, pruner=pruner)
+        except Exception as e:  # noqa: BLE001  (whatever the database's driver raises)
+            # processes started together on a new database: one creates its tables, the others find them half made
+            if attempt < 4 and any(w in str(e) for w in ("UNIQUE constraint", "already exists", "is locked")):
+                time.sleep(1 + attempt)
+                continue
+            raise ConfigError(f"--storage {storage or study_dir / 'study.db'}: cannot be opened "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    raise AssertionError("unreachable: the fifth attempt returns or raises")
+
+
+class _StopNotFailure(logging.Filter):
+    """Leaves out Optuna's record of the trial a stop interrupted (its "failed ... KeyboardInterrupt()" and traceback):
+    the study says it stopped in one line, and asks that trial's values again when continued."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt))
+
+
 def _direction(metric: str, greater_is_better: bool | None) -> str:
     if greater_is_better is not None:
         return "maximize" if greater_is_better else "minimize"
@@ -238,20 +266,8 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
     study_dir = Path(study or f"runs/tune_{Path(config).stem}")
     study_dir.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    for attempt in range(5):
-        try:
-            the_study = optuna.create_study(
-                study_name=study_dir.name, storage=_storage(study_dir, storage), load_if_exists=True,
-                direction=_direction(metric, cfg.train.greater_is_better), sampler=optuna.samplers.TPESampler(seed=seed),
-                pruner=_pruner(pruner, cfg.train.epochs))
-            break
-        except Exception as e:  # noqa: BLE001  (whatever the database's driver raises)
-            # processes started together on a new database: one creates its tables, the others find them half made
-            if attempt < 4 and any(w in str(e) for w in ("UNIQUE constraint", "already exists", "is locked")):
-                time.sleep(1 + attempt)
-                continue
-            raise ConfigError(f"--storage {storage or study_dir / 'study.db'}: cannot be opened "
-                              f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+    the_study = _open_study(study_dir, storage, _direction(metric, cfg.train.greater_is_better),
+                            optuna.samplers.TPESampler(seed=seed), _pruner(pruner, cfg.train.epochs))
     _same_study(the_study, study_dir, _merged(config, overrides), space, metric)
     stop: dict[str, Any] = {}
 
@@ -273,6 +289,8 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
     start, deadline = time.time(), time.time() + 60 * timeout_minutes if timeout_minutes else None
     shared = _heartbeat(the_study)  # a running trial is alive (its heartbeat) or failed as stale: it can be counted
     previous = signal.signal(signal.SIGTERM, on_signal)
+    optimize_log, quiet = logging.getLogger("optuna.study._optimize"), _StopNotFailure()  # where Optuna logs it
+    optimize_log.addFilter(quiet)
     try:
         while _counted(the_study) < trials and (deadline is None or time.time() < deadline):
             if shared and _wait_for_others(the_study, trials):
@@ -284,6 +302,7 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
         raise SystemExit(f"the study stopped; {study_dir} keeps it: the same command continues it") from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+        optimize_log.removeFilter(quiet)
     return _report(the_study, study_dir, config, overrides, metric)
 
 
