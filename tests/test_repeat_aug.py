@@ -63,6 +63,9 @@ def test_the_copies_of_an_image_get_independent_augmentations():
     first, second = flips[ids[0]][0], flips[ids[0] + 512][0]  # the same image, copies 0 and 1
     assert not torch.equal(first, second)
     assert torch.equal(flips[ids[0] % 512][0], flips[ids[0] % 512][0])
+    # iterated as a sequence (a user's `for image, label in dataset`), the data set is its images once each: the
+    # copies are indices past its end, which only the sampler asks for (it iterated forever)
+    assert len(list(TensorImageDataset(data))) == 512 and len(list(iter(flips))) == 512
 
 
 def test_a_repeated_run_resumes_bit_identical_and_is_refused_where_it_cannot_hold(

@@ -93,6 +93,11 @@ class TensorImageDataset(Dataset):
     def __len__(self) -> int:
         return len(self.data.labels)
 
+    def __iter__(self) -> Iterator[tuple[Tensor, Tensor]]:
+        """The images once each (``for image, label in dataset``): without it, Python's sequence protocol would go on
+        past the end, where :meth:`__getitem__` serves repeated augmentation's copies, for ever."""
+        return (self[i] for i in range(len(self)))
+
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
         """Image ``i`` (``i % len(self)``: the copies of repeated augmentation, :mod:`vitlab.data.repeat`,
         are ``i + copy * len(self)``, each seeded by its own ``i``)."""
