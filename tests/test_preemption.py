@@ -301,6 +301,11 @@ def test_data_in_memory_is_continued_across_only_where_it_does_not_change_the_pi
     summary = train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "sized", *sized,
                                                      "data.in_memory=true")))
     assert summary["epochs_done"] == 1  # continued: the finished run, nothing more to train
+    reset_accelerate()
+    # whether the finished run draws curves.png changes no number either
+    summary = train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "sized", *sized,
+                                                     "data.in_memory=true", "train.curves=true")))
+    assert summary["epochs_done"] == 1
 
 
 def test_resume_from_a_step_checkpoint_continues_its_run_in_the_run_directory(tiny_imagefolder, tmp_path, on_cpu):

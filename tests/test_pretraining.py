@@ -540,6 +540,12 @@ def test_views_on_the_device_of_a_streamed_folder_are_those_of_the_folder_held_i
         reset_accelerate()
         runs[where] = load_file(str(tmp_path / where / "checkpoints/last/model.safetensors"))
     assert all(torch.equal(runs["memory"][k], runs["streamed"][k]) for k in runs["memory"])
+    # so the run held in memory is continued streamed (data.in_memory changes no pixel here), not refused
+    views = ("data.train_crop=rrc", "data.views=device") if kind == "mae" else ("data.views=device",)
+    summary = train(load_config(None, ssl_overrides(kind, uneven_images, tmp_path / "memory", "train.epochs=1", *views,
+                                                    "data.in_memory=false", "data.num_workers=2")))
+    reset_accelerate()
+    assert summary["epochs_done"] == 1
 
 
 def test_a_dino_run_killed_between_checkpoints_continues_from_the_last_one_bit_identical(loose_images, tmp_path,

@@ -349,11 +349,9 @@ class BatchedViews:
         self.uniforms = crop.uniforms + sum(t.uniforms for t in colour)
 
     def params(self, u: Tensor, height: int, width: int) -> Tensor:
-        params, at = [self.crop.params(u[:, :self.crop.uniforms], height, width).to(torch.float64)], self.crop.uniforms
-        for t in self.colour:
-            params.append(t.params(u[:, at:at + t.uniforms]))
-            at += t.uniforms
-        return torch.cat(params, 1)
+        crop, *colour = u.split([self.crop.uniforms, *(t.uniforms for t in self.colour)], dim=1)
+        return torch.cat([self.crop.params(crop, height, width).to(torch.float64),
+                          *(t.params(c) for t, c in zip(self.colour, colour))], 1)
 
     def __call__(self, images: Tensor, params: Tensor) -> Tensor:
         params = params.to(images.device)

@@ -66,11 +66,9 @@ class MultiCropDeviceView(MultiCropView):
 
     def apply(self, images: Tensor, uniforms: Tensor) -> list[Tensor]:
         """float32 views ``(B, C, h, w)`` in ``[0, 255]`` of uint8 ``images`` ``(B, C, H, W)``, large then small."""
-        out, at = [], 0
-        for view in self.views():
-            out.append(view(images, view.params(uniforms[:, at:at + view.uniforms], *images.shape[-2:])))
-            at += view.uniforms
-        return out
+        views = self.views()
+        return [view(images, view.params(u, *images.shape[-2:]))
+                for view, u in zip(views, uniforms.split([view.uniforms for view in views], dim=1))]
 
 
 JITTER = (0.4, 0.4, 0.2, 0.1)   # DINO's colour jitter: brightness, contrast, saturation, hue

@@ -3,9 +3,9 @@ fitted on the features of a frozen backbone, computed once for every image, as a
 by L-BFGS. The objective is scikit-learn's ``LogisticRegression``'s: the mean cross-entropy plus
 ``l2 / 2 * |W|^2``, the bias not penalised (scikit-learn's ``C = 1 / (l2 N)``), and so is its solver (SciPy's
 L-BFGS-B in float64, on all the features at once), so the head is the same whatever the batch size or the number of
-processes. The L2 strength is chosen on a
-validation split from :data:`L2_GRID` (CLIP sweeps its C alike), or given. Multi-hot labels ``(N, K)`` make it
-scikit-learn's one-vs-rest logistic regression instead: each class's binary cross-entropy, summed over the classes."""
+processes. The L2 strength is chosen on a validation split from :data:`L2_GRID` (CLIP sweeps its C alike), or given.
+Multi-hot labels ``(N, K)`` make it scikit-learn's one-vs-rest logistic regression instead: each class's binary
+cross-entropy, summed over the classes."""
 from __future__ import annotations
 
 import numpy as np

@@ -185,8 +185,8 @@ class MaskedDeviceView:
     def apply(self, images: Tensor, uniforms: Tensor) -> tuple[Tensor, Tensor]:
         """float32 views ``(B, C, *size)`` in ``[0, 255]`` of uint8 ``images`` ``(B, C, H, W)``, and their masking
         noise ``(B, num_patches)``."""
-        u = self.crop.uniforms
-        return self.crop(images, self.crop.params(uniforms[:, :u], *images.shape[-2:])), uniforms[:, u:]
+        crop, noise = uniforms.split([self.crop.uniforms, self.num_patches], dim=1)
+        return self.crop(images, self.crop.params(crop, *images.shape[-2:])), noise
 
 
 @dataclasses.dataclass

@@ -9,6 +9,7 @@ from typing import Any
 from .. import checkpoint as ckpt
 from ..config import Config, config_to_flat, load_config
 from ..errors import CheckpointError, ConfigError
+from ..tasks.image_data import streamed_at_own_size
 
 __all__ = ["RESULT_NEUTRAL_KEYS", "SAMPLE_KEYS", "result_neutral", "newest_checkpoint", "resolve_resume",
            "refuse_other_samples", "refuse_fixed_keys", "FIXED_KEYS", "find_resume_point", "resume_state",
@@ -20,14 +21,14 @@ __all__ = ["RESULT_NEUTRAL_KEYS", "SAMPLE_KEYS", "result_neutral", "newest_check
 # change the pixels (:func:`result_neutral`).
 RESULT_NEUTRAL_KEYS = frozenset({"train.resume", "train.log_with", "train.stop_signals", "train.log_every",
                                  "train.save_every", "train.save_every_steps", "train.keep_last", "data.num_workers",
-                                 "data.in_memory"})
+                                 "data.in_memory", "train.curves"})
 
 
 def result_neutral(key: str, cfg: Config) -> bool:
     """Whether a change of ``key`` leaves ``cfg``'s numbers as they were: one of :data:`RESULT_NEUTRAL_KEYS`,
-    but not ``data.in_memory`` for ImageNet-style crops of files without ``data.decode_size`` (held in
-    memory they are stored at the model's input size first; streamed, cropped at their own sizes)."""
-    if key == "data.in_memory" and getattr(cfg.data, "train_crop", "pad") != "pad" and not cfg.data.decode_size:
+    but not ``data.in_memory`` where streamed images are cropped at their own sizes and held ones are stored at one
+    size first (:func:`~vitlab.tasks.image_data.streamed_at_own_size`)."""
+    if key == "data.in_memory" and hasattr(cfg.data, "train_crop") and streamed_at_own_size(cfg.data):
         return False
     return key in RESULT_NEUTRAL_KEYS
 

@@ -201,18 +201,18 @@ def _open_study(study_dir: Path, storage: str | None, direction: str, sampler: A
     cannot be opened."""
     import optuna
 
-    for attempt in range(5):
+    attempt = 0
+    while True:
         try:
             return optuna.create_study(study_name=study_dir.name, storage=_storage(study_dir, storage),
                                        load_if_exists=True, direction=direction, sampler=sampler, pruner=pruner)
         except Exception as e:  # noqa: BLE001  (whatever the database's driver raises)
             # processes started together on a new database: one creates its tables, the others find them half made
-            if attempt < 4 and any(w in str(e) for w in ("UNIQUE constraint", "already exists", "is locked")):
-                time.sleep(1 + attempt)
-                continue
-            raise ConfigError(f"--storage {storage or study_dir / 'study.db'}: cannot be opened "
-                              f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
-    raise AssertionError("unreachable: the fifth attempt returns or raises")
+            if attempt == 4 or not any(w in str(e) for w in ("UNIQUE constraint", "already exists", "is locked")):
+                raise ConfigError(f"--storage {storage or study_dir / 'study.db'}: cannot be opened "
+                                  f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from None
+            attempt += 1
+            time.sleep(attempt)
 
 
 class _StopNotFailure(logging.Filter):

@@ -11,8 +11,8 @@ What evaluation shows a model is :mod:`vitlab.inference`'s.
 from .loaders import build_loaders, device_eval_data, in_memory, resolve_loader, train_transform_of
 from .shards import index_stream, shard_streams, streamed_in_shards
 from .splits import class_counts, decode_size_of, index_splits, load_test_data, load_train_val_data, \
-    require_trained_classes, training_class_counts
+    require_trained_classes, streamed_at_own_size, training_class_counts
 
 __all__ = ["index_splits", "load_train_val_data", "load_test_data", "class_counts", "training_class_counts",
-           "require_trained_classes", "decode_size_of", "build_loaders", "device_eval_data", "in_memory", "resolve_loader",
-           "train_transform_of", "shard_streams", "index_stream", "streamed_in_shards"]
+           "require_trained_classes", "decode_size_of", "streamed_at_own_size", "build_loaders", "device_eval_data",
+           "in_memory", "resolve_loader", "train_transform_of", "shard_streams", "index_stream", "streamed_in_shards"]

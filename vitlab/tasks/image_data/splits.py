@@ -17,16 +17,22 @@ from ...errors import ConfigError, DataError
 if TYPE_CHECKING:
     from ...schema import DataConfig
 
-__all__ = ["decode_size_of", "index_splits", "training_class_counts", "class_counts", "require_trained_classes",
+__all__ = ["decode_size_of", "streamed_at_own_size", "index_splits", "training_class_counts", "class_counts", "require_trained_classes",
            "load_train_val_data", "load_test_data"]
 
 
+def streamed_at_own_size(d: DataConfig) -> bool:
+    """Whether streamed images are decoded each at its own size: for ImageNet-style transforms (``data.train_crop=rrc``
+    or ``src``), which crop each image by its own size, without ``data.decode_size``, unless a self-supervised run's
+    views are made on the device (``data.views=device``: a batch's images cropped at once, all of one size). Held in
+    memory, the same images are stored at one size first: ``data.in_memory`` then changes the pixels."""
+    return d.train_crop != "pad" and not d.decode_size and d.views != "device"
+
+
 def decode_size_of(d: DataConfig, size: tuple[int, int], keep_in_memory: bool = True) -> tuple[int, int] | None:
-    """The size image files are decoded at: ``data.decode_size``, else the model's input ``size``; None
-    (each its own size) for images streamed to ImageNet-style transforms (``data.train_crop=rrc`` or ``src``),
-    which crop each image by its own size, unless a self-supervised run's views are made on the device
-    (``data.views=device``: a batch's images cropped at once, all of one size)."""
-    if d.train_crop != "pad" and not keep_in_memory and not d.decode_size and d.views != "device":
+    """The size image files are decoded at: ``data.decode_size``, else the model's input ``size``; None (each its own
+    size) for streamed images where :func:`streamed_at_own_size`."""
+    if not keep_in_memory and streamed_at_own_size(d):
         return None
     return (d.decode_size, d.decode_size) if d.decode_size else tuple(size)
 
