@@ -2,11 +2,12 @@
 pretraining on all 50,000 training images (their labels unused), then fine-tuning, k-NN or a linear probe.
 
 The labelled images are a fixed list, ``benchmarks/cifar10_4000_labels.txt`` (400 a class, drawn once by
-``numpy.random.default_rng(0)`` from each class's sorted files: ``prepare --new-list`` wrote it). Every arm reads
+``numpy.random.default_rng(0)`` from each class's sorted files: ``prepare --new-list`` wrote it); a second list,
+``cifar10_4000_labels_seed1.txt``, was drawn the same way with seed 1 (``prepare --list-seed 1 --new-list``). Every arm reads
 them as a csv data set (``data.dataset=csv``) and holds 400 of them out (``data.val_size=400``, stratified, from the
 run's seed) to choose on; the 10,000 test images are for reporting only, the final epoch's figure.
 
-    python benchmarks/ssl_cifar10.py prepare --cifar ../shared/data/cifar10 --out /tmp/c10_4k
+    python benchmarks/ssl_cifar10.py prepare --cifar ../shared/data/cifar10 --out /tmp/c10_4k [--list-seed 1]
     python benchmarks/ssl_cifar10.py report --out runs/ssl       # the table of what ran
     python benchmarks/ssl_cifar10.py run ARM --data /tmp/c10_4k --cifar ../shared/data/cifar10 --seed S \\
         --out runs/ssl [key=value ...]
@@ -31,15 +32,19 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-LIST = ROOT / "benchmarks" / "cifar10_4000_labels.txt"
 PER_CLASS = 400
 
 # The backbone every arm shares (the quick config's model: 64 wide, 3 blocks, 2 heads, patch 4, MLP ratio 2).
 BACKBONE = ("model.embed_dim=64", "model.depth=3", "model.num_heads=2")
 
 
-def new_list(cifar: Path) -> list[str]:
-    rng = np.random.default_rng(0)
+def list_file(seed: int) -> Path:
+    """The list of labelled images drawn with ``seed`` (seed 0's is the benchmark's first list)."""
+    return ROOT / "benchmarks" / ("cifar10_4000_labels.txt" if seed == 0 else f"cifar10_4000_labels_seed{seed}.txt")
+
+
+def new_list(cifar: Path, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
     chosen = []
     for folder in sorted(p for p in (cifar / "train").iterdir() if p.is_dir()):
         files = sorted(f.name for f in folder.glob("*.png"))
@@ -47,12 +52,14 @@ def new_list(cifar: Path) -> list[str]:
     return chosen
 
 
-def prepare(cifar: Path, out: Path, write_list: bool) -> None:
-    """``out/train.csv`` (the 4,000 labelled images), ``out/test.csv`` (the 10,000 test images), and ``out/train``,
-    ``out/test`` linked to CIFAR-10's folders."""
+def prepare(cifar: Path, out: Path, write_list: bool, seed: int = 0) -> None:
+    """``out/train.csv`` (the 4,000 labelled images of the list drawn with ``seed``), ``out/test.csv`` (the 10,000
+    test images), and ``out/train``, ``out/test`` linked to CIFAR-10's folders."""
     if write_list:
-        LIST.write_text("\n".join(new_list(cifar)) + "\n")
-    labelled = LIST.read_text().split()
+        list_file(seed).write_text("\n".join(new_list(cifar, seed)) + "\n")
+    elif not list_file(seed).is_file():
+        raise SystemExit(f"{list_file(seed)} does not exist: draw it with prepare --list-seed {seed} --new-list")
+    labelled = list_file(seed).read_text().split()
     assert len(labelled) == 10 * PER_CLASS and len(set(labelled)) == len(labelled)
     out.mkdir(parents=True, exist_ok=True)
     for split in ("train", "test"):
@@ -159,7 +166,8 @@ def main() -> None:
     p = sub.add_parser("prepare")
     p.add_argument("--cifar", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--new-list", action="store_true", help="draw the list of labelled images anew (seed 0)")
+    p.add_argument("--new-list", action="store_true", help="draw the list of labelled images anew")
+    p.add_argument("--list-seed", type=int, default=0, help="the seed the list of labelled images is drawn with")
     r = sub.add_parser("run")
     r.add_argument("arm")
     r.add_argument("--data", required=True)
@@ -176,7 +184,7 @@ def main() -> None:
     elif rest:
         parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.command == "prepare":
-        prepare(Path(args.cifar), Path(args.out), args.new_list)
+        prepare(Path(args.cifar), Path(args.out), args.new_list, args.list_seed)
     elif args.command == "report":
         report(Path(args.out))
     else:
