@@ -248,12 +248,11 @@ def test_the_crop_of_a_box_is_torchvisions_resized_crop_to_a_level():
 def test_the_device_loaders_random_resized_crops_are_elastic_resumable_and_vary():
     data = _data()
     args = dict(seed=5, train_crop="rrc", size=(6, 6), scale=(0.3, 1.0), augment="randaugment")
+    everything = list(DeviceImageLoader(data, 16, "cpu", **args).batches_from(0))
     for start in (0, 2):
         whole = list(DeviceImageLoader(data, 16, "cpu", **args).batches_from(start))
         assert whole[0][0].shape == (16, 3, 6, 6) and whole[0][0].dtype == torch.uint8
-        if start:
-            assert all(torch.equal(a[0], b[0]) for a, b in zip(whole, everything[start:]))  # resumed as whole
-        everything = whole
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(whole, everything[start:], strict=True))  # resumed as whole
         for processes in (2, 4):
             parts = [list(DeviceImageLoader(data, 16, "cpu", num_processes=processes, process_index=r,
                                             **args).batches_from(start)) for r in range(processes)]

@@ -71,8 +71,8 @@ def test_token_batches_over_processes_and_accumulation_cover_every_sentence_exac
 @pytest.fixture(scope="module")
 def reverse_run(tmp_path_factory) -> tuple[Path, dict]:
     # The shipped config reaches 100% in 4 epochs. Here sequences of 4-12 symbols (the config's 4-16 took 19 s on
-    # one thread for 99.4%): 2 epochs of 12,000 at 3x its lr give 100% on 500 test sequences in 13 s (seeds 1 and
-    # 2: 99.4%, 99.0%); 10,000 sequences gave 98.8-99.2%.
+    # one thread for 99.4%): 2 epochs of 12,000 at 3x its lr, 99.4% on 500 test sequences in the suite (one thread
+    # a pytest worker; seeds 1 and 2 gave 99.4%, 99.0% when this was chosen); 10,000 sequences gave 98.8-99.2%.
     run_dir = tmp_path_factory.mktemp("reverse") / "run"
     summary = train(load_config(ROOT / "configs/seq2seq_reverse.yaml", [
         "train.epochs=2", "optim.lr=3e-3", "data.max_len=12", "data.num_train=12000", "data.num_test=500",
