@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 import torch
+from helpers.forked import TORCHRUN_2, run_two  # re-exported for the tests
+
+__all__ = ["TORCHRUN_2", "run_two"]  # and the fixtures and helpers below
 
 if TYPE_CHECKING:
     import subprocess
@@ -51,10 +53,10 @@ def cifar10_dir() -> Path:
 # check, the loop's bookkeeping, is the same on every device.
 
 
-# Two processes under torchrun. --standalone: a rendezvous on a free port of localhost, so that launches of
-# several pytest workers (``-n 4 --dist load`` builds a module's launch fixture in each) or of two suites on
-# one machine never meet on a fixed --master_port (on a 16-core GPU machine two of them did: EADDRINUSE).
-TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone"]
+# Two processes under torchrun (helpers.forked.TORCHRUN_2). --standalone: a rendezvous on a free port of localhost, so
+# that launches of several pytest workers (``-n 4 --dist load`` builds a module's launch fixture in each) or of two
+# suites on one machine never meet on a fixed --master_port (on a 16-core GPU machine two of them did: EADDRINUSE).
+# Tests of what two processes compute fork them from the test's process instead (helpers.forked.run_two).
 
 
 def launch_env(processes: int = 1, *, exact: bool = False) -> dict[str, str]:
@@ -68,13 +70,10 @@ def launch_env(processes: int = 1, *, exact: bool = False) -> dict[str, str]:
 
 
 def eval_on_two_processes(run: Path, predictions: Path, output: Path) -> None:
-    """``vitlab eval --checkpoint run`` under ``torchrun`` on 2 CPU processes (sharded and gathered), writing
+    """``vitlab eval --checkpoint run`` on 2 CPU processes (sharded and gathered; :func:`run_two`), writing
     ``predictions`` (CSV) and ``output`` (JSON), batches of 8."""
-    import subprocess
-
-    launched = subprocess.run([*TORCHRUN_2, "-m", "vitlab.cli", "eval", "--checkpoint", str(run), "--predictions",
-                               str(predictions), "--batch-size", "8", "--output", str(output)],
-                              capture_output=True, text=True, env=launch_env(2, exact=True))
+    launched = run_two(["-m", "vitlab.cli", "eval", "--checkpoint", str(run), "--predictions", str(predictions),
+                        "--batch-size", "8", "--output", str(output)], launch_env(2, exact=True))
     assert launched.returncode == 0, launched.stderr[-3000:]
 
 

@@ -369,11 +369,10 @@ def test_calibrate_and_eval_unknown_on_two_processes_give_one_process_numbers(va
     # gathered, the threshold and every rating are one process's
     import json
     import shutil
-    import subprocess
 
     from PIL import Image
 
-    from conftest import TORCHRUN_2, launch_env
+    from conftest import launch_env, run_two
     from vitlab.cli import main
 
     run = Path(shutil.copytree(val_run, tmp_path / "run"))
@@ -390,9 +389,9 @@ def test_calibrate_and_eval_unknown_on_two_processes_give_one_process_numbers(va
     main(calibrate)
     one = stored()
     main([*evaluate, str(tmp_path / "one.json")])
-    helper = Path(__file__).parent / "helpers" / "dist_train.py"  # both commands in one launch: one start
-    done = subprocess.run([*TORCHRUN_2, str(helper), "vitlab", *calibrate, "--then", "vitlab", *evaluate,
-                           str(tmp_path / "two.json")], capture_output=True, text=True, env=launch_env(2, exact=True))
+    helper = Path(__file__).parent / "helpers" / "dist_train.py"  # both commands in one launch
+    done = run_two([str(helper), "vitlab", *calibrate, "--then", "vitlab", *evaluate, str(tmp_path / "two.json")],
+                   launch_env(2, exact=True))
     assert done.returncode == 0, done.stderr[-3000:]
     assert stored() == pytest.approx(one, abs=1e-6)
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))

@@ -431,9 +431,7 @@ def test_photos_larger_than_the_model_are_read_as_vitlab_eval_reads_them(trained
 @pytest.mark.multiprocess
 def test_two_processes_continue_a_one_process_job_into_one_file_in_the_inputs_order(trained, tiny_imagefolder,
                                                                                          tmp_path, on_cpu):
-    import subprocess
-
-    from conftest import TORCHRUN_2, launch_env
+    from conftest import launch_env, run_two
     from vitlab import load_model
     from vitlab.prediction import predict_images
 
@@ -442,9 +440,8 @@ def test_two_processes_continue_a_one_process_job_into_one_file_in_the_inputs_or
     predict_images(load_model(trained), inputs, whole, batch_size=5, num_workers=0)
     predict_images(load_model(trained), inputs, parts, batch_size=5, num_workers=0, stop_after_batches=2)
     # the job stopped after 10 rows continues on 2 processes: 26 rows in 3 global batches of 2 x 5, the last uneven
-    launched = subprocess.run([*TORCHRUN_2, "-m", "vitlab.cli", "predict", "--checkpoint", str(trained), "--output",
-                               str(parts), "--batch-size", "5", "--num-workers", "1", *inputs],
-                              capture_output=True, text=True, env=launch_env(2, exact=True))
+    launched = run_two(["-m", "vitlab.cli", "predict", "--checkpoint", str(trained), "--output", str(parts),
+                        "--batch-size", "5", "--num-workers", "1", *inputs], launch_env(2, exact=True))
     assert launched.returncode == 0, launched.stderr[-3000:]
     assert "36 images -> " in launched.stdout and "(10 rows from the run before)" in launched.stdout
     mine, theirs = list(csv.DictReader(parts.open())), list(csv.DictReader(whole.open()))

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from conftest import TORCHRUN_2, launch_env, max_weight_diff, reset_accelerate, same_run_records, signal_at_step, \
+from conftest import launch_env, max_weight_diff, reset_accelerate, run_two, same_run_records, signal_at_step, \
     tiny_overrides
 from vitlab import checkpoint as ckpt
 from vitlab.config import load_config
@@ -588,8 +587,7 @@ def test_two_processes_pretrain_the_weights_one_process_does(loose_images, ssl_s
     for name, (kind, *extra) in runs.items():
         argv += [*(["--then"] if argv else []), *ssl_overrides(kind, loose_images, tmp_path / "two" / name,
                                                                "train.epochs=1", "model.drop_path_rate=0", *extra)]
-    launched = subprocess.run([*TORCHRUN_2, str(ROOT / "tests/helpers/dist_train.py"), *argv], capture_output=True,
-                              text=True, env={**launch_env(2, exact=True), "OMP_NUM_THREADS": "1"})
+    launched = run_two([str(ROOT / "tests/helpers/dist_train.py"), *argv], launch_env(2, exact=True))
     assert launched.returncode == 0, launched.stderr[-3000:]
     for name, (kind, *extra) in runs.items():
         train(load_config(None, ssl_overrides(kind, loose_images, tmp_path / "one" / name, "train.epochs=1",

@@ -4,14 +4,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
 import vitlab
-from conftest import TORCHRUN_2, launch_env, reset_accelerate
+from conftest import launch_env, reset_accelerate, run_two
 from vitlab.config import load_config
 from vitlab.errors import ConfigError, DataError
 from vitlab.data.text import EOS_ID, PAD_ID, TokenBatchSampler, collate_pairs, read_lines, synthetic_pairs, train_bpe
@@ -328,8 +327,7 @@ def test_text_eval_under_two_processes_equals_one(reverse_run, tmp_path, on_cpu)
     finally:
         torch.set_num_threads(threads)
         reset_accelerate()
-    result = subprocess.run([*TORCHRUN_2, "-m", "vitlab.cli", *eval_args, str(tmp_path / "m2.json")],
-                            capture_output=True, text=True, env={**launch_env(2, exact=True), "OMP_NUM_THREADS": "1"})
+    result = run_two(["-m", "vitlab.cli", *eval_args, str(tmp_path / "m2.json")], launch_env(2, exact=True))
     assert result.returncode == 0, result.stderr[-3000:]
     outputs = {n: json.loads((tmp_path / f"m{n}.json").read_text()) for n in (1, 2)}
     assert outputs[1]["num_pairs"] == outputs[2]["num_pairs"] == 500

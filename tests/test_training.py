@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitlab
-from conftest import TORCHRUN_2, launch_env, max_weight_diff, reset_accelerate, tiny_overrides
+from conftest import launch_env, max_weight_diff, reset_accelerate, run_two, tiny_overrides
 from vitlab import checkpoint as ckpt
 from vitlab.cli import main
 from vitlab.config import load_config
@@ -139,8 +139,8 @@ def mislabelled_run(tiny_imagefolder, tmp_path_factory) -> tuple[Path, Path]:
 @pytest.fixture(scope="module")
 def two_process_launch(tiny_imagefolder, identical_imagefolder, mislabelled_run,
                        tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
-    """The file's two-process runs and commands, one after the other in one torchrun launch (its processes started
-    once, not once a run): every variant of :data:`AGREE` on the quick config (``<root>/<variant>``), each loader's
+    """The file's two-process runs and commands, one after the other in one launch of two processes (started once,
+    not once a run): every variant of :data:`AGREE` on the quick config (``<root>/<variant>``), each loader's
     first training batch and random draws (``<root>/draws``), the linear probe (``<root>/probe/run``) and ``vitlab
     eval`` of :func:`mislabelled_run` (``<root>/eval/two.csv`` and ``two.json``)."""
     root, argv = tmp_path_factory.mktemp("two"), []
@@ -161,7 +161,7 @@ def two_process_launch(tiny_imagefolder, identical_imagefolder, mislabelled_run,
     (root / "eval").mkdir()
     argv += ["--then", "vitlab", "eval", "--checkpoint", str(mislabelled_run[1]), "--predictions",
              str(root / "eval" / "two.csv"), "--batch-size", "8", "--output", str(root / "eval" / "two.json")]
-    return root, _torchrun(str(HELPER), *argv, exact=True)
+    return root, _two_processes(str(HELPER), *argv, exact=True)
 
 
 # The linear probe on cached features, its L2 strength chosen on 12 validation images (gathered from 2 processes).
@@ -532,9 +532,8 @@ def test_epoch_lines_reach_a_pipe_while_training_runs(tiny_imagefolder, tmp_path
 HELPER = ROOT / "tests" / "helpers" / "dist_train.py"
 
 
-def _torchrun(*args: str, exact: bool = False) -> subprocess.CompletedProcess:
-    env = {**launch_env(2, exact=exact), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*TORCHRUN_2, *args], capture_output=True, text=True, env=env)
+def _two_processes(*args: str, exact: bool = False) -> subprocess.CompletedProcess:
+    return run_two(list(args), launch_env(2, exact=exact))
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,113 @@
+"""A test's command in two processes forked from the test's own, started as ``torchrun --standalone`` starts its
+workers (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, one
+thread each), but without its three interpreters: a torchrun launch spends about 11 s of CPU here importing torch,
+torchvision and vitlab in each worker and torch in the launcher, before the command does anything.
+
+For the tests of what two processes compute (the numbers of 2 processes against 1). What is torchrun's own (its
+signals, restarts and exit codes) is tested under torchrun (test_preemption, test_elastic). Where a fork cannot
+stand in for a fresh process (CUDA initialised in the test's process, or a process group already started in it),
+the command runs under torchrun.
+"""
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+TORCHRUN_2 = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone"]
+
+
+def run_two(argv: list[str], env: dict[str, str], timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python ARGV`` (a script and its arguments, or ``-m vitlab.cli ...``) in 2 processes as torchrun would run
+    it: the first failure's exit status, the processes' output one after the other (rank 0's first). A process
+    that fails has the other killed, as torchrun does; past ``timeout`` seconds both are, and the status is -9."""
+    import torch.distributed as dist
+
+    if torch.cuda.is_initialized() or (dist.is_available() and dist.is_initialized()):
+        return subprocess.run([*TORCHRUN_2, *argv], capture_output=True, text=True, env=env, timeout=timeout)
+    port = _free_port()
+    with tempfile.TemporaryDirectory() as logs:
+        outputs = [(Path(logs) / f"{rank}.out", Path(logs) / f"{rank}.err") for rank in range(2)]
+        pids = []
+        for rank in range(2):
+            pid = os.fork()
+            if pid == 0:
+                _child(argv, {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+                              "LOCAL_WORLD_SIZE": "2", "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                              "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}, *outputs[rank])
+            pids.append(pid)
+        status = _wait(pids, time.monotonic() + timeout)
+        return subprocess.CompletedProcess(argv, status, "".join(out.read_text() for out, _ in outputs),
+                                           "".join(err.read_text() for _, err in outputs))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _child(argv: list[str], env: dict[str, str], out: Path, err: Path) -> None:
+    """In the forked process: the command with its own environment and output files; never returns."""
+    status = 1
+    try:
+        for fd, path in ((1, out), (2, err)):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        os.environ.clear()
+        os.environ.update(env)
+        torch.set_num_threads(1)
+        from accelerate.state import AcceleratorState, GradientState
+
+        AcceleratorState._reset_state(reset_partial_state=True)  # what the test's process may have left
+        GradientState._reset_state()
+        if argv[:2] == ["-m", "vitlab.cli"]:
+            sys.argv = ["vitlab", *argv[2:]]
+            from vitlab.cli import main
+
+            main(argv[2:])
+        else:
+            sys.argv = list(argv)
+            sys.path.insert(0, str(Path(argv[0]).resolve().parent))  # as python SCRIPT does
+            runpy.run_path(argv[0], run_name="__main__")
+        status = 0
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
+
+
+def _wait(pids: list[int], deadline: float) -> int:
+    """The first nonzero exit status of ``pids`` (0 when none failed), the others killed once one has failed."""
+    statuses: dict[int, int] = {}
+    while len(statuses) < len(pids):
+        for pid in pids:
+            if pid not in statuses:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    statuses[pid] = os.waitstatus_to_exitcode(status)
+        failed = [statuses[pid] for pid in pids if statuses.get(pid, 0) != 0]
+        if failed or time.monotonic() > deadline:
+            for pid in pids:
+                if pid not in statuses:
+                    os.kill(pid, signal.SIGKILL)
+                    statuses[pid] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+            return failed[0] if failed else -9
+        time.sleep(0.05)
+    return next((s for s in statuses.values() if s), 0)
