@@ -6,15 +6,13 @@ gradient reduction on fewer."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import launch_env, max_weight_diff, reset_accelerate, tiny_overrides, train_until_signal
+from conftest import launch_env, max_weight_diff, reset_accelerate, run_two, tiny_overrides, train_until_signal
 from helpers.batch_record import global_batches, recording
 from vitlab.config import load_config
 from vitlab.data.transforms import ModelInput
@@ -92,19 +90,17 @@ def test_two_workers_stopped_in_epoch_two_continue_on_one_with_the_same_batches_
 def stopped_on_two(tiny_imagefolder, tiny_shards, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     """Each source's run on 2 processes x 2 workers, SIGTERM to rank 1 alone as step 8 begins (6 steps an epoch:
     a step the test chooses, however busy the machine; a signal sent from here after the 7th step's record came
-    after the 12th under load): the three runs one after the other in one launch of 2 processes (each start of
-    a process costs 3.5 s of imports). Each source's run directory and the prefix of its batch records."""
+    after the 12th under load): the three runs one after the other in one launch of 2 processes (forked: each
+    start of a process costs 3.5 s of imports). Each source's run directory and the prefix of its batch records."""
     root = tmp_path_factory.mktemp("stopped_on_two")
-    env = {**launch_env(2, exact=True), "OMP_NUM_THREADS": "1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     argv, where = [], {}
     for source in SOURCES:
         run_dir, prefix = root / source / "run", root / source / "batches"
         where[source] = run_dir, prefix
         argv += [*(["--then"] if argv else []), "--sigterm-at-step", "1", "8", "--record-batches", str(prefix),
                  *_overrides(source, (tiny_shards, tiny_imagefolder), run_dir), "data.num_workers=2"]
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--standalone",
-                           str(HELPER), *argv], capture_output=True, text=True, env=env, timeout=600)
-    assert "(exitcode: 75)" in done.stderr, done.stderr[-3000:]  # stopped by the signal, as every run (torchrun: 1)
+    done = run_two([str(HELPER), *argv], launch_env(2, exact=True))
+    assert done.returncode == 75, done.stderr[-3000:]  # stopped by the signal, as every run
     return where
 
 
