@@ -11,6 +11,7 @@ torchrun.
 """
 from __future__ import annotations
 
+import logging
 import os
 import runpy
 import signal
@@ -63,8 +64,13 @@ def _child(argv: list[str], env: dict[str, str], out: Path, err: Path) -> None:
     try:
         for fd, path in ((1, out), (2, err)):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)
-        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        streams = {id(sys.stdout): open(1, "w", buffering=1, closefd=False),
+                   id(sys.stderr): open(2, "w", buffering=1, closefd=False)}
+        sys.stdout, sys.stderr = streams.values()
+        for logger in (logging.getLogger(), *logging.Logger.manager.loggerDict.values()):
+            for handler in getattr(logger, "handlers", ()):  # a log handler bound to the test's captured output
+                if isinstance(handler, logging.StreamHandler) and id(handler.stream) in streams:
+                    handler.setStream(streams[id(handler.stream)])
         os.environ.clear()
         os.environ.update(env)
         torch.set_num_threads(1)
