@@ -5,9 +5,10 @@ torchvision and vitlab in each worker and torch in the launcher, before the comm
 
 For the tests of what two processes compute (the numbers of 2 processes against 1). What is torchrun's own (its
 signals, restarts and exit codes) is tested under torchrun (test_preemption, test_elastic). Where a fork cannot
-stand in for a fresh process (CUDA initialised in the test's process, a process group already started in it, or
-a system other than Linux, where forking a process that has loaded torch is not safe), the command runs under
-torchrun.
+stand in for a fresh process (a machine with a GPU: the test's process may have asked CUDA for its devices, and a
+process launched onto the CPU must hide them before anything asks; a process group already started in the test's
+process; a system other than Linux, where forking a process that has loaded torch is not safe), the command runs
+under torchrun.
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def run_two(argv: list[str], env: dict[str, str], timeout: float = 600) -> subpr
     that fails has the other killed, as torchrun does; past ``timeout`` seconds both are, and the status is -9."""
     import torch.distributed as dist
 
-    if sys.platform != "linux" or torch.cuda.is_initialized() or (dist.is_available() and dist.is_initialized()):
+    if sys.platform != "linux" or torch.cuda.is_available() or (dist.is_available() and dist.is_initialized()):
         return subprocess.run([*TORCHRUN_2, *argv], capture_output=True, text=True, env=env, timeout=timeout)
     port = _free_port()
     with tempfile.TemporaryDirectory() as logs:
