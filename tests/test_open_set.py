@@ -44,6 +44,24 @@ def test_mahalanobis_is_pytorch_oods_with_the_covariance_a_mean():
     assert (ours[:50] > MahalanobisScore().fit(features, labels)(queries[:50] * 10)).all()  # farther: lower
 
 
+def test_relative_mahalanobis_is_pytorch_oods_rmd_with_both_covariances_means():
+    # Ren et al. 2021: the class distance minus the distance under one Gaussian of all the training features
+    g = torch.Generator().manual_seed(4)
+    labels = torch.arange(900) % 3
+    features = torch.randn(900, 16, generator=g) * torch.linspace(0.2, 3, 16) + labels[:, None] * 1.5
+    queries = torch.randn(300, 16, generator=g) * 3
+    theirs = pood.RMD(None).fit_features(features, labels).predict_features(queries)
+    score = MahalanobisScore(relative=True).fit(features, labels)
+    # pytorch-ood's: both distances under summed covariances, i.e. ours / N, and the outlier score (negated); in
+    # float32, its difference of two distances keeps float32's 7 digits of the larger one, not of the difference
+    background = -MahalanobisScore().fit(features, torch.zeros(900, dtype=torch.long))(queries)
+    torch.testing.assert_close(score(queries).double(), -900 * theirs.double(), rtol=0, atol=1e-5 * background.max())
+    plain = MahalanobisScore().fit(features, labels)(queries)
+    assert not torch.allclose(score(queries), plain, atol=1)
+    stored = MahalanobisScore(relative=True).load_state(score.state())  # what vitlab calibrate keeps, read back
+    torch.testing.assert_close(stored(queries), score(queries), rtol=0, atol=0)
+
+
 def test_auroc_and_fpr_at_95_tpr_are_scikit_learns():
     g = np.random.default_rng(3)
     for known, unknown in [(g.normal(1, 1, 700), g.normal(0, 1, 300)),
@@ -90,7 +108,7 @@ def test_eval_rates_each_score_on_unknown_images_as_scikit_learn_does_on_predict
           "--output", str(tmp_path / "unknown.json")])
     written = json.loads((tmp_path / "unknown.json").read_text())
     assert written["known"] == 36 and written["unknown"] == 30 and written["k"] == 5
-    assert set(written["scores"]) == {"msp", "max_logit", "energy", "knn", "mahalanobis"}
+    assert set(written["scores"]) == {"msp", "max_logit", "energy", "knn", "mahalanobis", "relative_mahalanobis"}
     assert (tmp_path / "unknown_scores.png").stat().st_size > 10_000
     main(["eval", "--checkpoint", str(tiny_run), "--predictions", str(tmp_path / "known.csv")])
     main(["predict", "--checkpoint", str(tiny_run), "--output", str(tmp_path / "unknown.csv"), "--topk", "1",
@@ -213,6 +231,36 @@ def test_a_knn_threshold_keeps_its_bank_beside_the_weights_and_the_python_api_sc
     assert got["unknown"].tolist() == [r["label"] == "unknown" for r in rows]
 
 
+def test_a_relative_mahalanobis_threshold_keeps_its_background_fitted_on_the_training_features(
+        val_run, tiny_imagefolder, tmp_path):
+    import json
+
+    from vitlab import load_model
+    from vitlab.cli import main
+    from vitlab.inference.open_set import stored_rule
+    from vitlab.prediction import embed_images, predict_images
+
+    main(["calibrate", "--checkpoint", str(val_run), "--unknown", "relative_mahalanobis"])
+    model = load_model(val_run)
+    rule = stored_rule(model.pretrained_cfg)
+    assert rule.score == "relative_mahalanobis" and rule.k is None
+    main(["eval", "--checkpoint", str(val_run), "--split", "val", "--predictions", str(tmp_path / "val.csv")])
+    held_out = {str(tiny_imagefolder / "train" / r["image"]) for r in _csv(tmp_path / "val.csv")}
+    embed_images(model, [str(tiny_imagefolder / "train")], tmp_path / "train.jsonl")
+    rows = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text().splitlines()]
+    features = torch.tensor([r["embedding"] for r in rows if r["image"] not in held_out], dtype=torch.float64)
+    torch.testing.assert_close(rule.fitted.background_mean, features.mean(dim=0), rtol=0, atol=1e-5)
+    # predict answers by the stored rule: its scores are the stored statistics' on the images' features
+    predict_images(model, [str(tiny_imagefolder / "test")], tmp_path / "rows.jsonl")
+    embed_images(model, [str(tiny_imagefolder / "test")], tmp_path / "test.jsonl")
+    predicted = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    embedded = {r["image"]: r["embedding"] for r in (json.loads(line) for line in
+                                                      (tmp_path / "test.jsonl").read_text().splitlines())}
+    expected = rule.fitted(torch.tensor([embedded[r["image"]] for r in predicted]))
+    assert [r["unknown_score"] for r in predicted] == pytest.approx(expected.tolist(), rel=1e-4, abs=1e-3)
+    assert [r["label"] == "unknown" for r in predicted] == (expected < rule.threshold).tolist()
+
+
 def test_what_an_unknown_threshold_cannot_take_is_one_line(val_run, tiny_run, tmp_path):
     from vitlab import load_model
     from vitlab.errors import ConfigError, DataError
@@ -221,7 +269,8 @@ def test_what_an_unknown_threshold_cannot_take_is_one_line(val_run, tiny_run, tm
 
     with pytest.raises(ConfigError, match=r"^--keep 1\.5: give the share of known images to keep, in \(0, 1\)"):
         calibrate_unknown(val_run, "msp", keep=1.5)
-    with pytest.raises(ConfigError, match=r"^--unknown odin: give one of msp, max_logit, energy, knn, mahalanobis$"):
+    with pytest.raises(ConfigError, match=r"^--unknown odin: give one of msp, max_logit, energy, knn, mahalanobis, "
+                                          r"relative_mahalanobis$"):
         calibrate_unknown(val_run, "odin")
     with pytest.raises(ConfigError, match=r"held out no validation images \(data\.val_size=0\)"):
         calibrate_unknown(tiny_run, "msp")

@@ -24,8 +24,8 @@ lengths, which ``torch.export`` cannot trace symbolically.
 ``vitlab.json``) carries the label names, the thresholds, the temperature, the input layout. A model calibrated for
 images of none of its classes (``vitlab calibrate --unknown``) by a score of its logits (``msp``, ``max_logit``,
 ``energy``) also returns ``unknown_score`` ``(batch,)``, and the metadata its threshold and label (``vitlab.unknown``:
-an image is unknown below it); a feature score's bank (``knn``, ``mahalanobis``) stays out of the file, which the
-result's ``unknown`` line says. ``quantize='int8'``
+an image is unknown below it); a feature score's bank or statistics (``knn``, the Mahalanobis scores) stay out
+of the file, which the result's ``unknown`` line says. ``quantize='int8'``
 (ONNX): onnxruntime's dynamic quantization of the matrix products' weights (``MatMul``, ``Gemm``), the norms, residual
 adds, softmax and the patch embedding's convolution kept in float32.
 """

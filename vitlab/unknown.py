@@ -23,7 +23,7 @@ from .data.transforms import ModelInput
 from .errors import ConfigError, DataError
 from .inference.forward import gathered, logits_and_features, pooled_features
 from .inference.open_set import (FEATURE_SCORES, LOGIT_SCORES, SCORES, KNNScore, MahalanobisScore, UnknownRule, auroc,
-                                 fpr_at_tpr, stored_rule, threshold_keeping)
+                                 feature_score, fpr_at_tpr, stored_rule, threshold_keeping)
 from .inference.view import model_dataset
 from .models.hub import set_calibration, weights_name
 from .data.shards import ShardIndex
@@ -65,12 +65,7 @@ def _fitted(scores: Sequence[str], k: int, directory: Path, cfg: Any, model: nn.
     train, labels = gathered(prepared, loader, accelerator, pooled_features, model_input)
     if "knn" in wanted and len(train) < k:
         raise DataError(f"the k-NN score's k={k} is more than the {len(train)} training images: give a smaller k")
-    fitted: dict[str, KNNScore | MahalanobisScore] = {}
-    if "knn" in wanted:
-        fitted["knn"] = KNNScore(k).fit(train)
-    if "mahalanobis" in wanted:
-        fitted["mahalanobis"] = MahalanobisScore().fit(train, labels)
-    return fitted
+    return {name: feature_score(name, k).fit(train, labels) for name in wanted}
 
 
 @torch.no_grad()

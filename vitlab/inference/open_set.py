@@ -7,10 +7,12 @@ is "none of my classes". Each is a function of the model's logits or pooled feat
 - :class:`KNNScore`: minus the distance of the unit-length feature to its ``k``-th nearest unit-length training
   feature (Sun et al. 2022; ``k`` 50 for CIFAR-10, the paper's);
 - :class:`MahalanobisScore`: minus the smallest squared Mahalanobis distance to a class mean under the classes'
-  shared covariance, fitted on training features (Lee et al. 2018, without input perturbation).
+  shared covariance, fitted on training features (Lee et al. 2018, without input perturbation); ``relative=True``
+  (the score ``relative_mahalanobis``) subtracts the distance under one Gaussian of all the training features (Ren
+  et al. 2021, "a simple fix to Mahalanobis distance for improving near-OOD detection").
 
 Each is tested equal to pytorch-ood's detector of the same name (which returns the outlier score, the negative of
-these; its Mahalanobis covariance is a sum, not a mean, so its distances are these over N, halved). vitlab's own
+these; its covariances are sums, not means, so its distances are these over N, its Mahalanobis' halved). vitlab's own
 rather than pytorch-ood's at run time: pytorch-ood's k-NN goes through scikit-learn on the CPU and its fitted
 detectors keep no state a checkpoint could store; these are a few tensor lines on the model's device.
 
@@ -32,7 +34,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["msp", "max_logit", "energy", "KNNScore", "MahalanobisScore", "auroc", "fpr_at_tpr", "threshold_keeping",
-           "LOGIT_SCORES", "FEATURE_SCORES", "SCORES", "UNKNOWN_MODES", "UnknownRule", "stored_rule"]
+           "LOGIT_SCORES", "FEATURE_SCORES", "SCORES", "feature_score", "UNKNOWN_MODES", "UnknownRule", "stored_rule"]
 
 
 def msp(logits: Tensor) -> Tensor:
@@ -67,8 +69,8 @@ class KNNScore:
             raise ValueError(f"k={k}: give the neighbour whose distance is the score, 1 or more")
         self.k, self.chunk, self.bank = k, chunk, None
 
-    def fit(self, features: Tensor) -> KNNScore:
-        """``features`` ``(N, D)``, N >= k: the bank."""
+    def fit(self, features: Tensor, labels: Tensor | None = None) -> KNNScore:
+        """``features`` ``(N, D)``, N >= k: the bank (their ``labels`` are not used)."""
         if len(features) < self.k:
             raise ValueError(f"k={self.k} is more than the {len(features)} features of the bank")
         self.bank = _unit(features)
@@ -92,10 +94,13 @@ class KNNScore:
 
 class MahalanobisScore:
     """Minus the smallest squared Mahalanobis distance of a feature to a class mean, under the covariance the
-    classes share (the mean of the centered outer products over the N training features), fitted by :meth:`fit`."""
+    classes share (the mean of the centered outer products over the N training features), fitted by :meth:`fit`.
+    ``relative``: minus the smallest of those distances less the feature's squared distance to the mean of all the
+    training features under their covariance (the relative Mahalanobis distance)."""
 
-    def __init__(self) -> None:
-        self.means = self.precision = None
+    def __init__(self, relative: bool = False) -> None:
+        self.relative = relative
+        self.means = self.precision = self.background_mean = self.background_precision = None
 
     def fit(self, features: Tensor, labels: Tensor) -> MahalanobisScore:
         """``features`` ``(N, D)`` of the training images, ``labels`` ``(N,)`` their classes (each present)."""
@@ -107,27 +112,49 @@ class MahalanobisScore:
         means = torch.zeros(classes, features.shape[1], dtype=torch.float64, device=features.device)
         means.index_add_(0, labels, features)
         means /= counts[:, None]
-        centered = features - means[labels]
-        covariance = centered.T @ centered / len(features)
-        self.means, self.precision = means, torch.linalg.pinv(covariance, hermitian=True)
+        self.means, self.precision = means, _precision(features - means[labels])
+        if self.relative:
+            self.background_mean = features.mean(dim=0)
+            self.background_precision = _precision(features - self.background_mean)
         return self
 
     def __call__(self, features: Tensor) -> Tensor:
         if self.means is None:
             raise RuntimeError("MahalanobisScore is not fitted: call fit(training features, labels) first")
-        centered = features.double()[:, None, :] - self.means[None]                       # (B, C, D)
+        features = features.double()
+        centered = features[:, None, :] - self.means[None]                                  # (B, C, D)
         distances = torch.einsum("bcd,de,bce->bc", centered, self.precision, centered)
+        if self.relative:
+            background = features - self.background_mean                                     # (B, D)
+            distances -= torch.einsum("bd,de,be->b", background, self.background_precision, background)[:, None]
         return -distances.amin(dim=1).float()
 
     def state(self) -> dict[str, Tensor]:
-        return {"means": self.means, "precision": self.precision}
+        background = {"background_mean": self.background_mean, "background_precision": self.background_precision}
+        return {"means": self.means, "precision": self.precision, **(background if self.relative else {})}
 
     def load_state(self, state: dict[str, Tensor]) -> MahalanobisScore:
         self.means, self.precision = state["means"], state["precision"]
+        if self.relative:
+            self.background_mean, self.background_precision = state["background_mean"], state["background_precision"]
         return self
 
 
-FEATURE_SCORES = {"knn": KNNScore, "mahalanobis": MahalanobisScore}
+def _precision(centered: Tensor) -> Tensor:
+    """``(N, D)`` features less their means -> ``(D, D)``: the pseudo-inverse of their covariance (a mean)."""
+    return torch.linalg.pinv(centered.T @ centered / len(centered), hermitian=True)
+
+
+FEATURE_SCORES = ("knn", "mahalanobis", "relative_mahalanobis")
+
+
+def feature_score(name: str, k: int = 50) -> KNNScore | MahalanobisScore:
+    """The unfitted feature score ``name`` (one of :data:`FEATURE_SCORES`); ``k``: the k-NN score's neighbour."""
+    if name == "knn":
+        return KNNScore(k)
+    return MahalanobisScore(relative=name == "relative_mahalanobis")
+
+
 SCORES = (*LOGIT_SCORES, *FEATURE_SCORES)
 
 
@@ -220,5 +247,5 @@ def stored_rule(cfg: dict[str, Any], label: str = "unknown", mode: str = "auto")
         from safetensors.torch import load_file
 
         state = load_file(str(Path(cfg["checkpoint"]) / record["state"]))
-        rule.fitted = (KNNScore(rule.k) if rule.score == "knn" else MahalanobisScore()).load_state(state)
+        rule.fitted = feature_score(rule.score, rule.k or 1).load_state(state)
     return rule
