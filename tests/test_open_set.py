@@ -85,6 +85,12 @@ def test_bad_arguments_say_what_to_give():
         KNNScore(1)(torch.ones(1, 2))
     with pytest.raises(ValueError, match=r"classes \[1\] have no training features"):
         MahalanobisScore().fit(torch.ones(4, 2), torch.tensor([0, 0, 2, 2]))
+    from vitlab.inference.open_set import feature_score
+
+    with pytest.raises(ValueError, match=r"^'msp' is not a feature score; give one of knn, mahalanobis, "
+                                         r"relative_mahalanobis$"):
+        feature_score("msp")
+    assert feature_score("knn").k == 50 and feature_score("relative_mahalanobis").relative
 
 
 def test_eval_rates_each_score_on_unknown_images_as_scikit_learn_does_on_predicts_probabilities(tiny_run, tmp_path):

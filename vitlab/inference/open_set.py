@@ -148,10 +148,13 @@ def _precision(centered: Tensor) -> Tensor:
 FEATURE_SCORES = ("knn", "mahalanobis", "relative_mahalanobis")
 
 
-def feature_score(name: str, k: int = 50) -> KNNScore | MahalanobisScore:
-    """The unfitted feature score ``name`` (one of :data:`FEATURE_SCORES`); ``k``: the k-NN score's neighbour."""
+def feature_score(name: str, k: int | None = None) -> KNNScore | MahalanobisScore:
+    """The unfitted feature score ``name`` (one of :data:`FEATURE_SCORES`); ``k``: the k-NN score's neighbour (its
+    default when None; the other scores take none)."""
+    if name not in FEATURE_SCORES:
+        raise ValueError(f"{name!r} is not a feature score; give one of {', '.join(FEATURE_SCORES)}")
     if name == "knn":
-        return KNNScore(k)
+        return KNNScore() if k is None else KNNScore(k)
     return MahalanobisScore(relative=name == "relative_mahalanobis")
 
 
@@ -247,5 +250,5 @@ def stored_rule(cfg: dict[str, Any], label: str = "unknown", mode: str = "auto")
         from safetensors.torch import load_file
 
         state = load_file(str(Path(cfg["checkpoint"]) / record["state"]))
-        rule.fitted = feature_score(rule.score, rule.k or 1).load_state(state)
+        rule.fitted = feature_score(rule.score, rule.k).load_state(state)
     return rule
