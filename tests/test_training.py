@@ -587,7 +587,7 @@ def test_gpu_only_paths_train_evaluate_and_reload_on_the_cpu(tiny_imagefolder, t
 
     run_dir = tmp_path / "run"
     summary = train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, option, "train.epochs=1",
-                                                     "data.train_subset=16")))
+                                                     "data.train_subset=16", "data.test_subset=16")))
     reset_accelerate()
     assert ckpt.read_json(run_dir / "checkpoints/last/trainer_state.json")["global_step"] == 1
     assert math.isfinite(summary["test_loss"])
