@@ -16,8 +16,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import launch_env, reset_accelerate, same_run_records, signal_at_step, tiny_overrides, torchrun_worker, \
-    train_until_signal
+from conftest import launch_env, reset_accelerate, run_two, same_run_records, signal_at_step, tiny_overrides, \
+    torchrun_worker, train_until_signal
 from vitlab import checkpoint as ckpt
 from vitlab.config import load_config
 from vitlab.data.images import ImageData, TensorImageDataset
@@ -517,9 +517,12 @@ def _finish(launcher: subprocess.Popen) -> tuple[int, str, str]:
 
 @pytest.fixture(scope="module")
 def two_process_whole(tiny_imagefolder, tmp_path_factory) -> Path:
+    """The same two-process run uninterrupted: the reference, in 2 processes forked as torchrun starts its workers
+    (:func:`run_two`; the launcher's own behaviour is the test's subject, not the reference's)."""
     run_dir = tmp_path_factory.mktemp("two") / "whole"
-    code, out, err = _finish(_launch(run_dir, tiny_imagefolder))
-    assert code == 0, err[-3000:]
+    launched = run_two([str(ROOT / "train.py"), "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),
+                        *tiny_overrides(tiny_imagefolder, run_dir, *TWO)], launch_env(2, exact=True))
+    assert launched.returncode == 0, launched.stderr[-3000:]
     return run_dir
 
 
