@@ -8,14 +8,13 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import forked
 
 pytest.importorskip("fastapi", reason="vitlab[serve] is not installed")
 pytest.importorskip("multipart", reason="vitlab[serve] (python-multipart) is not installed")
@@ -36,15 +35,15 @@ def _free_port() -> int:
 
 
 class _Server:
-    """``vitlab serve`` in a process of its own, on a free port, until stopped."""
+    """``vitlab serve`` in a process of its own (forked from the test's: :func:`helpers.forked.start`), on a free
+    port, until stopped; :meth:`stop` gives its output, standard output then standard error."""
 
     def __init__(self, run: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "vitlab.cli", "serve", "--checkpoint", str(run), "--port",
-                                      str(self.port), "--device", "cpu", *args], cwd=ROOT, text=True,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
+        self.proc = forked.start(["-m", "vitlab.cli", "serve", "--checkpoint", str(run), "--port", str(self.port),
+                                  "--device", "cpu", *args], {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+                                 cwd=ROOT)
         deadline = time.time() + 60
         while time.time() < deadline:
             try:
@@ -54,14 +53,13 @@ class _Server:
                 time.sleep(0.2)
             if self.proc.poll() is not None:
                 break
-        self.stop()
-        raise AssertionError(f"the server did not start: {self.proc.stdout.read()}")
+        raise AssertionError(f"the server did not start: {self.stop()}")
 
     def stop(self) -> str:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-        out, _ = self.proc.communicate(timeout=60)
-        return out
+        out, err = self.proc.communicate(timeout=60)
+        return out + err
 
 
 def _test_images(root: Path) -> list[Path]:

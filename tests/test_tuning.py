@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from conftest import reset_accelerate, tiny_overrides
+from helpers import forked
 from helpers.stand_in_trials import stand_in
 
 pytest.importorskip("optuna")
@@ -48,9 +49,10 @@ def searched(data: Path, tmp_path: Path, space: str, *extra: str) -> tuple[Path,
 
 def tune_command(base: Path, space: Path, study: Path, trials: int, *extra: str,
                  stand_in: tuple[float, int] | None = None) -> list[str]:
-    """``vitlab tune``'s command line; ``stand_in``: its trials stand-ins of (seconds an epoch, epochs)."""
+    """``vitlab tune``'s arguments to ``python`` (after the interpreter); ``stand_in``: its trials stand-ins of
+    (seconds an epoch, epochs)."""
     program = ["-m", "vitlab.cli"] if stand_in is None else [str(STAND_IN), *map(str, stand_in)]
-    return [sys.executable, *program, "tune", "--config", str(base), "--space", str(space), "--study", str(study),
+    return [*program, "tune", "--config", str(base), "--space", str(space), "--study", str(study),
             "--trials", str(trials), *extra]
 
 
@@ -67,7 +69,7 @@ def last_eval(run: Path) -> dict:
 def test_a_study_trains_its_trials_as_runs_and_best_yaml_trains_the_best_again(tiny_imagefolder, tmp_path, capsys,
                                                                                  monkeypatch):
     base, space, study = searched(tiny_imagefolder, tmp_path, f"{LR}\nmodel.embed_dim: [16, 32]")
-    main(tune_command(base, space, study, 2, "--metric", "val_loss", "--pruner", "none")[3:])  # vitlab tune, here
+    main(tune_command(base, space, study, 2, "--metric", "val_loss", "--pruner", "none")[2:])  # vitlab tune, here
     out = capsys.readouterr().out
     assert out.count("\ntrial ") + out.startswith("trial ") == 2  # a line a trial
     table = rows(study)
@@ -241,16 +243,15 @@ def test_a_study_stopped_or_killed_mid_trial_is_continued_by_the_same_command_an
     # (kill -9 of the process group: the machine went away): the trial stays RUNNING in the database, its heartbeat
     # silent, aged past the minute of grace here rather than waited for. The same study then fails it as stale, asks
     # its values a third time and runs 2 trials in all. The trials are stand-ins of 6 epochs of 0.5 s (a real trial
-    # stopped by SIGTERM is test_preemption's preempted run)
+    # stopped by SIGTERM is test_preemption's preempted run); the study's processes are forked from this one
     import os
     import sqlite3
 
     base, space, study = searched(tiny_imagefolder, tmp_path, LR, "train.epochs=6", "train.eval_every=1")
     command = tune_command(base, space, study, 2, "--pruner", "none", stand_in=(0.5, 6))
 
-    def started_until_evaluated(trial: int) -> subprocess.Popen:
-        process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                   start_new_session=True)
+    def started_until_evaluated(trial: int) -> forked.Forked | subprocess.Popen:
+        process = forked.start(command, cwd=ROOT, start_new_session=True)
         metrics = study / f"trial_{trial:04d}/metrics.jsonl"
         deadline = time.time() + 120
         while not (metrics.is_file() and '"split": "eval"' in metrics.read_text()) and time.time() < deadline:
@@ -269,8 +270,9 @@ def test_a_study_stopped_or_killed_mid_trial_is_continued_by_the_same_command_an
     assert [r["state"] for r in rows_of_db(study)] == ["FAIL", "RUNNING"]
     with sqlite3.connect(study / "study.db") as db:
         db.execute("UPDATE trial_heartbeats SET heartbeat = datetime(heartbeat, '-5 minutes')")
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = forked.start(command, cwd=ROOT)
+    _, err = done.communicate(timeout=120)
+    assert done.returncode == 0, err[-2000:]
     table = rows(study)
     assert [r["state"] for r in table] == ["FAIL", "FAIL", "COMPLETE", "COMPLETE"], table
     assert table[0]["optim.lr"] == table[1]["optim.lr"] == table[2]["optim.lr"]  # asked again with the same values
@@ -280,14 +282,13 @@ def test_a_study_stopped_or_killed_mid_trial_is_continued_by_the_same_command_an
 def test_two_processes_share_one_study_and_run_its_trials_once_each(tiny_imagefolder, tmp_path):
     # The same command started twice at once on one SQLite study: the 3 trials split between the processes, each run
     # once (a trial one asked after the other had asked the 3rd is recorded as not run, and not counted). The trials
-    # are stand-ins of 2 s (4 epochs of 0.5 s), as long as the tiny run's
+    # are stand-ins of 2 s (4 epochs of 0.5 s), as long as the tiny run's; the two processes are forked from this one
     import optuna
 
     base, space, study = searched(tiny_imagefolder, tmp_path, LR)
     study.mkdir()
     command = tune_command(base, space, study, 3, "--pruner", "none", stand_in=(0.5, 4))
-    both = [subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for _ in range(2)]
+    both = [forked.start(command, cwd=ROOT) for _ in range(2)]
     outputs = [p.communicate(timeout=600) for p in both]
     assert all(p.returncode == 0 for p in both), [err[-2000:] for _, err in outputs]
     trials = optuna.load_study(study_name="study", storage=f"sqlite:///{study / 'study.db'}").trials

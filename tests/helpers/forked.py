@@ -3,12 +3,13 @@ workers (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTE
 thread each), but without its three interpreters: a torchrun launch spends about 11 s of CPU here importing torch,
 torchvision and vitlab in each worker and torch in the launcher, before the command does anything.
 
-For the tests of what two processes compute (the numbers of 2 processes against 1). What is torchrun's own (its
-signals, restarts and exit codes) is tested under torchrun (test_preemption, test_elastic). Where a fork cannot
-stand in for a fresh process (a machine with a GPU: the test's process may have asked CUDA for its devices, and a
-process launched onto the CPU must hide them before anything asks; a process group already started in the test's
-process; a system other than Linux, where forking a process that has loaded torch is not safe), the command runs
-under torchrun.
+For the tests of what two processes compute (the numbers of 2 processes against 1). :func:`start` forks one
+process so, for the tests whose subject is a command's process (a signal to it, a kill of its group, two at once on
+one study) rather than its interpreter. What is torchrun's own (its signals, restarts and exit codes) is tested under
+torchrun (test_preemption, test_elastic). Where a fork cannot stand in for a fresh process (a machine with a GPU: the
+test's process may have asked CUDA for its devices, and a process launched onto the CPU must hide them before
+anything asks; a process group already started in the test's process; a system other than Linux, where forking a
+process that has loaded torch is not safe), the command runs under torchrun, or in a fresh interpreter.
 """
 from __future__ import annotations
 
@@ -51,6 +52,71 @@ def run_two(argv: list[str], env: dict[str, str], timeout: float = 600) -> subpr
         status = _wait(pids, time.monotonic() + timeout)
         return subprocess.CompletedProcess(argv, status, "".join(out.read_text() for out, _ in outputs),
                                            "".join(err.read_text() for _, err in outputs))
+
+
+class Forked:
+    """``python ARGV`` in one process forked from the test's own, started at once: what ``subprocess.Popen`` gives
+    for a command whose process is a test's subject (a signal to it, a kill of its group, two of them at once) but
+    whose fresh interpreter is not. Its output goes to files read at the end (:meth:`communicate`)."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], *, cwd: Path | None = None,
+                 start_new_session: bool = False):
+        self._logs = tempfile.TemporaryDirectory()
+        self._out, self._err = Path(self._logs.name) / "out", Path(self._logs.name) / "err"
+        self.returncode: int | None = None
+        self.pid = os.fork()
+        if self.pid == 0:
+            if start_new_session:
+                os.setsid()
+            if cwd is not None:
+                os.chdir(cwd)
+            _child(argv, {**env, "OMP_NUM_THREADS": "1"}, self._out, self._err)
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            done, status = os.waitpid(self.pid, os.WNOHANG)
+            if done:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit status, once it has exited; ``subprocess.TimeoutExpired`` past ``timeout`` seconds."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(str(self.pid), timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Waits for the process (killed past ``timeout`` seconds: ``subprocess.TimeoutExpired``); its output."""
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.pid, signal.SIGKILL)
+            self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            raise
+        out, err = self._out.read_text(), self._err.read_text()
+        self._logs.cleanup()
+        return out, err
+
+
+def start(argv: list[str], env: dict[str, str] | None = None, *, cwd: Path | None = None,
+          start_new_session: bool = False) -> Forked | subprocess.Popen[str]:
+    """``python ARGV`` started now, as ``subprocess.Popen`` with text pipes would start it: forked from the test's
+    process (:class:`Forked`) where a fork can stand in for a fresh process (see the module's note), else a fresh
+    interpreter."""
+    import torch.distributed as dist
+
+    env = dict(os.environ) if env is None else env
+    if sys.platform != "linux" or torch.cuda.is_available() or (dist.is_available() and dist.is_initialized()):
+        return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=start_new_session)
+    return Forked(argv, env, cwd=cwd, start_new_session=start_new_session)
 
 
 def _free_port() -> int:
