@@ -13,7 +13,8 @@ and for a CIFAR-10 config that would download, the same images from the shared c
 (``vitlab calibrate --unknown``, ``vitlab eval --unknown-images``) gets ``--unknown-k 5``, for the subsets' few
 images.
 ``vitlab`` commands and ``train.py`` run in this process (their arguments and output are those of the command
-line); other commands run in ``bash``; a block that starts a background job (a line ending in ``&``: a server) runs
+line), ``torchrun --nproc_per_node 2 train.py ...`` in two processes forked from it with torchrun's environment
+(``helpers.forked.run_two``; torchrun itself is test_preemption's subject); other commands run in ``bash``; a block that starts a background job (a line ending in ``&``: a server) runs
 whole in one ``bash``. ``source .venv/bin/activate`` does nothing here: the suite runs in the
 environment. A block marked ``<!-- skip: reason -->`` on the line before it is reported as skipped with
 its reason; it needs what the suite cannot have (a GPU, network, SLURM).
@@ -35,7 +36,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import launch_env, reset_accelerate
+from conftest import launch_env, reset_accelerate, run_two
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -231,10 +232,13 @@ def _run_command(command: str, run: PageRun, monkeypatch: pytest.MonkeyPatch) ->
         return _in_process(train_main, _shortened(args, run.cwd, run.shared))
     if tool == "torchrun":
         script = next(i for i, a in enumerate(argv) if a.endswith("train.py"))
-        cmd = [sys.executable, "-m", "torch.distributed.run", *argv[1:script + 1],
-               *_shortened(argv[script + 1:], run.cwd, run.shared)]
-        done = subprocess.run(cmd, cwd=run.cwd, capture_output=True, text=True,
-                              env={**launch_env(2), "OMP_NUM_THREADS": "1"})
+        options, args = argv[1:script], [argv[script], *_shortened(argv[script + 1:], run.cwd, run.shared)]
+        env = {**launch_env(2), "OMP_NUM_THREADS": "1"}
+        if [o for o in options if o != "--standalone"] == ["--nproc_per_node", "2"]:  # its 2 workers, forked
+            done = run_two(args, env)
+        else:
+            done = subprocess.run([sys.executable, "-m", "torch.distributed.run", *options, *args], cwd=run.cwd,
+                                  capture_output=True, text=True, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
         return
     path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"  # `python`: the suite's own
