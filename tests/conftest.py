@@ -121,15 +121,20 @@ def tiny_imagefolder(tmp_path_factory) -> Path:
     return make_imagefolder(tmp_path_factory.mktemp("tiny"), {"train": 32, "test": 12})
 
 
-@pytest.fixture(scope="session")
-def _tiny_classifier_run(tiny_imagefolder, tmp_path_factory) -> Path:
+def train_tiny(data_root: Path, run_dir: Path, *extra: str) -> Path:
+    """The tiny run of :func:`tiny_overrides` (``extra`` keys after its own) trained in this process: ``run_dir``."""
     from vitlab.config import load_config
     from vitlab.training import train
 
-    run = tmp_path_factory.mktemp("tiny_run") / "run"
-    train(load_config(None, tiny_overrides(tiny_imagefolder, run, "train.epochs=1", "data.loader=torch")))
+    train(load_config(None, tiny_overrides(data_root, run_dir, *extra)))
     reset_accelerate()
-    return run
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def _tiny_classifier_run(tiny_imagefolder, tmp_path_factory) -> Path:
+    return train_tiny(tiny_imagefolder, tmp_path_factory.mktemp("tiny_run") / "run", "train.epochs=1",
+                      "data.loader=torch")
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import make_imagefolder, reset_accelerate, tiny_overrides
+from conftest import make_imagefolder, train_tiny
 
 pytest.importorskip("cleanlab.datalab.datalab", reason="vitlab[inspect] (cleanlab's Datalab) is not installed")
 
@@ -136,13 +136,7 @@ def planted(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def backbone(planted, tmp_path_factory):
-    from vitlab.config import load_config
-    from vitlab.training import train
-
-    run = tmp_path_factory.mktemp("inspect") / "run"
-    train(load_config(None, tiny_overrides(planted, run, "train.epochs=2", "data.loader=torch")))
-    reset_accelerate()
-    return run
+    return train_tiny(planted, tmp_path_factory.mktemp("inspect") / "run", "train.epochs=2", "data.loader=torch")
 
 
 def _digest(root: Path) -> str:

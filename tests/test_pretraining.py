@@ -490,6 +490,17 @@ def test_a_classifier_starts_from_a_transformers_vitmae_directory(tmp_path):
     assert all(torch.equal(classifier.state_dict()[k], v) for k, v in encoder.items())
 
 
+def _continued_to_the_uninterrupted_weights(cfg, stopped: Path, whole: Path, from_step: int) -> dict[str, torch.Tensor]:
+    """Continues the run ``stopped`` (its config ``cfg``, its last checkpoint at optimizer step ``from_step``) as the
+    same command would, and checks that it ends with the uninterrupted run's weights (``whole``), bit for bit."""
+    assert ckpt.read_json(stopped / "checkpoints/last/trainer_state.json")["global_step"] == from_step
+    train(cfg)
+    reset_accelerate()
+    a, b = (load_file(str(run / "checkpoints/last/model.safetensors")) for run in (whole, stopped))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    return a
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind,loader", [("mae", "memory"), ("dino", "streamed"), ("mae", "device"),
                                          ("dino", "device"), ("dino", "device-shards")])
@@ -513,11 +524,7 @@ def test_a_signal_inside_an_epoch_and_the_same_command_end_bit_identical(kind, l
         with pytest.raises(Preempted):
             train(cfg)
     reset_accelerate()
-    assert ckpt.read_json(parts / "checkpoints/last/trainer_state.json")["global_step"] == 4
-    train(cfg)
-    reset_accelerate()
-    a, b = (load_file(str(run / "checkpoints/last/model.safetensors")) for run in (whole, parts))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    a = _continued_to_the_uninterrupted_weights(cfg, parts, whole, from_step=4)
     if kind == "dino":
         assert "center" in a and a["center"].abs().sum() > 0
         assert not torch.equal(a["teacher_head.mlp.0.weight"], a["student_head.mlp.0.weight"])
@@ -568,11 +575,7 @@ def test_a_dino_run_killed_between_checkpoints_continues_from_the_last_one_bit_i
         with pytest.raises(KeyboardInterrupt):
             train(cfg)
     reset_accelerate()
-    assert ckpt.read_json(killed / "checkpoints/last/trainer_state.json")["global_step"] == 4
-    train(cfg)
-    reset_accelerate()
-    a, b = (load_file(str(run / "checkpoints/last/model.safetensors")) for run in (whole, killed))
-    assert all(torch.equal(a[k], b[k]) for k in a)
+    _continued_to_the_uninterrupted_weights(cfg, killed, whole, from_step=4)
 
 
 @pytest.mark.multiprocess

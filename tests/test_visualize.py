@@ -8,14 +8,12 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import reset_accelerate, tiny_overrides
+from conftest import train_tiny
 from vitlab import create_model, load_model
 from vitlab.cli import main
-from vitlab.config import load_config
 from vitlab.data import read_image
 from vitlab.data.text import train_bpe
 from vitlab.tasks.seq2seq import alignment
-from vitlab.training import train
 from vitlab.visualize import (attention_heatmaps, attention_rollout, block_attention_map, cls_attention_map,
                               plot_alignment, plot_attention, plot_mistakes, save_figure)
 
@@ -115,10 +113,7 @@ def test_rollout_rejects_bad_options():
 
 @pytest.fixture(scope="module")
 def image_run(tiny_imagefolder, tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("attn") / "run"
-    train(load_config(None, tiny_overrides(tiny_imagefolder, run_dir, "train.epochs=1", "model.depth=2")))
-    reset_accelerate()
-    return run_dir
+    return train_tiny(tiny_imagefolder, tmp_path_factory.mktemp("attn") / "run", "train.epochs=1", "model.depth=2")
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -235,9 +235,8 @@ def _check_model(cfg: Config) -> None:
 
 def _check_train(cfg: Config) -> None:
     t = cfg.train
-    need(t.epochs >= 1, "train.epochs", t.epochs, "an integer >= 1")
-    need(t.batch_size >= 1, "train.batch_size", t.batch_size, "an integer >= 1")
-    need(t.grad_accum_steps >= 1, "train.grad_accum_steps", t.grad_accum_steps, "an integer >= 1")
+    for key in ("epochs", "batch_size", "grad_accum_steps"):
+        need(getattr(t, key) >= 1, f"train.{key}", getattr(t, key), "an integer >= 1")
     need(t.batch_size % t.grad_accum_steps == 0, "train.batch_size", t.batch_size,
          f"a multiple of train.grad_accum_steps={t.grad_accum_steps}")
     need(0 <= t.label_smoothing < 1, "train.label_smoothing", t.label_smoothing, "a number in [0, 1)")
