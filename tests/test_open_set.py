@@ -9,8 +9,8 @@ import pytest
 import torch
 from sklearn.metrics import roc_auc_score, roc_curve
 
-from vitlab.inference.open_set import (KNNScore, MahalanobisScore, auroc, energy, fpr_at_tpr, max_logit, msp,
-                                       threshold_keeping)
+from vitlab.inference.open_set import (KNNScore, MahalanobisScore, ViMScore, auroc, energy, fpr_at_tpr, max_logit,
+                                       msp, threshold_keeping)
 
 pood = pytest.importorskip("pytorch_ood.detector", reason="the test extra's pytorch-ood is not installed")
 
@@ -62,6 +62,29 @@ def test_relative_mahalanobis_is_pytorch_oods_rmd_with_both_covariances_means():
     torch.testing.assert_close(stored(queries), score(queries), rtol=0, atol=0)
 
 
+def test_vim_is_pytorch_oods_virtual_logit_score_negated():
+    # Wang et al. 2022: the energy of the logits less alpha x the norm of the feature outside the principal subspace,
+    # centred at the head's origin -pinv(W) b; alpha from the training features. Features of uneven spread, so the
+    # residual subspace (the 16 least-spread directions of 32) is a real choice; queries wider than the data
+    g = torch.Generator().manual_seed(5)
+    weight, bias = torch.randn(6, 32, generator=g), torch.randn(6, generator=g)
+    labels = torch.arange(1200) % 6
+    features = torch.randn(1200, 32, generator=g) * torch.linspace(0.2, 3, 32) + weight[labels] * 0.5
+    queries = torch.randn(300, 32, generator=g) * 2
+    theirs = pood.ViM(None, d=16, w=weight, b=bias).fit_features(features, labels)
+    score = ViMScore(weight, bias).fit(features, labels)  # dim: half the features' width, 16
+    assert score.dim == 16 and score.alpha == pytest.approx(theirs.alpha, rel=1e-5)
+    torch.testing.assert_close(score(queries).double(), -theirs.predict_features(queries).double(), rtol=1e-5,
+                               atol=1e-4)
+    assert (score(features[:100]) > score(features[:100] + 5 * score.residual[:, 0])).all()  # off the subspace: lower
+    stored = ViMScore().load_state(score.state())  # what vitlab calibrate keeps, read back: no head needed
+    torch.testing.assert_close(stored(queries), score(queries), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"dim=32: give a principal subspace narrower than the 32 features"):
+        ViMScore(weight, bias, dim=32).fit(features, labels)
+    with pytest.raises(ValueError, match=r"ViM needs the classifier's linear head"):
+        ViMScore().fit(features, labels)
+
+
 def test_auroc_and_fpr_at_95_tpr_are_scikit_learns():
     g = np.random.default_rng(3)
     for known, unknown in [(g.normal(1, 1, 700), g.normal(0, 1, 300)),
@@ -88,7 +111,7 @@ def test_bad_arguments_say_what_to_give():
     from vitlab.inference.open_set import feature_score
 
     with pytest.raises(ValueError, match=r"^'msp' is not a feature score; give one of knn, mahalanobis, "
-                                         r"relative_mahalanobis$"):
+                                         r"relative_mahalanobis, vim$"):
         feature_score("msp")
     assert feature_score("knn").k == 50 and feature_score("relative_mahalanobis").relative
 
@@ -114,7 +137,8 @@ def test_eval_rates_each_score_on_unknown_images_as_scikit_learn_does_on_predict
           "--output", str(tmp_path / "unknown.json")])
     written = json.loads((tmp_path / "unknown.json").read_text())
     assert written["known"] == 36 and written["unknown"] == 30 and written["k"] == 5
-    assert set(written["scores"]) == {"msp", "max_logit", "energy", "knn", "mahalanobis", "relative_mahalanobis"}
+    assert set(written["scores"]) == {"msp", "max_logit", "energy", "knn", "mahalanobis", "relative_mahalanobis",
+                                      "vim"}
     assert (tmp_path / "unknown_scores.png").stat().st_size > 10_000
     main(["eval", "--checkpoint", str(tiny_run), "--predictions", str(tmp_path / "known.csv")])
     main(["predict", "--checkpoint", str(tiny_run), "--output", str(tmp_path / "unknown.csv"), "--topk", "1",
@@ -145,15 +169,10 @@ def test_unknown_images_named_like_a_class_or_a_multi_label_run_are_one_line(tin
 @pytest.fixture(scope="module")
 def val_run(tiny_imagefolder, tmp_path_factory):
     """The tiny run holding out 24 validation images (8 a class), one epoch."""
-    from conftest import reset_accelerate, tiny_overrides
-    from vitlab.config import load_config
-    from vitlab.training import train
+    from conftest import train_tiny
 
-    run = tmp_path_factory.mktemp("val_run") / "run"
-    train(load_config(None, tiny_overrides(tiny_imagefolder, run, "train.epochs=1", "data.val_size=24",
-                                           "data.loader=torch")))
-    reset_accelerate()
-    return run
+    return train_tiny(tiny_imagefolder, tmp_path_factory.mktemp("val_run") / "run", "train.epochs=1",
+                      "data.val_size=24", "data.loader=torch")
 
 
 def _csv(path):
@@ -267,6 +286,32 @@ def test_a_relative_mahalanobis_threshold_keeps_its_background_fitted_on_the_tra
     assert [r["label"] == "unknown" for r in predicted] == (expected < rule.threshold).tolist()
 
 
+def test_a_vim_threshold_keeps_the_heads_origin_and_predict_scores_by_it(val_run, tiny_imagefolder, tmp_path):
+    # ViM's state holds the classifier's head as fitted (no model needed to score features); predict's scores are the
+    # stored rule's on the features vitlab embed gives
+    import json
+
+    from vitlab import load_model
+    from vitlab.cli import main
+    from vitlab.inference.open_set import stored_rule
+    from vitlab.prediction import embed_images, predict_images
+
+    main(["calibrate", "--checkpoint", str(val_run), "--unknown", "vim"])
+    model = load_model(val_run)
+    rule = stored_rule(model.pretrained_cfg)
+    assert rule.score == "vim" and rule.fitted.dim == model.head.weight.shape[1] // 2
+    torch.testing.assert_close(rule.fitted.weight, model.head.weight.double(), rtol=0, atol=0)
+    predict_images(model, [str(tiny_imagefolder / "test")], tmp_path / "rows.jsonl")
+    embed_images(model, [str(tiny_imagefolder / "test")], tmp_path / "test.jsonl")
+    predicted = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    embedded = {r["image"]: r["embedding"] for r in (json.loads(line) for line in
+                                                      (tmp_path / "test.jsonl").read_text().splitlines())}
+    features = torch.tensor([embedded[r["image"]] for r in predicted])
+    expected = rule.fitted(features)
+    assert [r["unknown_score"] for r in predicted] == pytest.approx(expected.tolist(), rel=1e-4, abs=1e-3)
+    assert [r["label"] == "unknown" for r in predicted] == (expected < rule.threshold).tolist()
+
+
 def test_what_an_unknown_threshold_cannot_take_is_one_line(val_run, tiny_run, tmp_path):
     from vitlab import load_model
     from vitlab.errors import ConfigError, DataError
@@ -276,7 +321,7 @@ def test_what_an_unknown_threshold_cannot_take_is_one_line(val_run, tiny_run, tm
     with pytest.raises(ConfigError, match=r"^--keep 1\.5: give the share of known images to keep, in \(0, 1\)"):
         calibrate_unknown(val_run, "msp", keep=1.5)
     with pytest.raises(ConfigError, match=r"^--unknown odin: give one of msp, max_logit, energy, knn, mahalanobis, "
-                                          r"relative_mahalanobis$"):
+                                          r"relative_mahalanobis, vim$"):
         calibrate_unknown(val_run, "odin")
     with pytest.raises(ConfigError, match=r"held out no validation images \(data\.val_size=0\)"):
         calibrate_unknown(tiny_run, "msp")
@@ -371,7 +416,8 @@ def test_an_exported_file_with_its_preprocessing_carries_a_logit_scores_threshol
     calibrate_unknown(val_run, "knn", k=5)
     result = export_model(load_model(val_run), tmp_path / "k.onnx", with_preprocess=True, check=False)
     assert result["outputs"] == ["probabilities"]
-    assert result["unknown"].startswith("the knn score is not in the file: it searches a bank of training features")
+    assert result["unknown"].startswith("the knn score is not in the file: it needs the bank or statistics of "
+                                        "training features")
 
 
 @pytest.mark.parametrize("build", ["vit", "vit distilled", "vit avg pool", "timm"])

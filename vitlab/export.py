@@ -24,7 +24,7 @@ lengths, which ``torch.export`` cannot trace symbolically.
 ``vitlab.json``) carries the label names, the thresholds, the temperature, the input layout. A model calibrated for
 images of none of its classes (``vitlab calibrate --unknown``) by a score of its logits (``msp``, ``max_logit``,
 ``energy``) also returns ``unknown_score`` ``(batch,)``, and the metadata its threshold and label (``vitlab.unknown``:
-an image is unknown below it); a feature score's bank or statistics (``knn``, the Mahalanobis scores) stay out
+an image is unknown below it); a feature score's bank or statistics (``knn``, the Mahalanobis scores, ``vim``) stay out
 of the file, which the result's ``unknown`` line says. ``quantize='int8'``
 (ONNX): onnxruntime's dynamic quantization of the matrix products' weights (``MatMul``, ``Gemm``), the norms, residual
 adds, softmax and the patch embedding's convolution kept in float32.
@@ -180,10 +180,10 @@ def export_model(model: nn.Module, output: str | Path, format: Literal["onnx", "
                                   extra_files=extra)
         result: dict[str, Any] = {"output": str(output), "format": format, "inputs": names, "outputs": outputs}
         score = (model.model.pretrained_cfg.get("unknown") or {}).get("score") if with_preprocess else None
-        if score and model.unknown is None:  # a feature score: its bank is not in the graph
-            result["unknown"] = (f"the {score} score is not in the file: it searches a bank of training features "
-                                 f"kept beside the weights (vitlab predict and serve use it); calibrate a logit score "
-                                 f"(msp, max_logit, energy) for a file that says unknown")
+        if score and model.unknown is None:  # a feature score: what it fitted is not in the graph
+            result["unknown"] = (f"the {score} score is not in the file: it needs the bank or statistics of training "
+                                 f"features kept beside the weights (vitlab predict and serve use them); calibrate a "
+                                 f"logit score (msp, max_logit, energy) for a file that says unknown")
         if check:
             result["max_abs_diff"] = _max_abs_diff(model, tmp, format, _check_inputs(model, args), names)
         os.replace(tmp, output)

@@ -22,8 +22,8 @@ from .config import load_config
 from .data.transforms import ModelInput
 from .errors import ConfigError, DataError
 from .inference.forward import gathered, logits_and_features, pooled_features
-from .inference.open_set import (FEATURE_SCORES, LOGIT_SCORES, SCORES, KNNScore, MahalanobisScore, UnknownRule, auroc,
-                                 feature_score, fpr_at_tpr, stored_rule, threshold_keeping)
+from .inference.open_set import (FEATURE_SCORES, LOGIT_SCORES, SCORES, KNNScore, MahalanobisScore, UnknownRule, ViMScore,
+                                 auroc, feature_score, fpr_at_tpr, stored_rule, threshold_keeping)
 from .inference.view import model_dataset
 from .models.hub import set_calibration, weights_name
 from .data.shards import ShardIndex
@@ -51,7 +51,7 @@ def _single_label_run(checkpoint: str | Path, overrides: tuple[str, ...], use_em
 
 
 def _fitted(scores: Sequence[str], k: int, directory: Path, cfg: Any, model: nn.Module, prepared: nn.Module,
-            accelerator: Any, batch_size: int) -> dict[str, KNNScore | MahalanobisScore]:
+            accelerator: Any, batch_size: int) -> dict[str, KNNScore | MahalanobisScore | ViMScore]:
     """The feature scores among ``scores``, fitted on the pooled features of the run's training split."""
     wanted = [s for s in scores if s in FEATURE_SCORES]
     if not wanted:
@@ -65,7 +65,18 @@ def _fitted(scores: Sequence[str], k: int, directory: Path, cfg: Any, model: nn.
     train, labels = gathered(prepared, loader, accelerator, pooled_features, model_input)
     if "knn" in wanted and len(train) < k:
         raise DataError(f"the k-NN score's k={k} is more than the {len(train)} training images: give a smaller k")
-    return {name: feature_score(name, k).fit(train, labels) for name in wanted}
+    head = _linear_head(model) if "vim" in wanted else None
+    return {name: feature_score(name, k, head).fit(train, labels) for name in wanted}
+
+
+def _linear_head(model: nn.Module) -> tuple[Tensor, Tensor]:
+    """ViM's ``(weight, bias)``: the classifier's head, whose logits are one linear map of the pooled features."""
+    inner = model if hasattr(model, "forward_head") else model.model  # a TimmClassifier holds timm's model
+    head = inner.get_classifier()
+    if not isinstance(head, nn.Linear):
+        raise ConfigError(f"the vim score needs logits that are one linear map of the pooled features; this model's "
+                          f"head is {type(head).__name__} (a distilled model has two): give another score")
+    return head.weight, head.bias
 
 
 @torch.no_grad()

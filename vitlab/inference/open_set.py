@@ -9,7 +9,9 @@ is "none of my classes". Each is a function of the model's logits or pooled feat
 - :class:`MahalanobisScore`: minus the smallest squared Mahalanobis distance to a class mean under the classes'
   shared covariance, fitted on training features (Lee et al. 2018, without input perturbation); ``relative=True``
   (the score ``relative_mahalanobis``) subtracts the distance under one Gaussian of all the training features (Ren
-  et al. 2021, "a simple fix to Mahalanobis distance for improving near-OOD detection").
+  et al. 2021, "a simple fix to Mahalanobis distance for improving near-OOD detection");
+- :class:`ViMScore`: the negative energy less a "virtual logit", ``alpha`` times the norm of the feature's part outside
+  the principal subspace of the training features (Wang et al. 2022, ViM), from the features and the linear head.
 
 Each is tested equal to pytorch-ood's detector of the same name (which returns the outlier score, the negative of
 these; its covariances are sums, not means, so its distances are these over N, its Mahalanobis' halved). vitlab's own
@@ -33,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["msp", "max_logit", "energy", "KNNScore", "MahalanobisScore", "auroc", "fpr_at_tpr", "threshold_keeping",
+__all__ = ["msp", "max_logit", "energy", "KNNScore", "MahalanobisScore", "ViMScore", "auroc", "fpr_at_tpr", "threshold_keeping",
            "LOGIT_SCORES", "FEATURE_SCORES", "SCORES", "feature_score", "UNKNOWN_MODES", "UnknownRule", "stored_rule"]
 
 
@@ -145,16 +147,69 @@ def _precision(centered: Tensor) -> Tensor:
     return torch.linalg.pinv(centered.T @ centered / len(centered), hermitian=True)
 
 
-FEATURE_SCORES = ("knn", "mahalanobis", "relative_mahalanobis")
+class ViMScore:
+    """The virtual-logit score (ViM): the negative energy of the logits ``features @ weight.T + bias`` less ``alpha``
+    times the norm of the feature's residual, its part outside the ``dim`` most spread directions of the training
+    features centred at the head's origin ``-pinv(weight) @ bias``. :meth:`fit` finds the residual directions (the
+    covariance's eigenvectors of the ``D - dim`` smallest eigenvalues, the covariance a mean) and ``alpha`` (the
+    training features' mean largest logit over their mean residual norm). ``dim``: half the width ``D`` when None
+    (OpenOOD's choice for CIFAR-sized features; the paper's 1,000 of 2,048 and 512 of 768 are about as much).
+    ``weight`` ``(C, D)`` and ``bias`` ``(C,)``: the classifier's linear head; none is needed to load a fitted state."""
+
+    def __init__(self, weight: Tensor | None = None, bias: Tensor | None = None, dim: int | None = None) -> None:
+        self.weight = None if weight is None else weight.detach().double()
+        self.bias = None if bias is None else bias.detach().double()
+        self.dim, self.origin, self.residual, self.alpha = dim, None, None, None
+
+    def fit(self, features: Tensor, labels: Tensor | None = None) -> ViMScore:
+        """``features`` ``(N, D)`` of the training images (their ``labels`` are not used)."""
+        if self.weight is None or self.bias is None:
+            raise ValueError("ViM needs the classifier's linear head: ViMScore(weight, bias), its logits being "
+                             "features @ weight.T + bias")
+        features = features.double().to(self.weight.device)
+        width = features.shape[1]
+        self.dim = width // 2 if self.dim is None else self.dim
+        if not 0 < self.dim < width:
+            raise ValueError(f"dim={self.dim}: give a principal subspace narrower than the {width} features (and > 0)")
+        self.origin = -torch.linalg.pinv(self.weight) @ self.bias
+        centered = features - self.origin
+        _, vectors = torch.linalg.eigh(centered.T @ centered / len(centered))  # eigenvalues ascending
+        self.residual = vectors[:, :width - self.dim].contiguous()
+        largest = (features @ self.weight.T + self.bias).amax(dim=1)
+        self.alpha = largest.mean() / (centered @ self.residual).norm(dim=1).mean()
+        return self
+
+    def __call__(self, features: Tensor) -> Tensor:
+        if self.residual is None:
+            raise RuntimeError("ViMScore is not fitted: call fit(training features) first")
+        features = features.double().to(self.residual.device)
+        virtual = self.alpha * ((features - self.origin) @ self.residual).norm(dim=1)
+        return (torch.logsumexp(features @ self.weight.T + self.bias, dim=1) - virtual).float()
+
+    def state(self) -> dict[str, Tensor]:
+        return {"weight": self.weight, "bias": self.bias, "origin": self.origin, "residual": self.residual,
+                "alpha": self.alpha.reshape(1)}
+
+    def load_state(self, state: dict[str, Tensor]) -> ViMScore:
+        self.weight, self.bias, self.origin, self.residual = (state[k] for k in ("weight", "bias", "origin", "residual"))
+        self.alpha, self.dim = state["alpha"][0], self.weight.shape[1] - state["residual"].shape[1]
+        return self
 
 
-def feature_score(name: str, k: int | None = None) -> KNNScore | MahalanobisScore:
+FEATURE_SCORES = ("knn", "mahalanobis", "relative_mahalanobis", "vim")
+
+
+def feature_score(name: str, k: int | None = None,
+                  head: tuple[Tensor, Tensor] | None = None) -> KNNScore | MahalanobisScore | ViMScore:
     """The unfitted feature score ``name`` (one of :data:`FEATURE_SCORES`); ``k``: the k-NN score's neighbour (its
-    default when None; the other scores take none)."""
+    default when None; the other scores take none); ``head``: ViM's ``(weight, bias)``, the classifier's linear head
+    (none to load a fitted state)."""
     if name not in FEATURE_SCORES:
         raise ValueError(f"{name!r} is not a feature score; give one of {', '.join(FEATURE_SCORES)}")
     if name == "knn":
         return KNNScore() if k is None else KNNScore(k)
+    if name == "vim":
+        return ViMScore(*(head or (None, None)))
     return MahalanobisScore(relative=name == "relative_mahalanobis")
 
 
@@ -199,7 +254,7 @@ class UnknownRule:
     keep: float
     label: str = "unknown"
     k: int | None = None
-    fitted: KNNScore | MahalanobisScore | None = None
+    fitted: KNNScore | MahalanobisScore | ViMScore | None = None
 
     @property
     def needs_features(self) -> bool:
