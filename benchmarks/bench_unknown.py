@@ -1,7 +1,7 @@
 """What answering ``unknown`` costs ``vitlab predict``: the seconds an image of a whole predict job (files decoded,
-rows written) with the threshold off, with a logit score (energy) and with the k-NN score, its bank the run's own and
-one of ``--bank`` features (the run's training features repeated up to that many: the search costs the same for any
-bank of that size). Each setting ``--repeats`` times, in turns, in one process; the median of each. Then the k-NN
+rows written) with the threshold off, with a logit score (energy), with ViM (the default) and with the k-NN score, its
+bank the run's own and one of ``--bank`` features (the run's training features repeated up to that many: the search
+costs the same for any bank of that size). Each setting ``--repeats`` times, in turns, in one process; the median of each. Then the k-NN
 score alone (:class:`~vitlab.inference.open_set.KNNScore`, k 50, 64-wide features, batches of 256) against banks of
 27,000 and ``--bank`` random features: what the search costs without the job around it.
 
@@ -41,7 +41,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp())
     try:
         copies = {}
-        for name, score in (("off", "energy"), ("energy", "energy"), ("knn", "knn"), (f"knn {args.bank}", "knn")):
+        for name, score in (("off", "energy"), ("energy", "energy"), ("vim", "vim"), ("knn", "knn"),
+                            (f"knn {args.bank}", "knn")):
             copy = work / name.replace(" ", "_")
             shutil.copytree(resolve_checkpoint(args.checkpoint), copy)
             calibrate_unknown(copy, score)

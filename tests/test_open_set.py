@@ -286,7 +286,7 @@ def test_a_relative_mahalanobis_threshold_keeps_its_background_fitted_on_the_tra
     assert [r["label"] == "unknown" for r in predicted] == (expected < rule.threshold).tolist()
 
 
-def test_a_vim_threshold_keeps_the_heads_origin_and_predict_scores_by_it(val_run, tiny_imagefolder, tmp_path):
+def test_the_default_vim_threshold_keeps_the_head_and_predict_scores_by_it(val_run, tiny_imagefolder, tmp_path):
     # ViM's state holds the classifier's head as fitted (no model needed to score features); predict's scores are the
     # stored rule's on the features vitlab embed gives
     import json
@@ -296,7 +296,7 @@ def test_a_vim_threshold_keeps_the_heads_origin_and_predict_scores_by_it(val_run
     from vitlab.inference.open_set import stored_rule
     from vitlab.prediction import embed_images, predict_images
 
-    main(["calibrate", "--checkpoint", str(val_run), "--unknown", "vim"])
+    main(["calibrate", "--checkpoint", str(val_run), "--unknown"])  # the default score: vim
     model = load_model(val_run)
     rule = stored_rule(model.pretrained_cfg)
     assert rule.score == "vim" and rule.fitted.dim == model.head.weight.shape[1] // 2

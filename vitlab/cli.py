@@ -242,10 +242,10 @@ def _eval_parsers(sub: Any) -> None:
     ca.add_argument("--objective", choices=("nll", "ece"), default="nll",
                     help="the temperature of the least validation loss (nll, Guo et al. 2017) or of the least "
                          "calibration error (ece, Mukhoti et al. 2020)")
-    ca.add_argument("--unknown", metavar="SCORE", nargs="?", const="knn",
+    ca.add_argument("--unknown", metavar="SCORE", nargs="?", const="vim",
                     choices=("msp", "max_logit", "energy", "knn", "mahalanobis", "relative_mahalanobis", "vim"),
-                    help="instead of the temperature: the threshold of this open-set score (knn when none is named; "
-                         "msp, max_logit, energy, mahalanobis, relative_mahalanobis, vim) that keeps --keep of the "
+                    help="instead of the temperature: the threshold of this open-set score (vim when none is named; "
+                         "msp, max_logit, energy, knn, mahalanobis, relative_mahalanobis) that keeps --keep of the "
                          "validation images; predict and serve answer 'unknown' below it")
     ca.add_argument("--keep", type=float, default=0.95, help="--unknown: the share of known images kept (0.95)")
     ca.add_argument("--unknown-k", type=int, default=50, help="--unknown knn: the neighbour whose distance is the "

@@ -80,12 +80,13 @@ def _linear_head(model: nn.Module) -> tuple[Tensor, Tensor]:
 
 
 @torch.no_grad()
-def calibrate_unknown(checkpoint: str | Path, score: str = "knn", keep: float = 0.95, overrides: tuple[str, ...] = (),
+def calibrate_unknown(checkpoint: str | Path, score: str = "vim", keep: float = 0.95, overrides: tuple[str, ...] = (),
                       use_ema: bool = True, batch_size: int = 256, k: int = 50) -> float:
     """The threshold of ``score`` at or above which ``keep`` of the run's validation images lie, kept in the
     checkpoint's ``config.json`` for the weights it was fitted on (with a feature score's bank or statistics in
-    ``open_set.<weights file>`` beside them); returns it. ``k``: the k-NN score's neighbour. The default, ``knn``,
-    told CIFAR-10's unknown classes from its known ones best of the five on each split measured (docs/unknown.md).
+    ``open_set.<weights file>`` beside them); returns it. ``k``: the k-NN score's neighbour. The default, ``vim``,
+    told CIFAR-10's unknown classes from its known ones best of the seven on the split set aside to choose the
+    default on (docs/unknown.md).
 
     Raises:
         ConfigError: one line, before any image is read: a score not of :data:`SCORES`, ``keep`` outside (0, 1), a
