@@ -2,11 +2,13 @@
 ratings against scikit-learn's ROC."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 from sklearn.metrics import roc_auc_score, roc_curve
 
 from vitlab.inference.open_set import (KNNScore, MahalanobisScore, ViMScore, auroc, energy, fpr_at_tpr, max_logit,
@@ -310,6 +312,32 @@ def test_the_default_vim_threshold_keeps_the_head_and_predict_scores_by_it(val_r
     expected = rule.fitted(features)
     assert [r["unknown_score"] for r in predicted] == pytest.approx(expected.tolist(), rel=1e-4, abs=1e-3)
     assert [r["label"] == "unknown" for r in predicted] == (expected < rule.threshold).tolist()
+
+
+def test_vim_on_a_distilled_model_is_refused_in_one_line_and_eval_rates_the_other_scores(tiny_imagefolder, tmp_path,
+                                                                                        capsys):
+    # A distillation token's head beside the class token's: the logits average two heads of two tokens, not one
+    # linear map of the pooled features, which ViM's origin and energy need
+    from conftest import train_tiny
+    from vitlab.cli import main
+    from vitlab.errors import ConfigError
+    from vitlab.unknown import calibrate_unknown
+
+    run = train_tiny(tiny_imagefolder, tmp_path / "run", "train.epochs=1", "data.val_size=24", "model.distilled=true",
+                     "model.global_pool=token")
+    with pytest.raises(ConfigError, match=r"^--unknown vim needs logits that are one linear map of the pooled "
+                                          r"features, and this model's are not \(a distilled model's two heads\)"):
+        calibrate_unknown(run)  # the default score
+    assert "unknown" not in json.loads((run / "checkpoints/best/config.json").read_text())
+    unknown = tmp_path / "noise"
+    unknown.mkdir()
+    for i in range(8):
+        Image.fromarray(np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(unknown / f"{i}.png")
+    main(["eval", "--checkpoint", str(run), "--unknown-images", str(unknown), "--unknown-k", "5", "--output",
+          str(tmp_path / "u.json")])
+    assert set(json.loads((tmp_path / "u.json").read_text())["scores"]) == {
+        "msp", "max_logit", "energy", "knn", "mahalanobis", "relative_mahalanobis"}
+    assert "vim          not rated: this model's logits are not one linear map" in capsys.readouterr().out
 
 
 def test_what_an_unknown_threshold_cannot_take_is_one_line(val_run, tiny_run, tmp_path):

@@ -69,14 +69,12 @@ def _fitted(scores: Sequence[str], k: int, directory: Path, cfg: Any, model: nn.
     return {name: feature_score(name, k, head).fit(train, labels) for name in wanted}
 
 
-def _linear_head(model: nn.Module) -> tuple[Tensor, Tensor]:
-    """ViM's ``(weight, bias)``: the classifier's head, whose logits are one linear map of the pooled features."""
+def _linear_head(model: nn.Module) -> tuple[Tensor, Tensor] | None:
+    """ViM's ``(weight, bias)``: the classifier's head, if its logits are one linear map of the pooled features
+    (None for a distilled model, whose logits average two heads' of two tokens)."""
     inner = model if hasattr(model, "forward_head") else model.model  # a TimmClassifier holds timm's model
     head = inner.get_classifier()
-    if not isinstance(head, nn.Linear):
-        raise ConfigError(f"the vim score needs logits that are one linear map of the pooled features; this model's "
-                          f"head is {type(head).__name__} (a distilled model has two): give another score")
-    return head.weight, head.bias
+    return (head.weight, head.bias) if isinstance(head, nn.Linear) else None
 
 
 @torch.no_grad()
@@ -90,7 +88,8 @@ def calibrate_unknown(checkpoint: str | Path, score: str = "vim", keep: float = 
 
     Raises:
         ConfigError: one line, before any image is read: a score not of :data:`SCORES`, ``keep`` outside (0, 1), a
-            run that is not a single-label classifier or holds out no validation images.
+            run that is not a single-label classifier or holds out no validation images, ``vim`` on a model whose
+            logits are not one linear map of its pooled features (a distilled model).
         DataError: one line: a feature score on a run whose training images cannot be read.
     """
     if score not in SCORES:
@@ -100,6 +99,9 @@ def calibrate_unknown(checkpoint: str | Path, score: str = "vim", keep: float = 
     if k < 1:
         raise ConfigError(f"--unknown-k {k}: give the neighbour whose distance is the k-NN score, 1 or more")
     directory, cfg, model = _single_label_run(checkpoint, overrides, use_ema, "vitlab calibrate --unknown")
+    if score == "vim" and _linear_head(model) is None:
+        raise ConfigError("--unknown vim needs logits that are one linear map of the pooled features, and this "
+                          "model's are not (a distilled model's two heads): give another score, e.g. knn")
     accelerator, loader, _, _, _ = classifier_split(directory, cfg, model, "val", batch_size)
     prepared = accelerator.prepare(model)
     info = model.pretrained_cfg
@@ -166,11 +168,12 @@ def evaluate_unknown(checkpoint: str | Path, unknown: list[str], split: str = "t
     unknown_loader = accelerator.prepare(DataLoader(model_dataset(model, unknown_index), batch_size=batch_size,
                                                     num_workers=cfg.data.num_workers))
     other, _ = gathered(prepared, unknown_loader, accelerator, _logits_and_features, model_input)
-    fitted = _fitted(SCORES, k, directory, cfg, model, prepared, accelerator, batch_size)
+    rated = [s for s in SCORES if s != "vim" or _linear_head(model) is not None]  # ViM needs one linear head
+    fitted = _fitted(rated, k, directory, cfg, model, prepared, accelerator, batch_size)
     c = len(classes)
     score = lambda name, rows: (LOGIT_SCORES[name](rows[:, :c]) if name in LOGIT_SCORES else
                                 fitted[name](rows[:, c:]))
-    values = {name: (score(name, known), score(name, other)) for name in SCORES}
+    values = {name: (score(name, known), score(name, other)) for name in rated}
     result: dict[str, Any] = {name: {"auroc": auroc(a, b), "fpr_at_95_tpr": fpr_at_tpr(a, b)}
                               for name, (a, b) in values.items()}
     at_threshold = _at_threshold(rule, known, other, labels, c) if rule is not None else None
@@ -179,6 +182,8 @@ def evaluate_unknown(checkpoint: str | Path, unknown: list[str], split: str = "t
               f"k-NN bank: {len(fitted['knn'].bank):,} training images, k {k}")
         for name, r in result.items():
             print(f"  {name:<12} AUROC {r['auroc']:.4f} | FPR at 95% TPR {r['fpr_at_95_tpr']:.4f}")
+        if "vim" not in result:
+            print("  vim          not rated: this model's logits are not one linear map of its pooled features")
         if at_threshold is not None:
             print(f"  at the stored threshold of {rule.score} ({rule.threshold:.6g}, fitted to keep "
                   f"{100 * rule.keep:g}% of the validation images): known kept {100 * at_threshold['known_kept']:.2f}%"
