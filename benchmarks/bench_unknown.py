@@ -1,9 +1,9 @@
 """What answering ``unknown`` costs ``vitlab predict``: the seconds an image of a whole predict job (files decoded,
 rows written) with the threshold off, with a logit score (energy), with ViM (the default) and with the k-NN score, its
 bank the run's own and one of ``--bank`` features (the run's training features repeated up to that many: the search
-costs the same for any bank of that size). Each setting ``--repeats`` times, in turns, in one process; the median of each. Then the k-NN
-score alone (:class:`~vitlab.inference.open_set.KNNScore`, k 50, 64-wide features, batches of 256) against banks of
-27,000 and ``--bank`` random features: what the search costs without the job around it.
+costs the same for any bank of that size). Each setting ``--repeats`` times, in turns, in one process; the median of
+each. Then the k-NN score alone (:class:`~vitlab.inference.open_set.KNNScore`, k 50, 64-wide features, batches of 256)
+against banks of 27,000 and ``--bank`` random features: what the search costs without the job around it.
 
     python benchmarks/bench_unknown.py --checkpoint runs/quick_val --images ../shared/data/cifar10/test/cat \\
         --count 1000 --bank 50000

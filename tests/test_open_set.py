@@ -332,7 +332,8 @@ def test_vim_on_a_distilled_model_is_refused_in_one_line_and_eval_rates_the_othe
     unknown = tmp_path / "noise"
     unknown.mkdir()
     for i in range(8):
-        Image.fromarray(np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8)).save(unknown / f"{i}.png")
+        pixels = np.random.default_rng(i).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(unknown / f"{i}.png")
     main(["eval", "--checkpoint", str(run), "--unknown-images", str(unknown), "--unknown-k", "5", "--output",
           str(tmp_path / "u.json")])
     assert set(json.loads((tmp_path / "u.json").read_text())["scores"]) == {

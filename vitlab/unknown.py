@@ -22,8 +22,8 @@ from .config import load_config
 from .data.transforms import ModelInput
 from .errors import ConfigError, DataError
 from .inference.forward import gathered, logits_and_features, pooled_features
-from .inference.open_set import (FEATURE_SCORES, LOGIT_SCORES, SCORES, KNNScore, MahalanobisScore, UnknownRule, ViMScore,
-                                 auroc, feature_score, fpr_at_tpr, stored_rule, threshold_keeping)
+from .inference.open_set import (FEATURE_SCORES, LOGIT_SCORES, SCORES, KNNScore, MahalanobisScore, UnknownRule,
+                                 ViMScore, auroc, feature_score, fpr_at_tpr, stored_rule, threshold_keeping)
 from .inference.view import model_dataset
 from .models.hub import set_calibration, weights_name
 from .data.shards import ShardIndex

@@ -35,8 +35,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["msp", "max_logit", "energy", "KNNScore", "MahalanobisScore", "ViMScore", "auroc", "fpr_at_tpr", "threshold_keeping",
-           "LOGIT_SCORES", "FEATURE_SCORES", "SCORES", "feature_score", "UNKNOWN_MODES", "UnknownRule", "stored_rule"]
+__all__ = ["msp", "max_logit", "energy", "KNNScore", "MahalanobisScore", "ViMScore", "auroc", "fpr_at_tpr",
+           "threshold_keeping", "LOGIT_SCORES", "FEATURE_SCORES", "SCORES", "feature_score", "UNKNOWN_MODES",
+           "UnknownRule", "stored_rule"]
 
 
 def msp(logits: Tensor) -> Tensor:
@@ -191,7 +192,8 @@ class ViMScore:
                 "alpha": self.alpha.reshape(1)}
 
     def load_state(self, state: dict[str, Tensor]) -> ViMScore:
-        self.weight, self.bias, self.origin, self.residual = (state[k] for k in ("weight", "bias", "origin", "residual"))
+        self.weight, self.bias = state["weight"], state["bias"]
+        self.origin, self.residual = state["origin"], state["residual"]
         self.alpha, self.dim = state["alpha"][0], self.weight.shape[1] - state["residual"].shape[1]
         return self
 
