@@ -145,6 +145,16 @@ def test_a_missing_space_file_names_what_to_write(tiny_imagefolder, tmp_path):
         tune(base, tmp_path / "nowhere.yaml", 2, study=tmp_path / "study")
 
 
+@pytest.mark.parametrize("space", sorted((ROOT / "configs" / "spaces").glob("*.yaml")), ids=lambda p: p.stem)
+def test_each_shipped_space_reads_against_the_config_of_its_name(space):
+    """configs/spaces/NAME.yaml searches configs/NAME.yaml: every key is the config's and every end and choice passes
+    its rules, so the study the docs give starts."""
+    from vitlab.tuning.space import read_space
+
+    keys = [key for key in yaml.safe_load(space.read_text())]
+    dimensions = read_space(space, ROOT / "configs" / space.name, [])
+    assert [d.key for d in dimensions] == keys and len(keys) >= 5
+
 @pytest.mark.slow
 def test_the_median_pruner_judges_from_half_the_schedule_against_three_finished_trials(tiny_imagefolder, tmp_path,
                                                                                        monkeypatch):
