@@ -511,23 +511,27 @@ def test_calibrate_and_eval_unknown_on_two_processes_give_one_process_numbers(va
     g = np.random.default_rng(4)
     for i in range(13):
         Image.fromarray(g.integers(0, 256, (32, 32, 3)).astype(np.uint8)).save(unknown / f"{i}.png")
-    calibrate = ["calibrate", "--checkpoint", str(run), "--unknown", "knn", "--unknown-k", "5"]
+    calibrate = ["calibrate", "--checkpoint", str(run), "--unknown"]  # the default score (vim)
+    calibrate_knn = [*calibrate, "knn", "--unknown-k", "5"]  # the score whose bank is gathered
     evaluate = ["eval", "--checkpoint", str(run), "--unknown-images", str(unknown), "--unknown-k", "5",
                 "--batch-size", "8", "--output"]
     stored = lambda: json.loads((run / "checkpoints/best/config.json").read_text())["calibration"][
-        "model.safetensors"]["unknown"]["threshold"]
+        "model.safetensors"]["unknown"]
+    main(calibrate_knn)
+    one_knn = stored()
     main(calibrate)
-    one = stored()
+    assert stored()["score"] == "vim"
     main([*evaluate, str(tmp_path / "one.json")])
-    helper = Path(__file__).parent / "helpers" / "dist_train.py"  # both commands in one launch
-    done = run_two([str(helper), "vitlab", *calibrate, "--then", "vitlab", *evaluate, str(tmp_path / "two.json")],
-                   launch_env(2, exact=True))
+    helper = Path(__file__).parent / "helpers" / "dist_train.py"  # the commands in one launch
+    done = run_two([str(helper), "vitlab", *calibrate, "--then", "vitlab", *evaluate, str(tmp_path / "two.json"),
+                    "--then", "vitlab", *calibrate_knn], launch_env(2, exact=True))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert stored() == pytest.approx(one, abs=1e-6)
+    assert stored()["score"] == "knn" and stored()["threshold"] == pytest.approx(one_knn["threshold"], abs=1e-6)
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
     assert a["known"] == b["known"] == 36 and a["unknown"] == b["unknown"] == 13
     for name in a["scores"]:
         assert b["scores"][name] == pytest.approx(a["scores"][name], abs=1e-6), name
+    assert a["stored_threshold"]["score"] == b["stored_threshold"]["score"] == "vim"
     numbers = ("threshold", "known_kept", "top1_of_kept", "unknown_rejected")
     assert [b["stored_threshold"][n] for n in numbers] == pytest.approx([a["stored_threshold"][n] for n in numbers],
                                                                          abs=1e-6)
