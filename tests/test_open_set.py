@@ -526,7 +526,8 @@ def test_calibrate_and_eval_unknown_on_two_processes_give_one_process_numbers(va
     done = run_two([str(helper), "vitlab", *calibrate, "--then", "vitlab", *evaluate, str(tmp_path / "two.json"),
                     "--then", "vitlab", *calibrate_knn], launch_env(2, exact=True))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert stored()["score"] == "knn" and stored()["threshold"] == pytest.approx(one_knn["threshold"], abs=1e-6)
+    two_knn = stored()
+    assert two_knn["score"] == "knn" and two_knn["threshold"] == pytest.approx(one_knn["threshold"], abs=1e-6)
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
     assert a["known"] == b["known"] == 36 and a["unknown"] == b["unknown"] == 13
     for name in a["scores"]:

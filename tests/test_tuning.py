@@ -151,9 +151,10 @@ def test_each_shipped_space_reads_against_the_config_of_its_name(space):
     its rules, so the study the docs give starts."""
     from vitlab.tuning.space import read_space
 
-    keys = [key for key in yaml.safe_load(space.read_text())]
+    keys = list(yaml.safe_load(space.read_text()))
     dimensions = read_space(space, ROOT / "configs" / space.name, [])
     assert [d.key for d in dimensions] == keys and len(keys) >= 5
+
 
 @pytest.mark.slow
 def test_the_median_pruner_judges_from_half_the_schedule_against_three_finished_trials(tiny_imagefolder, tmp_path,
