@@ -108,9 +108,12 @@ def test_load_model_and_its_transform_reproduce_the_reported_accuracy(trained_ru
 # global batches give the same updates. The device loader shards evaluation itself (35 test images over 2
 # processes, gathered unevenly). "moe": a mixture of experts under DDP (balancing loss off: it is computed
 # per process). "torch-streamed": each process's images decoded when read, by 2 DataLoader workers (2 x 2).
+# "budget": train.budget_minutes, its steps timed on those workers' batches and undone, the processes agreeing on the
+# slowest's times (here train.epochs bounds the number).
 AGREE = {"torch": ("data.loader=torch",), "gpu": ("data.loader=gpu",),
          "moe": ("data.loader=torch", "model.mlp_layer=moe", "model.num_experts=3", "model.moe_aux_loss_weight=0"),
-         "torch-streamed": ("data.loader=torch", "data.in_memory=false", "data.num_workers=2")}
+         "torch-streamed": ("data.loader=torch", "data.in_memory=false", "data.num_workers=2"),
+         "budget": ("data.loader=torch", "data.in_memory=false", "data.num_workers=2", "train.budget_minutes=30")}
 AGREE_KEYS = ("data.crop_padding=0", "data.hflip=false", "train.epochs=1", "train.label_smoothing=0.0",
               "train.batch_size=24", "data.test_subset=35")  # eval: 6 + 5 batches of 35 images
 
@@ -208,6 +211,8 @@ def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder,
     assert last(tmp_path / "one")["test_top1"] == last(two)["test_top1"]
     assert last(tmp_path / "one")["test_loss"] == pytest.approx(last(two)["test_loss"], abs=1e-5)
     assert last(tmp_path / "one")["train_samples"] == last(two)["train_samples"] == 96  # 4 steps of 24
+    if loader == "budget":  # timed on both processes, undone on both, one number chosen
+        assert "train.budget_minutes=30: 1 epoch (train.epochs bounds them)" in launch.stdout
     if loader == "moe":  # expert use is counted over every process's tokens
         assert last(tmp_path / "one")["expert_utilization"] == last(two)["expert_utilization"]
 

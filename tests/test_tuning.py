@@ -68,7 +68,9 @@ def last_eval(run: Path) -> dict:
 @pytest.mark.slow
 def test_a_study_trains_its_trials_as_runs_and_best_yaml_trains_the_best_again(tiny_imagefolder, tmp_path, capsys,
                                                                                  monkeypatch):
-    base, space, study = searched(tiny_imagefolder, tmp_path, f"{LR}\nmodel.embed_dim: [16, 32]")
+    # with a time budget: each trial chooses its epochs by it (here train.epochs=2 bounds them); best.yaml fixes them
+    base, space, study = searched(tiny_imagefolder, tmp_path, f"{LR}\nmodel.embed_dim: [16, 32]",
+                                  "train.budget_minutes=10")
     main(tune_command(base, space, study, 2, "--metric", "val_loss", "--pruner", "none")[2:])  # vitlab tune, here
     out = capsys.readouterr().out
     assert out.count("\ntrial ") + out.startswith("trial ") == 2  # a line a trial
@@ -83,6 +85,9 @@ def test_a_study_trains_its_trials_as_runs_and_best_yaml_trains_the_best_again(t
     best = min(table, key=lambda r: float(r["val_loss"]))
     assert {p.name for p in study.glob("*.png")} == {"history.png", "importances.png", "slices.png"}
     # best.yaml: a whole config that trains the best trial again, the same validation loss to the last digit
+    written = yaml.safe_load((study / "best.yaml").read_text())
+    assert (written["train"]["epochs"], written["train"]["budget_minutes"]) == (2, 0)
+    assert "budget_minutes chose its 2 epochs" in (study / "best.yaml").read_text()
     train_main(["--config", str(study / "best.yaml")])  # as train.py runs it, in this process
     reset_accelerate()
     assert last_eval(study / "best")["val_loss"] == float(best["val_loss"])

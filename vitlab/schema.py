@@ -246,6 +246,11 @@ class OptimConfig:
 @dataclass
 class TrainConfig:
     epochs: int = 100
+    # The run's length set by the time it may take, in minutes from the start of training (0 = off: train.epochs).
+    # A few optimizer steps and one evaluation are timed on the run's own data before the first epoch (and undone),
+    # then the run trains the most epochs, up to train.epochs, whose projected time fits; its checkpoints keep the
+    # number, so a resumed run keeps its length (vitlab.training.budget).
+    budget_minutes: float = 0.0
     batch_size: int = 128     # global, across processes and accumulation steps
     grad_accum_steps: int = 1
     mixed_precision: Literal["no", "fp16", "bf16"] = "no"

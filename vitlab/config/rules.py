@@ -247,6 +247,9 @@ def _check_train(cfg: Config) -> None:
     stoppable = {s.name for s in signal.Signals} - {"SIGKILL", "SIGSTOP"}
     need(all(name.strip() in stoppable for name in t.stop_signals.split(",") if name.strip()), "train.stop_signals",
          t.stop_signals, "comma-separated signal names such as SIGTERM,SIGUSR1 (not SIGKILL or SIGSTOP), or ''")
+    need(t.budget_minutes >= 0, "train.budget_minutes", t.budget_minutes, "a number of minutes >= 0 (0 = off)")
+    need(not (t.budget_minutes and t.cache_features), "train.budget_minutes", t.budget_minutes,
+         "0 with train.cache_features=true (the linear probe is one fit, not epochs)")
     need(t.eval_every >= 0, "train.eval_every", t.eval_every, "an integer >= 0 (0 = only after the last epoch)")
     need(t.log_every >= 1, "train.log_every", t.log_every, "an integer >= 1")
     need(not t.best_metric or t.best_metric.startswith("val_"), "train.best_metric", t.best_metric,

@@ -57,7 +57,7 @@ def train(cfg: Config, resume: str | Path | None = None, stop_after_epoch: int |
         cfg = probe_config(cfg)
     take_pretrained_architecture(cfg.model)  # part of the run's config, before the run is looked for
     run_dir, resume_from, note = find_resume_point(cfg, resume)  # bad input fails here, before data is read
-    loop = Loop(cfg, run_dir, resume_from)
+    loop = Loop(cfg, run_dir, resume_from, started=start_time)
     t, acc, state = cfg.train, loop.accelerator, loop.state
     for line in (note, elastic_restart_advice(), busy_machine_advice(),
                  probe_header(loop.task.train_size) if t.cache_features else ""):

@@ -3,6 +3,7 @@ prepared by Accelerate, the state of a resumed run restored), its step, epoch, e
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import shlex
 import shutil
@@ -27,6 +28,7 @@ from ..preemption import StopSignals, ignore_in_workers
 from ..progress import Progress
 from ..runtime import bare_model, create_accelerator
 from ..seeding import rng_state, seed_process, set_rng_state
+from . import budget
 from .meter import Meter, checked_mean, epoch_expert_counts
 from .optim import create_optimizer, create_scheduler
 from .report import truncate_lines
@@ -42,9 +44,12 @@ class Loop:
     state restored from ``resume_from``. Its parts: :meth:`step` (one optimizer step),
     :meth:`train_epoch`, :meth:`end_epoch` (evaluation, logs, checkpoint policy), :meth:`save`."""
 
-    def __init__(self, cfg: Config, run_dir: Path, resume_from: Path | None) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, resume_from: Path | None, started: float | None = None) -> None:
         t = cfg.train
         self.cfg, self.run_dir = cfg, run_dir
+        self.given_epochs = t.epochs  # train.epochs as given: a budget's bound (train.budget_minutes), saved as such
+        if t.budget_minutes and resume_from is not None:  # the length the run's budget chose as it began
+            t.epochs = ckpt.read_json(resume_from / "trainer_state.json")["budget_epochs"]
         trackers = resolve_trackers(t.log_with)
         self.accelerator = acc = create_accelerator(
             t.mixed_precision, log_with=trackers or None, project_dir=str(run_dir / "tensorboard"),
@@ -94,17 +99,37 @@ class Loop:
         self.last_evaluation: dict[str, Any] = {}  # the record of the last evaluated epoch
         self.probe_record: dict[str, Any] = {}  # train.cache_features: the fitted head's L2 strength
         keep_lines = self._load(resume_from) if resume_from is not None else 0
+        if t.budget_minutes and resume_from is None:
+            self._fit_budget(time.time() if started is None else started)
         self.wall_time_before = self.state.get("wall_time", 0.0)  # of the run's earlier commands
         self.saved_step = self.state["global_step"] if resume_from is not None else None  # last/'s step
         run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_file = run_dir / "metrics.jsonl"
         self.metrics_lines = truncate_lines(self.metrics_file, keep_lines) if acc.is_main_process else 0
         if acc.is_main_process:
-            save_config(cfg, run_dir / "config.yaml")
+            save_config(self.config_as_given, run_dir / "config.yaml")
         if trackers:
             start_trackers(acc, trackers, run_dir, cfg, self.state, resumed=resume_from is not None)
         acc.print(run_header(cfg, acc, task, self.model, self.steps_per_epoch, self.ema is not None,
                              "val" in self.eval_loaders, run_dir, self.state, resume_from is not None))
+
+    def _fit_budget(self, started: float) -> None:
+        """``train.budget_minutes``: the epochs that fit it (:func:`~.budget.fit_epochs`, which times steps and restores
+        what they changed), then the schedule over them; kept in the checkpoints' state for a resumed run."""
+        t = self.cfg.train
+        t.epochs = self.state["budget_epochs"] = budget.fit_epochs(self, t.budget_minutes, started)
+        self.scheduler = create_scheduler(self.optimizer.optimizer, self.cfg.optim, self.steps_per_epoch, t.epochs,
+                                          lower_is_better=self.task.select_lower)
+
+    @property
+    def config_as_given(self) -> Config:
+        """The run's config as its command gave it: with a budget, ``train.epochs`` is its bound, not the number of
+        epochs the budget chose (kept in the checkpoints' state), so the same command continues the run."""
+        if self.cfg.train.epochs == self.given_epochs:
+            return self.cfg
+        given = copy.deepcopy(self.cfg)
+        given.train.epochs = self.given_epochs
+        return given
 
     def close(self) -> None:
         """End the loaders' DataLoader workers (:func:`~vitlab.data.workers.shutdown_workers`), however the run
@@ -367,7 +392,7 @@ class Loop:
                 **state, "scheduler": self.scheduler.state_dict(), "num_processes": acc.num_processes,
                 "metrics_lines": self.metrics_lines,
                 **({"grad_scaler": self.scaler.state_dict()} if self.scaler is not None else {})})
-            save_config(self.cfg, tmp / "run_config.yaml")
+            save_config(self.config_as_given, tmp / "run_config.yaml")
         acc.wait_for_everyone()
         if acc.is_main_process:
             if name == "last" and self.cfg.train.keep_last:

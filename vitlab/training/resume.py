@@ -12,7 +12,7 @@ from ..errors import CheckpointError, ConfigError
 from ..tasks.image_data import streamed_at_own_size
 
 __all__ = ["RESULT_NEUTRAL_KEYS", "SAMPLE_KEYS", "result_neutral", "newest_checkpoint", "resolve_resume",
-           "refuse_other_samples", "refuse_fixed_keys", "FIXED_KEYS", "find_resume_point", "resume_state",
+           "refuse_other_samples", "refuse_other_budget", "refuse_fixed_keys", "FIXED_KEYS", "find_resume_point", "resume_state",
            "interrupted_message"]
 
 
@@ -123,6 +123,20 @@ def refuse_fixed_keys(cfg: Config, checkpoint: Path, run_dir: Path) -> None:
                           f"model.pretrained={run_dir}")
 
 
+def refuse_other_budget(cfg: Config, checkpoint: Path, run_dir: Path) -> None:
+    """Refuse, in one line, ``--resume RUN train.budget_minutes=B`` with another budget than the run began with (or
+    none): a budget chose the run's length as it began (:mod:`~vitlab.training.budget`), and is not chosen again."""
+    if not cfg.train.budget_minutes or not (checkpoint / "run_config.yaml").is_file():
+        return
+    began = load_config(checkpoint / "run_config.yaml", recorded=True).train.budget_minutes
+    chosen = ckpt.read_json(checkpoint / "trainer_state.json").get("budget_epochs")
+    if began != cfg.train.budget_minutes or chosen is None:
+        length = f"its budget of {began:g} minutes chose {chosen} epochs" if chosen is not None else "it began without one"
+        raise ConfigError(f"--resume {run_dir}: train.budget_minutes {began:g} -> {cfg.train.budget_minutes:g}: a "
+                          f"budget chooses a run's length as the run begins, and {length}; keep train.budget_minutes="
+                          f"{began:g}, or set its length yourself with train.budget_minutes=0 train.epochs=N")
+
+
 def refuse_task_change(checkpoint: Path, overrides: list[str], run_dir: str | Path) -> None:
     """Refuse ``--resume RUN task=OTHER`` in the line :func:`refuse_fixed_keys` gives, before the run's own config is
     read as another task's (whose sections it has not)."""
@@ -155,6 +169,7 @@ def find_resume_point(cfg: Config, resume: str | Path | None) -> tuple[Path, Pat
         cfg.train.output_dir = str(run_dir)
         refuse_fixed_keys(cfg, checkpoint, run_dir)
         refuse_other_samples(cfg, checkpoint)
+        refuse_other_budget(cfg, checkpoint, run_dir)
         return run_dir, checkpoint, ""
     run_dir = Path(cfg.train.output_dir)
     checkpoint = newest_checkpoint(run_dir)

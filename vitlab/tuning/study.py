@@ -337,14 +337,26 @@ def _report(study: Any, study_dir: Path, config: str | Path, overrides: list[str
         print(f"no trial completed: {study_dir / 'trials.csv'} says why", flush=True)
         return {"best_trial": None}
     best = study.best_trial
-    whole = _merged(config, [*overrides, *overrides_of(best.params), f"train.output_dir={study_dir / 'best'}"])
-    (study_dir / "best.yaml").write_text(f"# vitlab tune: the best of {len(study.trials)} trials on {metric} "
-                                         f"(trial {best.number}: {best.value:.6g})\n" + yaml.safe_dump(whole))
+    pinned = _pinned_length(study_dir / f"trial_{best.number:04d}")
+    whole = _merged(config, [*overrides, *overrides_of(best.params), *pinned, f"train.output_dir={study_dir / 'best'}"])
+    (study_dir / "best.yaml").write_text(
+        f"# vitlab tune: the best of {len(study.trials)} trials on {metric} (trial {best.number}: {best.value:.6g})\n"
+        + (f"# the trial's train.budget_minutes chose its {pinned[0].split('=')[1]} epochs: written here as "
+           f"train.epochs, so that this config trains the same run on any machine\n" if pinned else "")
+        + yaml.safe_dump(whole))
     _pictures(study, study_dir)
     print(f"best: trial {best.number}, {metric} {best.value:.4f}, {best.params} | {study_dir / 'best.yaml'} trains it "
           f"again: train.py --config {study_dir / 'best.yaml'}", flush=True)
     return {"best_trial": best.number, "best_value": best.value, "best_params": best.params,
             "best_config": str(study_dir / "best.yaml")}
+
+
+def _pinned_length(run_dir: Path) -> list[str]:
+    """The overrides that fix a trial's length where its ``train.budget_minutes`` chose it
+    (:mod:`vitlab.training.budget`): the epochs its checkpoints keep, the budget off; none for a trial without one."""
+    state = run_dir / "checkpoints" / "last" / "trainer_state.json"
+    chosen = json.loads(state.read_text()).get("budget_epochs") if state.is_file() else None
+    return [f"train.epochs={chosen}", "train.budget_minutes=0"] if chosen else []
 
 
 def _same_study(study: Any, study_dir: Path, base: dict[str, Any], space: str | Path, metric: str) -> None:
