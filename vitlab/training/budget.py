@@ -75,7 +75,7 @@ def measure(loop: Loop) -> Timing:
     finally:
         _restore(loop, saved)
     final_extra = sum(final[name] - evaluation.get(name, 0.0) for name in final)
-    times = torch.tensor([step, sum(evaluation.values()), final_extra], dtype=torch.float64, device=acc.device)
+    times = torch.tensor([step, sum(evaluation.values()), final_extra], dtype=torch.float32, device=acc.device)
     slowest = acc.gather(times[None]).amax(0).tolist() if acc.num_processes > 1 else times.tolist()
     return Timing(*slowest)
 
@@ -90,7 +90,7 @@ def fit_epochs(loop: Loop, minutes: float, started: float) -> int:
     """
     cfg, acc, steps = loop.cfg, loop.accelerator, loop.steps_per_epoch
     timing = measure(loop)
-    spent = torch.tensor([time.time() - started], dtype=torch.float64, device=acc.device)
+    spent = torch.tensor([time.time() - started], dtype=torch.float32, device=acc.device)
     spent_seconds = (acc.gather(spent).max().item() if acc.num_processes > 1 else spent.item())
     epoch_seconds = steps * timing.step
     epochs = epochs_within(60 * minutes, spent_seconds, epoch_seconds, timing.evaluation, timing.final_extra,
@@ -109,7 +109,8 @@ def fit_epochs(loop: Loop, minutes: float, started: float) -> int:
     evaluations = evaluations_in(epochs, cfg.train.eval_every)
     projected = spent_seconds + epochs * epoch_seconds + evaluations * timing.evaluation + timing.final_extra
     acc.print(f"train.budget_minutes={minutes:g}: {epochs} epoch{'s' if epochs > 1 else ''}"
-              + (" (train.epochs bounds them)" if epochs == cfg.train.epochs else f" of train.epochs={cfg.train.epochs}")
+              + (" (train.epochs bounds them)" if epochs == cfg.train.epochs
+                 else f" of train.epochs={cfg.train.epochs}")
               + f", {projected:.0f} s projected: {steps} steps of {timing.step:.3g} s an epoch, {evaluations} "
               f"evaluation(s) of {timing.evaluation:.3g} s, {spent_seconds:.1f} s before the first step")
     return epochs

@@ -131,7 +131,8 @@ def refuse_other_budget(cfg: Config, checkpoint: Path, run_dir: Path) -> None:
     began = load_config(checkpoint / "run_config.yaml", recorded=True).train.budget_minutes
     chosen = ckpt.read_json(checkpoint / "trainer_state.json").get("budget_epochs")
     if began != cfg.train.budget_minutes or chosen is None:
-        length = f"its budget of {began:g} minutes chose {chosen} epochs" if chosen is not None else "it began without one"
+        length = (f"its budget of {began:g} minutes chose {chosen} epochs" if chosen is not None
+                  else "it began without one")
         raise ConfigError(f"--resume {run_dir}: train.budget_minutes {began:g} -> {cfg.train.budget_minutes:g}: a "
                           f"budget chooses a run's length as the run begins, and {length}; keep train.budget_minutes="
                           f"{began:g}, or set its length yourself with train.budget_minutes=0 train.epochs=N")
