@@ -30,7 +30,7 @@ from ..layers import expert_utilization
 if TYPE_CHECKING:
     from .loop import Loop
 
-__all__ = ["Timing", "measure", "evaluations_in", "epochs_within", "fit_epochs"]
+__all__ = ["Timing", "measure", "evaluations_in", "projected_seconds", "epochs_within", "fit_epochs"]
 
 WARMUP_STEPS, TIMED_STEPS = 2, 20
 
@@ -50,14 +50,22 @@ def evaluations_in(epochs: int, eval_every: int) -> int:
     return epochs // eval_every + (epochs % eval_every != 0) if eval_every else 1
 
 
+def projected_seconds(epochs: int, spent_seconds: float, epoch_seconds: float, timing: Timing,
+                      eval_every: int) -> float:
+    """The time a run of ``epochs`` is projected to take: ``spent_seconds`` before its first step, its epochs, its
+    evaluations (:func:`evaluations_in`) and what the last one adds."""
+    return (spent_seconds + epochs * epoch_seconds + evaluations_in(epochs, eval_every) * timing.evaluation
+            + timing.final_extra)
+
+
 def epochs_within(budget_seconds: float, spent_seconds: float, epoch_seconds: float, evaluation_seconds: float,
                   final_extra_seconds: float, eval_every: int, most: int) -> int:
-    """The most epochs ``e <= most`` (0 if none) whose projected time fits ``budget_seconds``: ``spent_seconds`` + ``e``
-    epochs + their evaluations (:func:`evaluations_in`) + what the last adds."""
+    """The most epochs ``e <= most`` (0 if none) whose projected time (:func:`projected_seconds`) fits
+    ``budget_seconds``."""
+    timing = Timing(epoch_seconds, evaluation_seconds, final_extra_seconds)
     fitting = 0
     for epochs in range(1, most + 1):
-        if spent_seconds + epochs * epoch_seconds + evaluations_in(epochs, eval_every) * evaluation_seconds \
-                + final_extra_seconds > budget_seconds:
+        if projected_seconds(epochs, spent_seconds, epoch_seconds, timing, eval_every) > budget_seconds:
             break
         fitting = epochs
     return fitting
@@ -107,7 +115,7 @@ def fit_epochs(loop: Loop, minutes: float, started: float) -> int:
     except ConfigError as e:
         raise ConfigError(f"train.budget_minutes={minutes:g} gives {epochs} epochs on this machine: {e}") from None
     evaluations = evaluations_in(epochs, cfg.train.eval_every)
-    projected = spent_seconds + epochs * epoch_seconds + evaluations * timing.evaluation + timing.final_extra
+    projected = projected_seconds(epochs, spent_seconds, epoch_seconds, timing, cfg.train.eval_every)
     acc.print(f"train.budget_minutes={minutes:g}: {epochs} epoch{'s' if epochs > 1 else ''}"
               + (" (train.epochs bounds them)" if epochs == cfg.train.epochs
                  else f" of train.epochs={cfg.train.epochs}")

@@ -12,8 +12,8 @@ from ..errors import CheckpointError, ConfigError
 from ..tasks.image_data import streamed_at_own_size
 
 __all__ = ["RESULT_NEUTRAL_KEYS", "SAMPLE_KEYS", "result_neutral", "newest_checkpoint", "resolve_resume",
-           "refuse_other_samples", "refuse_other_budget", "refuse_fixed_keys", "FIXED_KEYS", "find_resume_point", "resume_state",
-           "interrupted_message"]
+           "refuse_other_samples", "refuse_other_budget", "refuse_fixed_keys", "FIXED_KEYS", "find_resume_point",
+           "resume_state", "interrupted_message"]
 
 
 # Keys that change how a run is watched, stored or stopped, never its numbers: train.resume=auto

@@ -24,6 +24,7 @@ from typing import Any
 
 import yaml
 
+from ..checkpoint import read_json
 from ..config.loading import apply_overrides, load_config
 from ..errors import ConfigError
 from ..tasks.registry import get_task
@@ -355,7 +356,7 @@ def _pinned_length(run_dir: Path) -> list[str]:
     """The overrides that fix a trial's length where its ``train.budget_minutes`` chose it
     (:mod:`vitlab.training.budget`): the epochs its checkpoints keep, the budget off; none for a trial without one."""
     state = run_dir / "checkpoints" / "last" / "trainer_state.json"
-    chosen = json.loads(state.read_text()).get("budget_epochs") if state.is_file() else None
+    chosen = read_json(state).get("budget_epochs") if state.is_file() else None
     return [f"train.epochs={chosen}", "train.budget_minutes=0"] if chosen else []
 
 
