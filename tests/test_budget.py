@@ -65,6 +65,34 @@ def test_a_budget_run_is_the_run_of_the_epochs_it_chose(tiny_imagefolder, tmp_pa
     assert load_config(tmp_path / "timed/config.yaml", recorded=True).train.epochs == 3
 
 
+def test_a_pause_in_a_few_timed_steps_is_not_taken_for_every_step(tiny_imagefolder, tmp_path, monkeypatch):
+    """The step's time is the median of blocks of steps: three steps that stall for 1 s (a pause of the host, a
+    collection of garbage) among 30 of about 10 ms move it by nothing like the 0.1 s they would add to the mean."""
+    import statistics
+    import time
+
+    from vitlab.training.loop import Loop
+
+    calls, timings = [], []
+    step = Loop.step
+
+    def stalling(self, group):
+        calls.append(len(calls))
+        time.sleep(1.0 if len(calls) in (12, 13, 14) else 0.01)  # the 2nd-4th timed steps, after 10 that warm up
+        return step(self, group)
+
+    measure = budget.measure
+    monkeypatch.setattr(Loop, "step", stalling)
+    monkeypatch.setattr(budget, "measure", lambda loop: timings.append(measure(loop)) or timings[-1])
+    # 66 training images in batches of 1: 66 steps an epoch, so all 10 + 30 steps are timed, in 6 blocks of 5
+    train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / "run", "data.val_size=15",
+                                           "train.batch_size=1", "train.epochs=1", "train.budget_minutes=20")))
+    reset_accelerate()
+    assert len(calls) >= 40 and 0.01 <= timings[0].step < 0.05, timings
+    assert budget.typical_step_seconds([0.3, 0.1, 0.2, 0.9]) == statistics.median([0.3, 0.1, 0.2, 0.9]) == 0.25
+    assert budget.typical_step_seconds([0.3, 5.0, 0.2]) == statistics.median([0.3, 5.0, 0.2]) == 0.3
+
+
 def _measured(step: float, evaluation: float, final: float = 0.0):
     """Stands in for the timing (seconds a step, an evaluation, what the last evaluation adds) so that the number of
     epochs is known here; the real timing is run by the test above."""
