@@ -6,8 +6,9 @@ that warm up: lazy set-up, caches, compilation, the memory a run touches first) 
 run evaluates, then puts back everything the steps changed: the weights, the EMA's, the optimizer's state, the
 schedule, the position, the experts' counts (the generators, the data's order and its augmentations are seeded anew by
 each epoch). :func:`epochs_within` gives the most epochs, up to ``train.epochs``, whose projected time fits what is
-left of the budget. The run is then the run of that many epochs given as ``train.epochs``, weight for weight; its checkpoints keep the number
-(``budget_epochs``), so a resumed run has the length it began with whatever the machine measures then.
+left of the budget. The run is then the run of that many epochs given as ``train.epochs``, weight for weight; its
+checkpoints keep the number (``budget_epochs``), so a resumed run has the length it began with whatever the machine
+measures then.
 
 The time counts from the start of :func:`~vitlab.training.train` (reading the data, the timed steps, every epoch
 and evaluation); Python's start and imports before it, and the checkpoints' writing, are not projected.
