@@ -1,0 +1,111 @@
+"""Unknown images by every layer's features: the Mahalanobis and k-NN scores (the shared covariance, k 50, as
+``vitlab.inference.open_set``'s) on the class token and on the mean of the patch tokens after the patch embedding and
+after each block, each alone and summed after z-scoring on the run's validation images (Lee et al. 2018's feature
+ensemble, without their logistic regression fitted on unknown images): AUROC on the run's test split against a folder
+of unknown images (the open-set split's 4 classes) and a far-from-the-data folder (``make_unknown_images.py``), by
+its subfolders too. A measurement, not a score of the package (issue 74).
+
+    python benchmarks/unknown_layers.py --checkpoint /tmp/osr/run0 --unknown /tmp/osr/unknown0 --far /tmp/unknown \\
+        --output run0_layers.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from vitlab.checkpoint import resolve_checkpoint
+from vitlab.config import load_config
+from vitlab.data.transforms import ModelInput
+from vitlab.inference.forward import gathered, logits_and_features
+from vitlab.inference.open_set import KNNScore, MahalanobisScore, auroc, msp
+from vitlab.models.registry import load_model
+from vitlab.tasks.classification.evaluation import classifier_split
+
+
+def layer_features(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """``(B, K + E + 2 (L + 1) E)``: the logits, the pooled features, then for the patch embedding's output and each
+    of the L blocks' the class token and the mean of the patch tokens."""
+    tokens = []
+    hooks = [model.blocks[0].register_forward_pre_hook(lambda m, a: tokens.append(a[0]))]
+    hooks += [b.register_forward_hook(lambda m, a, o: tokens.append(o)) for b in model.blocks]
+    try:
+        logits, pooled = logits_and_features(model, images)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    per_layer = [part for t in tokens for part in (t[:, 0], t[:, 1:].mean(1))]
+    return torch.cat([logits, pooled, *per_layer], 1).float()
+
+
+def folder(model: torch.nn.Module, model_input: ModelInput, root: str) -> tuple[torch.Tensor, np.ndarray]:
+    files = sorted(Path(root).glob("*/*.png"))  # a group folder each (links followed)
+    groups = np.array([f.relative_to(root).parts[0] for f in files])
+    images = torch.stack([torch.from_numpy(np.array(Image.open(f).convert("RGB").resize((32, 32)))).permute(2, 0, 1)
+                          for f in files])
+    with torch.no_grad():
+        return torch.cat([layer_features(model, model_input(chunk)) for chunk in images.split(512)]), groups
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--checkpoint", required=True)
+    parser.add_argument("--unknown", required=True, help="folder of unknown images near the data (class folders)")
+    parser.add_argument("--far", required=True, help="folder of far-from-the-data images (group folders)")
+    parser.add_argument("--output", required=True, type=Path)
+    args = parser.parse_args()
+    directory = resolve_checkpoint(args.checkpoint)
+    cfg = load_config(directory / "run_config.yaml", (), recorded=True)
+    model = load_model(directory).eval()
+    info = model.pretrained_cfg
+    model_input = ModelInput(info["mean"], info["std"])
+
+    def split(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        accelerator, loader, _, _, _ = classifier_split(directory, cfg, model, name, 256)
+        return gathered(model, loader, accelerator, layer_features, model_input)
+
+    (train, labels), (val, _), (test, _) = split("train"), split("val"), split("test")
+    unknown, _ = folder(model, model_input, args.unknown)
+    far, groups = folder(model, model_input, args.far)
+    c, e, layers = len(info["label_names"]), model.embed_dim, len(model.blocks) + 1
+    names = ["pooled"] + [f"{kind}{j}" for j in range(layers) for kind in ("cls", "mean")]
+
+    def parts(x: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": x[:, :c], **{name: x[:, c + i * e: c + (i + 1) * e] for i, name in enumerate(names)}}
+
+    sets = {"val": parts(val), "test": parts(test), "unknown": parts(unknown), "far": parts(far)}
+    train_parts = parts(train)
+    results = {}
+
+    def rate(name, score) -> None:
+        s = {k: score(v) for k, v in sets.items()}
+        row = {"open_set": auroc(s["test"], s["unknown"]), "far": auroc(s["test"], s["far"])}
+        row.update({g: auroc(s["test"], s["far"][torch.from_numpy(groups == g)]) for g in sorted(set(groups))})
+        results[name] = row
+
+    rate("msp", lambda d: msp(d["logits"]))
+    maha = {n: MahalanobisScore().fit(train_parts[n], labels) for n in names if n != "cls0"}  # cls0: one vector
+    for n, fitted in maha.items():
+        rate(f"mahalanobis_{n}", lambda d, f=fitted, n=n: f(d[n]))
+        knn = KNNScore(50).fit(train_parts[n])
+        rate(f"knn_{n}", lambda d, f=knn, n=n: f(d[n]))
+
+    def ensemble(keys: list[str]):
+        stats = {n: (maha[n](sets["val"][n]).mean(), maha[n](sets["val"][n]).std()) for n in keys}
+        return lambda d: sum((maha[n](d[n]) - stats[n][0]) / stats[n][1] for n in keys)
+
+    means = [f"mean{j}" for j in range(layers)]
+    rate("ensemble_means", ensemble(means))
+    rate("ensemble_pooled_and_means", ensemble(["pooled", *means]))
+    rate("ensemble_all", ensemble(["pooled", *[f"cls{j}" for j in range(1, layers)], *means]))
+    for name, row in results.items():
+        print(f"{name:28s} " + " ".join(f"{k} {100 * v:6.2f}" for k, v in row.items()))
+    args.output.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
