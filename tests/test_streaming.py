@@ -185,7 +185,7 @@ def forked_results() -> dict[str, dict]:
 @pytest.mark.parametrize("source, method", [("imagefolder", "forkserver"), ("imagefolder", "spawn"),
                                             ("hf", "spawn"), ("wds", "spawn")])
 def test_streamed_sources_train_with_workers_started_by_forkserver_and_spawn_as_by_fork(
-        streamed_sources, forked_results, tiny_imagefolder, tmp_path, on_cpu, source, method):
+        streamed_sources, forked_results, tiny_imagefolder, tmp_path, on_cpu, source, method, capsys):
     # Python 3.14 starts multiprocessing workers by forkserver on Linux, macOS and Windows by spawn: both
     # pickle the dataset for each worker (a listed split held lambdas: "Can't pickle local object
     # 'index_imagefolder.<locals>.<lambda>'", and every streamed run there died at its first batch). The
@@ -198,14 +198,19 @@ def test_streamed_sources_train_with_workers_started_by_forkserver_and_spawn_as_
     from vitlab.training import train
 
     keys = (*streamed_sources[source], "data.loader=torch", "data.num_workers=1", "train.epochs=1")  # 1 pickles as 2 do
+    # forkserver's run with a time budget: its steps timed on workers of their own, ended, then the epoch's started;
+    # the result is the unbudgeted run's (train.epochs bounds the budget)
+    budgeted = ("train.budget_minutes=30",) if method == "forkserver" else ()
     previous = multiprocessing.get_start_method(allow_none=True)
     for start in ("fork", method) if source not in forked_results else (method,):
         multiprocessing.set_start_method(start, force=True)
         try:
-            result = train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / start, *keys)))
+            extra = budgeted if start == method else ()
+            result = train(load_config(None, tiny_overrides(tiny_imagefolder, tmp_path / start, *keys, *extra)))
         finally:
             multiprocessing.set_start_method(previous, force=True)
             reset_accelerate()
         forked_results.setdefault(source, result)
     assert result["test_top1"] == forked_results[source]["test_top1"]
     assert result["test_loss"] == pytest.approx(forked_results[source]["test_loss"], abs=1e-6)
+    assert ("train.budget_minutes=30: 1 epoch" in capsys.readouterr().out) == bool(budgeted)

@@ -13,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 import vitlab
+import vitlab.training.budget as budget
 from conftest import launch_env, max_weight_diff, reset_accelerate, run_two, tiny_overrides
 from vitlab import checkpoint as ckpt
 from vitlab.cli import main
@@ -161,10 +162,42 @@ def two_process_launch(tiny_imagefolder, identical_imagefolder, mislabelled_run,
     reset_accelerate()
     argv += ["--then", *tiny_overrides(tiny_imagefolder, root / "probe" / "run", *PROBE_KEYS,
                                        f"model.pretrained={root / 'probe' / 'source'}")]
+    with pytest.MonkeyPatch.context() as m:  # a budget run begun on one process, stopped after its first epoch
+        m.setenv("ACCELERATE_USE_CPU", "true")
+        m.setattr(budget, "measure", lambda loop: budget.Timing(3.0, 2.0))
+        train(load_config(ROOT / "configs/cifar10_cpu_quick.yaml",
+                          tiny_overrides(tiny_imagefolder, root / "budget_resumed", *BUDGET_RESUME_KEYS)),
+              stop_after_epoch=1)
+    reset_accelerate()
+    argv += ["--then", "--config", str(ROOT / "configs/cifar10_cpu_quick.yaml"),  # the same command, on two
+             *tiny_overrides(tiny_imagefolder, root / "budget_resumed", *BUDGET_RESUME_KEYS)]
     (root / "eval").mkdir()
     argv += ["--then", "vitlab", "eval", "--checkpoint", str(mislabelled_run[1]), "--predictions",
              str(root / "eval" / "two.csv"), "--batch-size", "8", "--output", str(root / "eval" / "two.json")]
     return root, _two_processes(str(HELPER), *argv, exact=True)
+
+
+# A budget run that binds: 4 steps an epoch of 3 s stood in, an evaluation of 2 s at the end, 60 s: 4 of the 10 epochs.
+BUDGET_RESUME_KEYS = (*AGREE_KEYS[:2], *AGREE_KEYS[3:], "data.loader=torch", "train.epochs=10",
+                      "train.budget_minutes=1")
+
+
+@pytest.mark.multiprocess
+def test_a_budget_run_continued_on_two_processes_keeps_the_epochs_it_chose_on_one(two_process_launch,
+                                                                                  tiny_imagefolder, tmp_path, on_cpu):
+    # The number comes from the checkpoint, whatever the processes measure: timed again on 2 processes, the tiny
+    # run's real steps would fit all 10 epochs.
+    root, launch = two_process_launch
+    assert launch.returncode == 0, launch.stderr[-3000:]
+    run = root / "budget_resumed"
+    assert "train.budget_minutes=1:" not in launch.stdout and f"run dir {run}" in launch.stdout
+    assert ckpt.read_json(run / "checkpoints/last/trainer_state.json")["budget_epochs"] == 4
+    assert [r["epoch"] for r in _evals(run)] == [1, 2, 3, 4]
+    fixed = tmp_path / "fixed"
+    keys = [k for k in BUDGET_RESUME_KEYS if not k.startswith(("train.epochs", "train.budget_minutes"))]
+    train(load_config(ROOT / "configs/cifar10_cpu_quick.yaml",
+                      tiny_overrides(tiny_imagefolder, fixed, *keys, "train.epochs=4")))
+    assert max_weight_diff(_weights(fixed), _weights(run)) < 1e-5
 
 
 # The linear probe on cached features, its L2 strength chosen on 12 validation images (gathered from 2 processes).
@@ -204,7 +237,8 @@ def test_two_processes_agree_with_one_on_the_same_global_batch(tiny_imagefolder,
     root, launch = two_process_runs
     assert launch.returncode == 0, launch.stderr[-3000:]
     two = root / loader
-    assert launch.stdout.count("| 2 process(es) on") == len(AGREE) + 3 and f"run dir {two}" in launch.stdout  # + draws, probe
+    assert launch.stdout.count("| 2 process(es) on") == len(AGREE) + 4 and f"run dir {two}" in launch.stdout  # + draws,
+    # the probe, the budget run continued
     assert max_weight_diff(_weights(tmp_path / "one"), _weights(two)) < 1e-5
     # Evaluation shards the test set and gathers it back: same accuracy over all 35 images.
     last = lambda run: [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()][-1]
