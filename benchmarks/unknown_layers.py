@@ -13,17 +13,20 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image
+from torch.utils.data import DataLoader
 
 from vitlab.checkpoint import resolve_checkpoint
 from vitlab.config import load_config
 from vitlab.data.transforms import ModelInput
 from vitlab.inference.forward import gathered, logits_and_features
 from vitlab.inference.open_set import KNNScore, MahalanobisScore, auroc, msp
+from vitlab.inference.view import model_dataset
 from vitlab.models.registry import load_model
+from vitlab.prediction import files_index, list_images
 from vitlab.tasks.classification.evaluation import classifier_split
 
 
@@ -42,13 +45,14 @@ def layer_features(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor
     return torch.cat([logits, pooled, *per_layer], 1).float()
 
 
-def folder(model: torch.nn.Module, model_input: ModelInput, root: str) -> tuple[torch.Tensor, np.ndarray]:
-    files = sorted(Path(root).glob("*/*.png"))  # a group folder each (links followed)
-    groups = np.array([f.relative_to(root).parts[0] for f in files])
-    images = torch.stack([torch.from_numpy(np.array(Image.open(f).convert("RGB").resize((32, 32)))).permute(2, 0, 1)
-                          for f in files])
-    with torch.no_grad():
-        return torch.cat([layer_features(model, model_input(chunk)) for chunk in images.split(512)]), groups
+def folder(model: torch.nn.Module, model_input: ModelInput, accelerator: Any, root: str
+           ) -> tuple[torch.Tensor, np.ndarray]:
+    """:func:`layer_features` of the images below ``root`` (read as ``vitlab eval --unknown-images`` reads them) and
+    the name of the folder under ``root`` each lies in."""
+    files = list_images([root])
+    groups = np.array([Path(f).relative_to(root).parts[0] for f in files])
+    loader = DataLoader(model_dataset(model, files_index(model, files)), batch_size=256)
+    return gathered(model, loader, accelerator, layer_features, model_input)[0], groups
 
 
 def main() -> None:
@@ -64,13 +68,13 @@ def main() -> None:
     info = model.pretrained_cfg
     model_input = ModelInput(info["mean"], info["std"])
 
-    def split(name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    def split(name: str) -> tuple[Any, torch.Tensor, torch.Tensor]:
         accelerator, loader, _, _, _ = classifier_split(directory, cfg, model, name, 256)
-        return gathered(model, loader, accelerator, layer_features, model_input)
+        return accelerator, *gathered(model, loader, accelerator, layer_features, model_input)
 
-    (train, labels), (val, _), (test, _) = split("train"), split("val"), split("test")
-    unknown, _ = folder(model, model_input, args.unknown)
-    far, groups = folder(model, model_input, args.far)
+    (_, train, labels), (_, val, _), (accelerator, test, _) = split("train"), split("val"), split("test")
+    unknown, _ = folder(model, model_input, accelerator, args.unknown)
+    far, groups = folder(model, model_input, accelerator, args.far)
     c, e, layers = len(info["label_names"]), model.embed_dim, len(model.blocks) + 1
     names = ["pooled"] + [f"{kind}{j}" for j in range(layers) for kind in ("cls", "mean")]
 
@@ -95,8 +99,8 @@ def main() -> None:
         rate(f"knn_{n}", lambda d, f=knn, n=n: f(d[n]))
 
     def ensemble(keys: list[str]):
-        stats = {n: (maha[n](sets["val"][n]).mean(), maha[n](sets["val"][n]).std()) for n in keys}
-        return lambda d: sum((maha[n](d[n]) - stats[n][0]) / stats[n][1] for n in keys)
+        val_scores = {n: maha[n](sets["val"][n]) for n in keys}
+        return lambda d: sum((maha[n](d[n]) - val_scores[n].mean()) / val_scores[n].std() for n in keys)
 
     means = [f"mean{j}" for j in range(layers)]
     rate("ensemble_means", ensemble(means))

@@ -16,6 +16,7 @@ and evaluation); Python's start and imports before it, and the checkpoints' writ
 from __future__ import annotations
 
 import copy
+import statistics
 import time
 from dataclasses import dataclass
 from itertools import islice
@@ -193,9 +194,7 @@ def _step_seconds(loop: Loop) -> float:
 
 def typical_step_seconds(block_means: list[float]) -> float:
     """The median of the blocks' mean step times (the mean of the middle two of an even number)."""
-    ranked = sorted(block_means)
-    middle = len(ranked) // 2
-    return ranked[middle] if len(ranked) % 2 else (ranked[middle - 1] + ranked[middle]) / 2
+    return statistics.median(block_means)
 
 
 def _evaluation_seconds(loop: Loop, loaders: dict[str, Any]) -> dict[str, float]:
