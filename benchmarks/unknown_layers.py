@@ -1,9 +1,11 @@
 """Unknown images by every layer's features: the Mahalanobis and k-NN scores (the shared covariance, k 50, as
 ``vitlab.inference.open_set``'s) on the class token and on the mean of the patch tokens after the patch embedding and
 after each block, each alone and summed after z-scoring on the run's validation images (Lee et al. 2018's feature
-ensemble, without their logistic regression fitted on unknown images): AUROC on the run's test split against a folder
-of unknown images (the open-set split's 4 classes) and a far-from-the-data folder (``make_unknown_images.py``), by
-its subfolders too. A measurement, not a score of the package (issue 74).
+ensemble, without their logistic regression fitted on unknown images), and the default score (ViM) joined with a layer's
+score by their p-values on the validation images (Fisher's sum of logs, and the weighted Bonferroni minimum
+``min(p_vim / (1 - w), p_layer / w)``, as Haroush et al. 2022 join layers): AUROC on the run's test split against a
+folder of unknown images (the open-set split's 4 classes) and a far-from-the-data folder (``make_unknown_images.py``),
+by its subfolders too. A measurement, not a score of the package (issue 74).
 
     python benchmarks/unknown_layers.py --checkpoint /tmp/osr/run0 --unknown /tmp/osr/unknown0 --far /tmp/unknown \\
         --output run0_layers.json
@@ -23,7 +25,7 @@ from vitlab.checkpoint import resolve_checkpoint
 from vitlab.config import load_config
 from vitlab.data.transforms import ModelInput
 from vitlab.inference.forward import gathered, logits_and_features
-from vitlab.inference.open_set import KNNScore, MahalanobisScore, auroc, msp
+from vitlab.inference.open_set import KNNScore, MahalanobisScore, ViMScore, auroc, msp
 from vitlab.inference.view import model_dataset
 from vitlab.models.registry import load_model
 from vitlab.prediction import files_index, list_images
@@ -106,6 +108,24 @@ def main() -> None:
     rate("ensemble_means", ensemble(means))
     rate("ensemble_pooled_and_means", ensemble(["pooled", *means]))
     rate("ensemble_all", ensemble(["pooled", *[f"cls{j}" for j in range(1, layers)], *means]))
+
+    vim = ViMScore(model.head.weight, model.head.bias).fit(train_parts["pooled"])
+    rate("vim", lambda d: vim(d["pooled"]))
+
+    def p_value(score):
+        """The share of validation images scoring at or below an image's score, (1 + count) / (N + 1): small is
+        unusual."""
+        ranked = score(sets["val"]).double().sort().values
+        return lambda d: (1 + torch.searchsorted(ranked, score(d).double(), right=True)) / (len(ranked) + 1)
+
+    p_vim = p_value(lambda d: vim(d["pooled"]))
+    layer_scores = {f"mahalanobis_{n}": lambda d, n=n: maha[n](d[n]) for n in ("cls1", "mean2")}
+    layer_scores["ensemble_all"] = ensemble(["pooled", *[f"cls{j}" for j in range(1, layers)], *means])
+    for name, score in layer_scores.items():
+        p_layer = p_value(score)
+        rate(f"fisher_vim_{name}", lambda d, p=p_layer: p_vim(d).log() + p(d).log())
+        for w in (0.5, 0.2, 0.1, 0.05):
+            rate(f"minp_vim_{name}_w{w}", lambda d, p=p_layer, w=w: torch.minimum(p_vim(d) / (1 - w), p(d) / w))
     for name, row in results.items():
         print(f"{name:28s} " + " ".join(f"{k} {100 * v:6.2f}" for k, v in row.items()))
     args.output.write_text(json.dumps(results, indent=1))
