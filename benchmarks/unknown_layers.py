@@ -107,7 +107,8 @@ def main() -> None:
     means = [f"mean{j}" for j in range(layers)]
     rate("ensemble_means", ensemble(means))
     rate("ensemble_pooled_and_means", ensemble(["pooled", *means]))
-    rate("ensemble_all", ensemble(["pooled", *[f"cls{j}" for j in range(1, layers)], *means]))
+    every_layer = ensemble(["pooled", *[f"cls{j}" for j in range(1, layers)], *means])
+    rate("ensemble_all", every_layer)
 
     vim = ViMScore(model.head.weight, model.head.bias).fit(train_parts["pooled"])
     rate("vim", lambda d: vim(d["pooled"]))
@@ -120,7 +121,7 @@ def main() -> None:
 
     p_vim = p_value(lambda d: vim(d["pooled"]))
     layer_scores = {f"mahalanobis_{n}": lambda d, n=n: maha[n](d[n]) for n in ("cls1", "mean2")}
-    layer_scores["ensemble_all"] = ensemble(["pooled", *[f"cls{j}" for j in range(1, layers)], *means])
+    layer_scores["ensemble_all"] = every_layer
     for name, score in layer_scores.items():
         p_layer = p_value(score)
         rate(f"fisher_vim_{name}", lambda d, p=p_layer: p_vim(d).log() + p(d).log())
