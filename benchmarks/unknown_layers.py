@@ -3,9 +3,9 @@
 after each block, each alone and summed after z-scoring on the run's validation images (Lee et al. 2018's feature
 ensemble, without their logistic regression fitted on unknown images), and the default score (ViM) joined with a layer's
 score by their p-values on the validation images (Fisher's sum of logs, and the weighted Bonferroni minimum
-``min(p_vim / (1 - w), p_layer / w)``, as Haroush et al. 2022 join layers): AUROC on the run's test split against a
-folder of unknown images (the open-set split's 4 classes) and a far-from-the-data folder (``make_unknown_images.py``),
-by its subfolders too. A measurement, not a score of the package (issue 74).
+``min(p_vim / (1 - w), p_layer / w)``, as Haroush et al. 2022 join layers), and k-NN joined so with the relative
+Mahalanobis score: AUROC on the run's test split against a folder of unknown images (the open-set split's 4 classes)
+and a far-from-the-data folder (``make_unknown_images.py``), by its subfolders too. A measurement, not a score of the package (issue 74).
 
     python benchmarks/unknown_layers.py --checkpoint /tmp/osr/run0 --unknown /tmp/osr/unknown0 --far /tmp/unknown \\
         --output run0_layers.json
@@ -127,6 +127,11 @@ def main() -> None:
         rate(f"fisher_vim_{name}", lambda d, p=p_layer: p_vim(d).log() + p(d).log())
         for w in (0.5, 0.2, 0.1, 0.05):
             rate(f"minp_vim_{name}_w{w}", lambda d, p=p_layer, w=w: torch.minimum(p_vim(d) / (1 - w), p(d) / w))
+    relative = MahalanobisScore(relative=True).fit(train_parts["pooled"], labels)
+    knn_pooled = KNNScore(50).fit(train_parts["pooled"])
+    rate("relative_mahalanobis_pooled", lambda d: relative(d["pooled"]))
+    p_knn, p_relative = p_value(lambda d: knn_pooled(d["pooled"])), p_value(lambda d: relative(d["pooled"]))
+    rate("fisher_knn_relative_mahalanobis", lambda d: p_knn(d).log() + p_relative(d).log())
     for name, row in results.items():
         print(f"{name:28s} " + " ".join(f"{k} {100 * v:6.2f}" for k, v in row.items()))
     args.output.write_text(json.dumps(results, indent=1))
