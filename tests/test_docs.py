@@ -135,7 +135,7 @@ class PageRun:
 
     def __init__(self, page: Path, root: Path, shared: Path) -> None:
         self.page, self.done = page, 0
-        self.unwritten: dict[str, str] = {}  # train.output_dir of a block skipped for its data -> the reason
+        self.unwritten: dict[str, str] = {}  # what a block skipped for its data would have written -> the reason
         self.cwd = root / "repo"
         self.cwd.mkdir(parents=True)
         (root / "shared").symlink_to(shared.parent)
@@ -280,13 +280,22 @@ def _what_is_missing(block: Block, run: PageRun) -> str | None:
     reasons += [f"the {extra} extra is not installed: pip install 'vitlab[{extra}]'"
                 for pattern, module, extra in EXTRAS if re.search(pattern, block.code, re.M) and not _installed(module)]
     if reasons:
-        # what it would have written: the run directories it names, else its configs' (the quick start's)
-        outs = re.findall(r"train\.output_dir=(\S+)", block.code) or [
-            (yaml.safe_load(c.read_text()).get("train") or {}).get("output_dir") for c in configs]
+        # what it would have written: the run directories and files it names, else its configs' (the quick start's)
+        outs = _outputs(block.code) or [(yaml.safe_load(c.read_text()).get("train") or {}).get("output_dir")
+                                        for c in configs]
         run.unwritten.update({out: reasons[0] for out in outs if out})
         return reasons[0]
-    # A block that reads what a skipped block would have written (its run directory) skips with it.
-    return next((reason for out, reason in run.unwritten.items() if out in block.code), None)
+    # A block that reads what a skipped block would have written skips with it, and so do the blocks that read what
+    # this one would have written (an export of a run that was not trained, then the code that loads the export).
+    reason = next((reason for out, reason in run.unwritten.items() if out in block.code), None)
+    if reason:
+        run.unwritten.update({out: reason for out in _outputs(block.code)})
+    return reason
+
+
+def _outputs(code: str) -> list[str]:
+    """What a block writes: the run directories (``train.output_dir=``) and files (``--output``) it names."""
+    return re.findall(r"train\.output_dir=(\S+)", code) + re.findall(r"--output[= ](\S+)", code)
 
 
 def _run_block(block: Block, run: PageRun, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -338,6 +347,23 @@ def test_snippet_runs(block: Block, page_runs: dict[Path, PageRun], monkeypatch:
     if missing:
         pytest.skip(missing)
     _run_block(block, run, monkeypatch)
+
+
+def test_a_block_reading_what_a_skipped_block_would_have_written_skips(tmp_path: Path) -> None:
+    """Without the real data (a fresh clone's ``make test``): training skips, so the export of its run skips, so the
+    code that loads the exported file skips too, instead of failing on a file never written."""
+    empty = tmp_path / "data"
+    empty.mkdir()
+    run = PageRun(ROOT / "docs" / "serving.md", tmp_path / "page", empty)
+    page = ROOT / "docs" / "serving.md"
+    train = Block(page, 1, "bash", "python train.py --config configs/cifar10_cpu_quick.yaml data.root=../shared/data/"
+                  "cifar10 train.output_dir=runs/quick", None)
+    export = Block(page, 2, "bash", "vitlab export --checkpoint runs/quick --format onnx --output runs/model.onnx", None)
+    load = Block(page, 3, "python", "import onnx\nonnx.load('runs/model.onnx')", None)
+    elsewhere = Block(page, 4, "python", "print('runs/other.onnx')", None)
+    assert _what_is_missing(train, run) == "real data not available: set VITLAB_CIFAR10_DIR"
+    assert _what_is_missing(export, run) == _what_is_missing(load, run) == _what_is_missing(train, run)
+    assert _what_is_missing(elsewhere, run) is None
 
 
 def test_every_skip_says_why_and_the_quick_start_runs_whole() -> None:
