@@ -358,7 +358,8 @@ def test_a_block_reading_what_a_skipped_block_would_have_written_skips(tmp_path:
     page = ROOT / "docs" / "serving.md"
     train = Block(page, 1, "bash", "python train.py --config configs/cifar10_cpu_quick.yaml data.root=../shared/data/"
                   "cifar10 train.output_dir=runs/quick", None)
-    export = Block(page, 2, "bash", "vitlab export --checkpoint runs/quick --format onnx --output runs/model.onnx", None)
+    export = Block(page, 2, "bash", "vitlab export --checkpoint runs/quick --format onnx --output runs/model.onnx",
+                   None)
     load = Block(page, 3, "python", "import onnx\nonnx.load('runs/model.onnx')", None)
     elsewhere = Block(page, 4, "python", "print('runs/other.onnx')", None)
     assert _what_is_missing(train, run) == "real data not available: set VITLAB_CIFAR10_DIR"
