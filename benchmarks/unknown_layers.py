@@ -1,11 +1,12 @@
 """Unknown images by every layer's features: the Mahalanobis and k-NN scores (the shared covariance, k 50, as
 ``vitlab.inference.open_set``'s) on the class token and on the mean of the patch tokens after the patch embedding and
 after each block, each alone and summed after z-scoring on the run's validation images (Lee et al. 2018's feature
-ensemble, without their logistic regression fitted on unknown images), and the default score (ViM) joined with a layer's
-score by their p-values on the validation images (Fisher's sum of logs, and the weighted Bonferroni minimum
+ensemble, without their logistic regression fitted on unknown images), and the default score (ViM) joined with a
+layer's score by their p-values on the validation images (Fisher's sum of logs, and the weighted Bonferroni minimum
 ``min(p_vim / (1 - w), p_layer / w)``, as Haroush et al. 2022 join layers), and k-NN joined so with the relative
 Mahalanobis score: AUROC on the run's test split against a folder of unknown images (the open-set split's 4 classes)
-and a far-from-the-data folder (``make_unknown_images.py``), by its subfolders too. A measurement, not a score of the package (issue 74).
+and a far-from-the-data folder (``make_unknown_images.py``), by its subfolders too. A measurement, not a score of the
+package (issue 74).
 
     python benchmarks/unknown_layers.py --checkpoint /tmp/osr/run0 --unknown /tmp/osr/unknown0 --far /tmp/unknown \\
         --output run0_layers.json
@@ -95,10 +96,10 @@ def main() -> None:
 
     rate("msp", lambda d: msp(d["logits"]))
     maha = {n: MahalanobisScore().fit(train_parts[n], labels) for n in names if n != "cls0"}  # cls0: one vector
-    for n, fitted in maha.items():
-        rate(f"mahalanobis_{n}", lambda d, f=fitted, n=n: f(d[n]))
-        knn = KNNScore(50).fit(train_parts[n])
-        rate(f"knn_{n}", lambda d, f=knn, n=n: f(d[n]))
+    knns = {n: KNNScore(50).fit(train_parts[n]) for n in maha}
+    for n in maha:
+        rate(f"mahalanobis_{n}", lambda d, n=n: maha[n](d[n]))
+        rate(f"knn_{n}", lambda d, n=n: knns[n](d[n]))
 
     def ensemble(keys: list[str]):
         val_scores = {n: maha[n](sets["val"][n]) for n in keys}
@@ -111,7 +112,10 @@ def main() -> None:
     rate("ensemble_all", every_layer)
 
     vim = ViMScore(model.head.weight, model.head.bias).fit(train_parts["pooled"])
-    rate("vim", lambda d: vim(d["pooled"]))
+    relative = MahalanobisScore(relative=True).fit(train_parts["pooled"], labels)
+    vim_score, relative_score = (lambda d: vim(d["pooled"])), (lambda d: relative(d["pooled"]))
+    rate("vim", vim_score)
+    rate("relative_mahalanobis_pooled", relative_score)
 
     def p_value(score):
         """The share of validation images scoring at or below an image's score, (1 + count) / (N + 1): small is
@@ -119,7 +123,7 @@ def main() -> None:
         ranked = score(sets["val"]).double().sort().values
         return lambda d: (1 + torch.searchsorted(ranked, score(d).double(), right=True)) / (len(ranked) + 1)
 
-    p_vim = p_value(lambda d: vim(d["pooled"]))
+    p_vim = p_value(vim_score)
     layer_scores = {f"mahalanobis_{n}": lambda d, n=n: maha[n](d[n]) for n in ("cls1", "mean2")}
     layer_scores["ensemble_all"] = every_layer
     for name, score in layer_scores.items():
@@ -127,10 +131,7 @@ def main() -> None:
         rate(f"fisher_vim_{name}", lambda d, p=p_layer: p_vim(d).log() + p(d).log())
         for w in (0.5, 0.2, 0.1, 0.05):
             rate(f"minp_vim_{name}_w{w}", lambda d, p=p_layer, w=w: torch.minimum(p_vim(d) / (1 - w), p(d) / w))
-    relative = MahalanobisScore(relative=True).fit(train_parts["pooled"], labels)
-    knn_pooled = KNNScore(50).fit(train_parts["pooled"])
-    rate("relative_mahalanobis_pooled", lambda d: relative(d["pooled"]))
-    p_knn, p_relative = p_value(lambda d: knn_pooled(d["pooled"])), p_value(lambda d: relative(d["pooled"]))
+    p_knn, p_relative = p_value(lambda d: knns["pooled"](d["pooled"])), p_value(relative_score)
     rate("fisher_knn_relative_mahalanobis", lambda d: p_knn(d).log() + p_relative(d).log())
     for name, row in results.items():
         print(f"{name:28s} " + " ".join(f"{k} {100 * v:6.2f}" for k, v in row.items()))

@@ -354,8 +354,8 @@ def test_a_block_reading_what_a_skipped_block_would_have_written_skips(tmp_path:
     code that loads the exported file skips too, instead of failing on a file never written."""
     empty = tmp_path / "data"
     empty.mkdir()
-    run = PageRun(ROOT / "docs" / "serving.md", tmp_path / "page", empty)
     page = ROOT / "docs" / "serving.md"
+    run = PageRun(page, tmp_path / "page", empty)
     train = Block(page, 1, "bash", "python train.py --config configs/cifar10_cpu_quick.yaml data.root=../shared/data/"
                   "cifar10 train.output_dir=runs/quick", None)
     export = Block(page, 2, "bash", "vitlab export --checkpoint runs/quick --format onnx --output runs/model.onnx",
