@@ -4,9 +4,11 @@ after each block, each alone and summed after z-scoring on the run's validation 
 ensemble, without their logistic regression fitted on unknown images), and the default score (ViM) joined with a
 layer's score by their p-values on the validation images (Fisher's sum of logs, and the weighted Bonferroni minimum
 ``min(p_vim / (1 - w), p_layer / w)``, as Haroush et al. 2022 join layers), and k-NN joined so with the relative
-Mahalanobis score: AUROC on the run's test split against a folder of unknown images (the open-set split's 4 classes)
-and a far-from-the-data folder (``make_unknown_images.py``), by its subfolders too. A measurement, not a score of the
-package (issue 74).
+Mahalanobis score; and two more scores of the last layer, NNGuide (Park et al. 2023: the energy times the mean
+cosine similarity to the 10 nearest training features, each scaled by its own energy, as its authors' code) and GEN
+(Liu et al. 2023: minus the generalized entropy of the softmax, gamma 0.1, over every class). AUROC on the run's test
+split against a folder of unknown images (the open-set split's 4 classes) and a far-from-the-data folder
+(``make_unknown_images.py``), by its subfolders too. A measurement, not a score of the package (issue 74).
 
     python benchmarks/unknown_layers.py --checkpoint /tmp/osr/run0 --unknown /tmp/osr/unknown0 --far /tmp/unknown \\
         --output run0_layers.json
@@ -26,7 +28,7 @@ from vitlab.checkpoint import resolve_checkpoint
 from vitlab.config import load_config
 from vitlab.data.transforms import ModelInput
 from vitlab.inference.forward import gathered, logits_and_features
-from vitlab.inference.open_set import KNNScore, MahalanobisScore, ViMScore, auroc, msp
+from vitlab.inference.open_set import KNNScore, MahalanobisScore, ViMScore, auroc, energy, msp
 from vitlab.inference.view import model_dataset
 from vitlab.models.registry import load_model
 from vitlab.prediction import files_index, list_images
@@ -133,6 +135,20 @@ def main() -> None:
             rate(f"minp_vim_{name}_w{w}", lambda d, p=p_layer, w=w: torch.minimum(p_vim(d) / (1 - w), p(d) / w))
     p_knn, p_relative = p_value(lambda d: knns["pooled"](d["pooled"])), p_value(relative_score)
     rate("fisher_knn_relative_mahalanobis", lambda d: p_knn(d).log() + p_relative(d).log())
+
+    # NNGuide as its authors' code: unit features, the bank's scaled by their energy, k 10
+    bank = torch.nn.functional.normalize(train_parts["pooled"], dim=1) * energy(train_parts["logits"])[:, None]
+
+    def nnguide(d: dict[str, torch.Tensor]) -> torch.Tensor:
+        unit = torch.nn.functional.normalize(d["pooled"], dim=1)
+        return (unit @ bank.T).topk(10, dim=1).values.mean(dim=1) * energy(d["logits"])
+
+    def gen(d: dict[str, torch.Tensor]) -> torch.Tensor:
+        p = d["logits"].softmax(dim=1)
+        return -(p ** 0.1 * (1 - p) ** 0.1).sum(dim=1)
+
+    rate("nnguide", nnguide)
+    rate("gen", gen)
     for name, row in results.items():
         print(f"{name:28s} " + " ".join(f"{k} {100 * v:6.2f}" for k, v in row.items()))
     args.output.write_text(json.dumps(results, indent=1))
