@@ -72,6 +72,21 @@ declare -A BENCH_SPEC=(
 PROXIES=("pA A 80" "pAR A 80 data.augment=randaugment")
 TEXT=$W/text  # multi30k/ and tinyshakespeare/ of ../shared/data, carried in .gpu/text
 
+machine_log() {  # file [distribution ...]: the GPU, Python, vitlab's main dependencies' versions (and those named)
+  local file=$1; shift
+  { nvidia-smi; python3 - "$@" <<'EOF'
+import sys
+from importlib.metadata import version
+
+import torch
+
+names = ["torch", "timm", "accelerate", "torchvision", *sys.argv[1:]]
+print(sys.version.split()[0], *(f"{name} {version(name)}" for name in names),
+      torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU")
+EOF
+    nproc; free -g; } > "$file" 2>&1
+}
+
 install_wheels() {
   if [ -d .whl ] && [ ! -d /tmp/site ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -80,9 +95,7 @@ install_wheels() {
 }
 
 step_bench() {
-  { nvidia-smi; python3 -c 'import sys, torch, timm, accelerate, torchvision; print(sys.version.split()[0], "torch",
-    torch.__version__, "timm", timm.__version__, "accelerate", accelerate.__version__, "torchvision", torchvision.__version__)'
-    nproc; free -g; } > "$LOGS/env.txt" 2>&1
+  machine_log "$LOGS/env.txt"
   python3 benchmarks/bench_model.py --models small224 --batch-224 256 --dtypes bf16 --modes eager,compile,cudagraphs \
     --phases train --json "$LOGS/bench_small224.json" 2>&1 | tee "$LOGS/bench_small224.log"
   python3 benchmarks/bench_model.py --models "${BENCH_SPEC[A]},${BENCH_SPEC[E]}" --batch-cifar 512 --dtypes bf16 \
@@ -262,11 +275,8 @@ session_collect() {  # one file: the device sends back at most 8
 step_s7a() {
   mkdir -p "$S7"
   [ -e $W/cifar10.webp.0 ] || cp .gpu/cifar10.webp.0 $W/ 2>/dev/null
-  { nvidia-smi; python3 -c 'import sys, torch, timm, accelerate, torchvision, fastapi; print(sys.version.split()[0],
-    "torch", torch.__version__, "timm", timm.__version__, "accelerate", accelerate.__version__, "torchvision",
-    torchvision.__version__, "fastapi", fastapi.__version__, torch.cuda.get_device_name())'; nproc; free -g; } \
-    > "$S7/env.log" 2>&1
-  tail -n 2 "$S7/env.log"
+  machine_log "$S7/env.log" fastapi
+  grep -m 1 " torch " "$S7/env.log"
   session_step tests 130 env OMP_NUM_THREADS=1 python3 -m pytest -q -rfE -n 14 --dist load --timeout 140 \
     -p no:cacheprovider $S7_TESTS
   local serve="python3 benchmarks/bench_serve.py --preset vit_small_patch16_224 --images .gpu/serve_png
@@ -319,11 +329,8 @@ step_s8pack() {  # here, on the CPU machine: the two parts and the wheel s8a and
 step_s8a() {
   mkdir -p "$S8"
   [ -e $W/osr0.webp.0 ] || cp .gpu/osr0.webp.0 $W/
-  { nvidia-smi; python3 -c 'import sys, torch, timm, accelerate, torchvision, pytorch_ood; print(sys.version.split()[0],
-    "torch", torch.__version__, "timm", timm.__version__, "accelerate", accelerate.__version__, "torchvision",
-    torchvision.__version__, "pytorch-ood", pytorch_ood.__version__, torch.cuda.get_device_name())'; nproc; free -g; } \
-    > "$S8/env.log" 2>&1
-  tail -n 2 "$S8/env.log"
+  machine_log "$S8/env.log" pytorch-ood
+  grep -m 1 " torch " "$S8/env.log"
   session_step tests 200 env OMP_NUM_THREADS=1 python3 -m pytest -q -rfE -n 14 --dist load --timeout 180 \
     -p no:cacheprovider $S8_TESTS
 }
@@ -365,9 +372,7 @@ case "${1:-}" in
   collect) shift; step_collect "$@" ;;
   multi30k) mkdir -p $W/text && cp -r .gpu/text/. $W/text/ && step_multi30k ;;
   stage0) cp .gpu/cifar10.webp.0 $W/ && install_wheels && cp "$0" $W/gpu_session.sh
-          { nvidia-smi; python3 -c 'import sys, torch, timm, accelerate, torchvision; print(sys.version.split()[0],
-            "torch", torch.__version__, "timm", timm.__version__, "accelerate", accelerate.__version__,
-            "torchvision", torchvision.__version__)'; nproc; free -g; } > "$LOGS/env.txt" 2>&1
+          machine_log "$LOGS/env.txt"
           setsid nohup bash $W/gpu_session.sh tests-fg > /dev/null 2>&1 < /dev/null &
           echo "tests started"; head -n 20 "$LOGS/env.txt" ;;
   tests-fg) install_wheels; step_tests ;;
