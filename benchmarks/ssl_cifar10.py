@@ -17,6 +17,13 @@ fine-tuning recipe without the pretrained backbone: the control for its augmenta
 ``mae_ft``, ``dino`` (pretraining), ``dino_knn``, ``dino_probe``, ``dino_ft``, and the full-label case
 ``full_scratch``, ``full_mae_ft`` (all 50,000 labels, 1,000 held out; the epochs given as overrides); each is one ``train.py`` (or ``vitlab eval``) command, printed, timed from launch to exit, and its
 result appended to ``OUT/results.jsonl`` with the command and the seconds it took.
+
+    python benchmarks/ssl_cifar10.py baselines --data /tmp/c10_4k --seed S --out runs/ssl [--tag T key=value ...]
+
+reads a pretrained backbone's k-NN against what needs no pretraining, by the same rule (DINO's weighted k-NN, k 20,
+the labelled images the bank, the test images the queries): the raw pixels, the pixels less the bank's mean, and the
+DINO run ``OUT/dino_sS``'s model untrained (its checkpoint with the weights ``torch.manual_seed(S)`` draws, through
+``vitlab eval --knn 20``), appended as arms ``pixels_knn``, ``centred_pixels_knn`` and ``dino_init_knn``.
 """
 from __future__ import annotations
 
@@ -142,6 +149,56 @@ def run(args: argparse.Namespace) -> None:
     print(json.dumps(record))
 
 
+def baselines(data: Path, seed: int, out: Path, tag: str = "", overrides: tuple[str, ...] = ()) -> None:
+    """The k-NN of the pixels, of the pixels less the bank's mean, and of ``OUT/dino_sS``'s model untrained
+    (``overrides`` go to its ``vitlab eval``: ``monitor.root=`` another list's bank)."""
+    import shutil
+
+    import torch
+    from PIL import Image
+    from safetensors.torch import save_file
+
+    from vitlab.models.registry import model_class
+    from vitlab.tasks.knn import knn_predict
+
+    def pixels(split: str) -> tuple[torch.Tensor, list[str]]:
+        with (data / f"{split}.csv").open() as f:
+            rows = list(csv.DictReader(f))
+        images = [np.asarray(Image.open(data / row["image"]).convert("RGB"), dtype=np.float32).ravel() for row in rows]
+        return torch.from_numpy(np.stack(images)), [row["labels"] for row in rows]
+
+    def record(arm: str, top1: float, seconds: float, command: str) -> None:
+        line = {"arm": arm + tag, "seed": seed, "seconds": round(seconds, 1), "command": command, "knn_top1": top1}
+        with (out / "results.jsonl").open("a") as f:
+            f.write(json.dumps(line) + "\n")
+        print(json.dumps(line))
+
+    start = time.time()
+    (bank, bank_names), (queries, query_names) = pixels("train"), pixels("test")
+    classes = sorted(set(bank_names))
+    labels = torch.tensor([classes.index(n) for n in bank_names])
+    truth = torch.tensor([classes.index(n) for n in query_names])
+    mean = bank.mean(dim=0)
+    for arm, b, q in (("pixels_knn", bank, queries), ("centred_pixels_knn", bank - mean, queries - mean)):
+        top1 = (knn_predict(b, labels, q, len(classes), k=20) == truth).float().mean().item()
+        record(arm, top1, time.time() - start, shlex.join(sys.argv))
+
+    trained, untrained = out / f"dino_s{seed}" / "checkpoints" / "last", out / f"dino_init_s{seed}"
+    shutil.rmtree(untrained, ignore_errors=True)
+    shutil.copytree(trained, untrained / "checkpoints" / "last")
+    meta = json.loads((trained / "config.json").read_text())
+    torch.manual_seed(seed)
+    state = model_class(meta["architecture"])(**meta["model_args"]).state_dict()
+    save_file({k: v.contiguous() for k, v in state.items()}, untrained / "checkpoints" / "last" / "model.safetensors",
+              metadata={"format": "pt"})
+    output = untrained.parent / f"dino_init_knn{tag}_s{seed}.json"
+    cmd = [sys.executable, "-m", "vitlab.cli", "eval", "--checkpoint", str(untrained), "--knn", "20", "--output",
+           str(output), *overrides]
+    start = time.time()
+    subprocess.run(cmd, check=True, capture_output=True)
+    record("dino_init_knn", json.loads(output.read_text())["knn_top1"], time.time() - start, shlex.join(cmd))
+
+
 def report(out: Path) -> None:
     """A markdown table of ``out/results.jsonl``: an arm a row, its seeds in order (the last record of each)."""
     records: dict[str, dict[int, dict]] = {}
@@ -176,6 +233,12 @@ def main() -> None:
     r.add_argument("--out", required=True)
     r.add_argument("--tag", default="", help="a variant's name: OUT/ARM+TAG_sS, arm ARM+TAG in results.jsonl")
     r.add_argument("overrides", nargs="*")
+    b = sub.add_parser("baselines", help="the k-NN of the pixels and of OUT/dino_sS's model untrained")
+    b.add_argument("--data", required=True)
+    b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--out", required=True)
+    b.add_argument("--tag", default="", help="appended to the arms' names in results.jsonl")
+    b.add_argument("overrides", nargs="*", help="key=value for the untrained model's vitlab eval")
     t = sub.add_parser("report", help="a markdown table of OUT/results.jsonl")
     t.add_argument("--out", required=True)
     args, rest = parser.parse_known_args()
@@ -187,6 +250,8 @@ def main() -> None:
         prepare(Path(args.cifar), Path(args.out), args.new_list, args.list_seed)
     elif args.command == "report":
         report(Path(args.out))
+    elif args.command == "baselines":
+        baselines(Path(args.data), args.seed, Path(args.out), args.tag, tuple(args.overrides))
     else:
         Path(args.out).mkdir(parents=True, exist_ok=True)
         run(args)
