@@ -181,7 +181,8 @@ def baselines(data: Path, seed: int, out: Path, tag: str = "", overrides: tuple[
     mean = bank.mean(dim=0)
     for arm, b, q in (("pixels_knn", bank, queries), ("centred_pixels_knn", bank - mean, queries - mean)):
         top1 = (knn_predict(b, labels, q, len(classes), k=20) == truth).float().mean().item()
-        record(arm, top1, time.time() - start, shlex.join(sys.argv))
+        record(arm, top1, time.time() - start, shlex.join(sys.argv))  # the first: the images' reading too
+        start = time.time()
 
     trained, untrained = out / f"dino_s{seed}" / "checkpoints" / "last", out / f"dino_init_s{seed}"
     shutil.rmtree(untrained, ignore_errors=True)
