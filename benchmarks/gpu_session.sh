@@ -88,6 +88,10 @@ EOF
     nproc; free -g; } > "$file" 2>&1
 }
 
+elapsed() {  # seconds since $1 (date +%s.%N)
+  python3 -c "import time; print(f'{time.time() - $1:.1f}')"
+}
+
 install_wheels() {
   if [ -d .whl ] && [ ! -d /tmp/site ]; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
@@ -156,13 +160,13 @@ EOF
   local start=$(date +%s.%N)
   python3 train.py $BASE ${MODEL[$model]} data.val_size=0 train.epochs=$epochs train.eval_every=10 \
     train.output_dir=$W/runs/final $extra > "$LOGS/final.log" 2>&1
-  echo "final exit $? wall $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s start to finish" \
+  echo "final exit $? wall $(elapsed $start) s start to finish" \
     >> "$LOGS/final.log"
   # The char LM (issue 38, 5): nanoGPT's shakespeare_char recipe, compiled, alone on the GPU.
   start=$(date +%s.%N)
   python3 train.py --config configs/lm_shakespeare_char.yaml data.dataset=text \
     data.root=$TEXT/tinyshakespeare/input.txt train.compile=true train.output_dir=$W/runs/lm > "$LOGS/lm.log" 2>&1
-  echo "lm exit $? wall $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s start to finish" >> "$LOGS/lm.log"
+  echo "lm exit $? wall $(elapsed $start) s start to finish" >> "$LOGS/lm.log"
   touch "$LOGS/done"
 }
 
@@ -171,7 +175,7 @@ step_multi30k() {
   local start=$(date +%s.%N)
   timeout -s TERM 330 python3 train.py --config configs/multi30k_de_en.yaml data.root=$TEXT/multi30k \
     train.output_dir=$W/runs/mt train.log_every=200 > "$LOGS/mt.log" 2>&1
-  echo "mt exit $? wall $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s start to finish" >> "$LOGS/mt.log"
+  echo "mt exit $? wall $(elapsed $start) s start to finish" >> "$LOGS/mt.log"
   python3 -c 'import sys; from vitlab.cli import main; main(sys.argv[1:])' eval --checkpoint $W/runs/mt \
     --output "$LOGS/mt_eval.json" > "$LOGS/mt_eval.log" 2>&1
   cp $W/runs/mt/metrics.jsonl "$LOGS/mt.metrics.jsonl"
@@ -197,7 +201,7 @@ step_final() {  # the fast config as shipped, alone on the GPU; start to finish 
   local start=$(date +%s.%N)
   python3 train.py --config configs/vit_cifar10_fast.yaml data.dataset=imagefolder data.root=$W/cifar10 \
     data.download=false train.output_dir=$W/runs/final > "$LOGS/final.log" 2>&1
-  echo "final exit $? wall $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s start to finish" \
+  echo "final exit $? wall $(elapsed $start) s start to finish" \
     >> "$LOGS/final.log"
   touch "$LOGS/final_done"
 }
@@ -300,7 +304,7 @@ step_s7b() {  # seconds
   local start=$(date +%s.%N)
   timeout -s TERM "${1:-300}" python3 train.py --config configs/vit_cifar10_fast.yaml data.dataset=imagefolder \
     data.root=$W/cifar10 data.download=false train.output_dir=$W/runs/fast7 > "$S7/fast.log" 2>&1
-  echo "fast exit $? wall $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s start to finish" \
+  echo "fast exit $? wall $(elapsed $start) s start to finish" \
     >> "$S7/fast.log"
   cp $W/runs/fast7/metrics.jsonl "$S7/fast.metrics.jsonl" 2>/dev/null
   session_collect
@@ -354,7 +358,7 @@ step_s8b() {  # seconds [key=value ...]
     local start=$(date +%s.%N)
     timeout -s TERM "$secs" python3 train.py --config configs/vit_cifar10_fast.yaml data.dataset=imagefolder \
       data.root=$W/osr0/known data.download=false data.val_size=3000 train.output_dir=$run "$@" > "$S8/train.log" 2>&1
-    echo "train exit $? wall $(python3 -c "import time; print(f'{time.time() - $start:.1f}')") s" | tee -a "$S8/train.log"
+    echo "train exit $? wall $(elapsed $start) s" | tee -a "$S8/train.log"
     [ -e $run/checkpoints/last ] && touch "$S8/train.done"
     cp $run/metrics.jsonl "$S8/train.metrics.jsonl"; cp $run/summary.json "$S8/train.summary.json"
     tail -n 3 "$S8/train.log" | cut -c1-300

@@ -155,17 +155,18 @@ def baselines(data: Path, seed: int, out: Path, tag: str = "", overrides: tuple[
     import shutil
 
     import torch
-    from PIL import Image
     from safetensors.torch import save_file
 
+    from vitlab.data import read_image
     from vitlab.models.registry import model_class
     from vitlab.tasks.knn import knn_predict
 
     def pixels(split: str) -> tuple[torch.Tensor, list[str]]:
         with (data / f"{split}.csv").open() as f:
             rows = list(csv.DictReader(f))
-        images = [np.asarray(Image.open(data / row["image"]).convert("RGB"), dtype=np.float32).ravel() for row in rows]
-        return torch.from_numpy(np.stack(images)), [row["labels"] for row in rows]
+        # (row, column, channel) as the file holds them: the order of a sum moves a tie in the vote's last digit
+        images = torch.stack([read_image(data / row["image"]).permute(1, 2, 0).flatten() for row in rows]).float()
+        return images, [row["labels"] for row in rows]
 
     def record(arm: str, top1: float, seconds: float, command: str) -> None:
         line = {"arm": arm + tag, "seed": seed, "seconds": round(seconds, 1), "command": command, "knn_top1": top1}
@@ -173,6 +174,9 @@ def baselines(data: Path, seed: int, out: Path, tag: str = "", overrides: tuple[
             f.write(json.dumps(line) + "\n")
         print(json.dumps(line))
 
+    trained, untrained = out / f"dino_s{seed}" / "checkpoints" / "last", out / f"dino_init_s{seed}"
+    if not (trained / "config.json").is_file():
+        raise SystemExit(f"{trained} is not a checkpoint: run the dino arm with --seed {seed} --out {out} first")
     start = time.time()
     (bank, bank_names), (queries, query_names) = pixels("train"), pixels("test")
     classes = sorted(set(bank_names))
@@ -184,7 +188,6 @@ def baselines(data: Path, seed: int, out: Path, tag: str = "", overrides: tuple[
         record(arm, top1, time.time() - start, shlex.join(sys.argv))  # the first: the images' reading too
         start = time.time()
 
-    trained, untrained = out / f"dino_s{seed}" / "checkpoints" / "last", out / f"dino_init_s{seed}"
     shutil.rmtree(untrained, ignore_errors=True)
     shutil.copytree(trained, untrained / "checkpoints" / "last")
     meta = json.loads((trained / "config.json").read_text())
