@@ -6,7 +6,12 @@ layer's score by their p-values on the validation images (Fisher's sum of logs, 
 ``min(p_vim / (1 - w), p_layer / w)``, as Haroush et al. 2022 join layers), and k-NN joined so with the relative
 Mahalanobis score; and two more scores of the last layer, NNGuide (Park et al. 2023: the energy times the mean
 cosine similarity to the 10 nearest training features, each scaled by its own energy, as its authors' code) and GEN
-(Liu et al. 2023: minus the generalized entropy of the softmax, gamma 0.1, over every class). AUROC on the run's test
+(Liu et al. 2023: minus the generalized entropy of the softmax, gamma 0.1, over every class); and three that need only
+the linear head and the training features' mean or spread, by pytorch-ood's code where it has them: fDBD (Liu & Qin
+2024: the mean distance to the decision boundaries of the predicted class over the distance to the training features'
+mean, or, as OpenOOD also sweeps, over the feature's norm), DICE (Sun & Li 2022: the energy of a head with the 90% of
+weight x mean-activation contributions that are smallest set to zero) and ViM's residual alone (minus the norm outside
+the principal subspace). AUROC on the run's test
 split against a folder of unknown images (the open-set split's 4 classes) and a far-from-the-data folder
 (``make_unknown_images.py``), by its subfolders too. A measurement, not a score of the package (issue 74).
 
@@ -149,6 +154,18 @@ def main() -> None:
 
     rate("nnguide", nnguide)
     rate("gen", gen)
+
+    from pytorch_ood.detector import DICE, fDBD  # a test extra of vitlab; scores are minus pytorch-ood's outlier scores
+    head = model.head.float()
+    torch.testing.assert_close(head(train_parts["pooled"][:256]), train_parts["logits"][:256], rtol=1e-4, atol=1e-4)
+    fdbd = fDBD(None, head).fit_features(train_parts["pooled"])
+    rate("fdbd", lambda d: -fdbd.predict_features(d["pooled"]))
+    # the feature's norm instead of its distance to the training mean: the outlier score times distance / norm
+    rate("fdbd_norm", lambda d: -fdbd.predict_features(d["pooled"]) * (d["pooled"] - fdbd.train_mean).norm(dim=1)
+         / d["pooled"].norm(dim=1))
+    dice = DICE(None, head.weight, head.bias, p=0.9).fit_features(train_parts["pooled"], labels)
+    rate("dice", lambda d: -dice.predict_features(d["pooled"]))
+    rate("vim_residual", lambda d: -((d["pooled"].double() - vim.origin) @ vim.residual).norm(dim=1))
     for name, row in results.items():
         print(f"{name:28s} " + " ".join(f"{k} {100 * v:6.2f}" for k, v in row.items()))
     args.output.write_text(json.dumps(results, indent=1))
