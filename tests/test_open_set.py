@@ -46,6 +46,37 @@ def test_mahalanobis_is_pytorch_oods_with_the_covariance_a_mean():
     assert (ours[:50] > MahalanobisScore().fit(features, labels)(queries[:50] * 10)).all()  # farther: lower
 
 
+
+def test_mahalanobis_of_layer_normed_features_drops_their_null_direction_not_its_rounding():
+    # a LayerNorm's outputs x = gamma * n + beta, n summing to zero: their covariance has a null direction (1 / gamma),
+    # which float32 rounding gives a variance of ~1e-14 of the largest. Inverting that would make the score the
+    # rounding's (1e14 x it); the reference is the distance in the 15 dimensions left once that direction is
+    # projected out, in float64
+    g = torch.Generator().manual_seed(5)
+    labels = torch.arange(400) % 4
+    gamma = torch.rand(16, generator=g, dtype=torch.float64) + 0.5
+    beta = torch.randn(16, generator=g, dtype=torch.float64) * 10
+
+    def layer_norm(x: torch.Tensor) -> torch.Tensor:
+        return (torch.nn.functional.layer_norm(x, (16,)) * gamma + beta).float()
+
+    raw = torch.randn(400, 16, generator=g, dtype=torch.float64) * torch.linspace(0.5, 2, 16, dtype=torch.float64)
+    features = layer_norm(raw + labels[:, None] * torch.linspace(-1, 1, 16, dtype=torch.float64))
+    queries = layer_norm(torch.randn(100, 16, generator=g, dtype=torch.float64) * 1.5)
+    null = (1 / gamma)[:, None] / (1 / gamma).norm()
+    basis = torch.linalg.qr(torch.cat([null, torch.randn(16, 15, generator=g, dtype=torch.float64)], 1)).Q[:, 1:]
+    f, q = features.double() @ basis, queries.double() @ basis
+    means = torch.stack([f[labels == c].mean(0) for c in range(4)])
+    covariance = (f - means[labels]).T @ (f - means[labels]) / len(f)
+    centered = q[:, None] - means[None]
+    expected = -torch.einsum("bcd,de,bce->bc", centered, torch.linalg.inv(covariance), centered).amin(1)
+    score = MahalanobisScore().fit(features, labels)
+    torch.testing.assert_close(score(queries).double(), expected, rtol=1e-4, atol=1e-4)
+    # a query moved by float32's last bit scores as it did
+    nudged = queries * (1 + torch.finfo(torch.float32).eps * torch.randn(100, 16, generator=g).sign())
+    torch.testing.assert_close(score(nudged), score(queries), rtol=1e-4, atol=1e-4)
+
+
 def test_relative_mahalanobis_is_pytorch_oods_rmd_with_both_covariances_means():
     # Ren et al. 2021: the class distance minus the distance under one Gaussian of all the training features
     g = torch.Generator().manual_seed(4)
@@ -445,8 +476,57 @@ def test_an_exported_file_with_its_preprocessing_carries_a_logit_scores_threshol
     calibrate_unknown(val_run, "knn", k=5)
     result = export_model(load_model(val_run), tmp_path / "k.onnx", with_preprocess=True, check=False)
     assert result["outputs"] == ["probabilities"]
-    assert result["unknown"].startswith("the knn score is not in the file: it needs the bank or statistics of "
-                                        "training features")
+    assert result["unknown"].startswith("the knn score is not in the file: its bank is every training image's "
+                                        "features")
+
+
+@pytest.mark.parametrize("score", ["vim", "mahalanobis", "relative_mahalanobis"])
+@pytest.mark.parametrize("format", ["onnx", "torch-export"])
+def test_an_exported_file_carries_a_feature_score_of_fixed_size_as_vitlab_computes_it(val_run, tiny_imagefolder,
+                                                                                       tmp_path, score, format):
+    # ViM (the default) and the Mahalanobis scores are a few fixed matrices of the pooled features: the file holds
+    # them; onnxruntime's or torch.export's scores of uint8 images (6 test images of the run's classes, 2 of noise, a
+    # flat grey frame) are vitlab.unknown_scores' of the same images, and the same images fall below the stored
+    # threshold (to 1e-4 of a score, 1e-2 at most: the tiny run's 96 training images leave directions of 1e-5 of the
+    # largest variance, whose precision multiplies the last bits by which onnxruntime's float32 pass differs)
+    from vitlab.data import read_image
+    import json
+
+    import vitlab
+    from vitlab import load_model
+    from vitlab.export import export_model
+    from vitlab.unknown import calibrate_unknown
+
+    if format == "onnx":
+        ort = pytest.importorskip("onnxruntime")
+        import onnx
+    threshold = calibrate_unknown(val_run, score)
+    model = load_model(val_run)
+    path = tmp_path / ("m.onnx" if format == "onnx" else "m.pt2")
+    result = export_model(model, path, format=format, with_preprocess=True)
+    assert result["outputs"] == ["probabilities", "unknown_score"] and "unknown" not in result
+    files = sorted((tiny_imagefolder / "test").rglob("*.png"))[::6]
+    images = torch.cat([torch.stack([read_image(f).permute(1, 2, 0) for f in files]),
+                        torch.from_numpy(np.random.default_rng(3).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)),
+                        torch.full((1, 32, 32, 3), 128, dtype=torch.uint8)])
+    assert len(images) == 9
+    if format == "onnx":
+        meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        probs, scores = session.run(None, {"images": images.numpy()})
+    else:
+        import zipfile
+
+        with zipfile.ZipFile(path) as z:
+            meta = json.loads(next(z.read(n) for n in z.namelist() if n.endswith("vitlab.json")))
+        with torch.no_grad():
+            probs, scores = (t.numpy() for t in torch.export.load(str(path)).module()(images))
+    assert json.loads(meta["vitlab.unknown"]) == {"score": score, "threshold": threshold, "below": "unknown"}
+    expected = vitlab.unknown_scores(model, images.permute(0, 3, 1, 2))
+    assert scores.shape == (9,) and np.allclose(scores, expected["scores"].numpy(), rtol=1e-4, atol=1e-2)
+    assert ((scores < threshold) == expected["unknown"].numpy()).all()
+    assert 0 < expected["unknown"].sum() < 9  # images on both sides of the threshold
+    assert np.allclose(probs.sum(1), 1, atol=1e-5)
 
 
 @pytest.mark.parametrize("build", ["vit", "vit distilled", "vit avg pool", "timm"])

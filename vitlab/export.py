@@ -22,9 +22,10 @@ lengths, which ``torch.export`` cannot trace symbolically.
 ``(batch, H, W, 3)`` at the training size, normalizes them inside as training did, and returns ``probabilities``
 (softmax at the run's temperature; a multi-label run's sigmoids); its metadata (ONNX ``metadata_props``; a ``.pt2``'s
 ``vitlab.json``) carries the label names, the thresholds, the temperature, the input layout. A model calibrated for
-images of none of its classes (``vitlab calibrate --unknown``) by a score of its logits (``msp``, ``max_logit``,
-``energy``) also returns ``unknown_score`` ``(batch,)``, and the metadata its threshold and label (``vitlab.unknown``:
-an image is unknown below it); a feature score's bank or statistics (``knn``, the Mahalanobis scores, ``vim``) stay out
+images of none of its classes (``vitlab calibrate --unknown``) by a score of :data:`GRAPH_SCORES` (its logits',
+``msp``, ``max_logit``, ``energy``, or one of a few fixed matrices of its pooled features, ``vim`` and the Mahalanobis
+scores, which the file holds) also returns ``unknown_score`` ``(batch,)``, and the metadata its threshold and label
+(``vitlab.unknown``: an image is unknown below it); the k-NN score's bank (every training image's features) stays out
 of the file, which the result's ``unknown`` line says. ``quantize='int8'``
 (ONNX): onnxruntime's dynamic quantization of the matrix products' weights (``MatMul``, ``Gemm``), the norms, residual
 adds, softmax and the patch embedding's convolution kept in float32.
@@ -43,37 +44,46 @@ from torch.export import Dim
 
 from .errors import CheckpointError, ConfigError
 from .models import GPT, RNNSeq2Seq, Seq2SeqTransformer
-from .inference.open_set import LOGIT_SCORES
+from .inference.forward import logits_and_features
+from .inference.open_set import LOGIT_SCORES, stored_rule
 from .models.hub import image_input_size
 
-__all__ = ["export_model", "example_inputs", "PreprocessedClassifier", "FORMATS"]
+__all__ = ["export_model", "example_inputs", "PreprocessedClassifier", "FORMATS", "GRAPH_SCORES"]
 
 FORMATS = ("onnx", "torch-export")
+# the unknown scores an exported file computes: of the logits, or of the pooled features by a few matrices whose size
+# is the width's (ViM's origin and residual subspace, the Mahalanobis means and precision), not the training set's
+GRAPH_SCORES = (*LOGIT_SCORES, "vim", "mahalanobis", "relative_mahalanobis")
 
 
 class PreprocessedClassifier(nn.Module):
     """``model`` (an image classifier) behind its preprocessing: uint8 RGB ``(B, H, W, 3)`` -> probabilities
     ``(B, classes)``, normalized as :func:`vitlab.data.transforms.normalize` does (the same operations), at the
-    temperature of ``model.pretrained_cfg``; sigmoids for a multi-label model. With an unknown threshold of a logit
-    score kept for the weights: (probabilities, ``unknown_score`` ``(B,)``), the score of the raw logits."""
+    temperature of ``model.pretrained_cfg``; sigmoids for a multi-label model. With an unknown threshold of a score of
+    :data:`GRAPH_SCORES` kept for the weights: (probabilities, ``unknown_score`` ``(B,)``), the score of the raw logits
+    or of the pooled features (computed as ``vitlab predict`` does, in float64, by what the calibration fitted)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         cfg = model.pretrained_cfg
         self.model, self.multi_label = model, bool(cfg.get("multi_label"))
         self.temperature = float(cfg.get("temperature", 1.0))
-        unknown = cfg.get("unknown") or {}
-        self.unknown = dict(unknown) if unknown.get("score") in LOGIT_SCORES else None
+        self.unknown = stored_rule(cfg) if (cfg.get("unknown") or {}).get("score") in GRAPH_SCORES else None
         self.register_buffer("mean", torch.tensor([v * 255 for v in cfg["mean"]]).view(-1, 1, 1), persistent=False)
         self.register_buffer("std", torch.tensor([v * 255 for v in cfg["std"]]).view(-1, 1, 1), persistent=False)
 
     def forward(self, images: Tensor) -> Tensor | tuple[Tensor, Tensor]:
         x = (images.permute(0, 3, 1, 2).to(torch.float32) - self.mean) / self.std
-        logits = self.model(x).float()
+        if self.unknown is not None and self.unknown.needs_features:
+            logits, features = (t.float() for t in logits_and_features(self.model, x))
+        else:
+            logits = self.model(x).float()
         probs = logits.sigmoid() if self.multi_label else (logits / self.temperature).softmax(-1)
         if self.unknown is None:
             return probs
-        return probs, LOGIT_SCORES[self.unknown["score"]](logits)
+        if self.unknown.needs_features:
+            return probs, self.unknown.fitted(features).float()
+        return probs, LOGIT_SCORES[self.unknown.score](logits)
 
     def metadata(self) -> dict[str, str]:
         """What a deployment reads beside the file, as strings (JSON for lists)."""
@@ -83,7 +93,7 @@ class PreprocessedClassifier(nn.Module):
                 "vitlab.multi_label": json.dumps(self.multi_label),
                 "vitlab.input": f"uint8 RGB (batch, {cfg['input_size'][1]}, {cfg['input_size'][2]}, 3)",
                 "vitlab.output": "sigmoids" if self.multi_label else "softmax probabilities at the temperature",
-                **({"vitlab.unknown": json.dumps({"score": self.unknown["score"], "threshold": self.unknown["threshold"],
+                **({"vitlab.unknown": json.dumps({"score": self.unknown.score, "threshold": self.unknown.threshold,
                                                   "below": "unknown"})} if self.unknown else {})}
 
 
@@ -180,10 +190,10 @@ def export_model(model: nn.Module, output: str | Path, format: Literal["onnx", "
                                   extra_files=extra)
         result: dict[str, Any] = {"output": str(output), "format": format, "inputs": names, "outputs": outputs}
         score = (model.model.pretrained_cfg.get("unknown") or {}).get("score") if with_preprocess else None
-        if score and model.unknown is None:  # a feature score: what it fitted is not in the graph
-            result["unknown"] = (f"the {score} score is not in the file: it needs the bank or statistics of training "
-                                 f"features kept beside the weights (vitlab predict and serve use them); calibrate a "
-                                 f"logit score (msp, max_logit, energy) for a file that says unknown")
+        if score and model.unknown is None:  # k-NN: its bank grows with the training set
+            result["unknown"] = (f"the {score} score is not in the file: its bank is every training image's features, "
+                                 f"kept beside the weights (vitlab predict and serve use it); calibrate one of "
+                                 f"{', '.join(GRAPH_SCORES)} for a file that says unknown")
         if check:
             result["max_abs_diff"] = _max_abs_diff(model, tmp, format, _check_inputs(model, args), names)
         os.replace(tmp, output)

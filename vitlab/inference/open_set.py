@@ -115,10 +115,10 @@ class MahalanobisScore:
         means = torch.zeros(classes, features.shape[1], dtype=torch.float64, device=features.device)
         means.index_add_(0, labels, features)
         means /= counts[:, None]
-        self.means, self.precision = means, _precision(features - means[labels])
+        self.means, self.precision = means, _precision(features - means[labels], features)
         if self.relative:
             self.background_mean = features.mean(dim=0)
-            self.background_precision = _precision(features - self.background_mean)
+            self.background_precision = _precision(features - self.background_mean, features)
         return self
 
     def __call__(self, features: Tensor) -> Tensor:
@@ -143,9 +143,17 @@ class MahalanobisScore:
         return self
 
 
-def _precision(centered: Tensor) -> Tensor:
-    """``(N, D)`` features less their means -> ``(D, D)``: the pseudo-inverse of their covariance (a mean)."""
-    return torch.linalg.pinv(centered.T @ centered / len(centered), hermitian=True)
+def _precision(centered: Tensor, features: Tensor) -> Tensor:
+    """``(N, D)`` features less their means -> ``(D, D)``: the pseudo-inverse of their covariance (a mean), dropping
+    the directions whose variance is no more than float32 rounding gives ``features`` (the same, not centered): (4
+    float32 ulps)^2 of the largest mean square of a coordinate, or float64's default cut-off where larger. Features
+    come from float32 (or narrower) passes; a direction they cannot vary in, as a LayerNorm's outputs cannot (they sum
+    to a constant) or an affine map of fewer numbers (a patch embedding's mean) cannot, gets its variance from rounding
+    alone, 1e-16 to 1e-14 here, which float64's cut-off (relative to the largest) may keep: inverted, it would make the
+    score the rounding's. Variances the features do have start 6 orders above it (CIFAR-10's quick models)."""
+    rounding = (4 * torch.finfo(torch.float32).eps) ** 2 * features.double().pow(2).mean(dim=0).max()
+    return torch.linalg.pinv(centered.T @ centered / len(centered), atol=rounding,
+                             rtol=centered.shape[1] * torch.finfo(centered.dtype).eps, hermitian=True)
 
 
 class ViMScore:
