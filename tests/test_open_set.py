@@ -480,6 +480,32 @@ def test_an_exported_file_with_its_preprocessing_carries_a_logit_scores_threshol
                                         "features")
 
 
+
+@pytest.mark.parametrize("score", ["vim", "knn", "energy"])
+def test_save_pretrained_carries_the_unknown_threshold_and_its_statistics_as_it_carries_the_temperature(
+        val_run, tmp_path, score):
+    # a calibrated model saved (save_pretrained, push_to_hub's files) and loaded again answers unknown as before:
+    # the same threshold, the fitted statistics copied beside the weights, the same scores; the run is not touched
+    import vitlab
+    from vitlab import load_model
+    from vitlab.unknown import calibrate_unknown
+
+    threshold = calibrate_unknown(val_run, score)
+    model = load_model(val_run)
+    before = sorted(p.name for p in (val_run / "checkpoints" / "best").iterdir())
+    model.save_pretrained(tmp_path / "saved")
+    assert sorted(p.name for p in (val_run / "checkpoints" / "best").iterdir()) == before
+    saved = load_model(tmp_path / "saved")
+    assert saved.pretrained_cfg["unknown"]["threshold"] == threshold
+    assert (tmp_path / "saved" / "open_set.model.safetensors").is_file() == (score != "energy")
+    images = torch.from_numpy(np.random.default_rng(4).integers(0, 256, (5, 3, 32, 32), dtype=np.uint8))
+    ours, theirs = vitlab.unknown_scores(model, images), vitlab.unknown_scores(saved, images)
+    assert torch.equal(ours["scores"], theirs["scores"]) and torch.equal(ours["unknown"], theirs["unknown"])
+    hub = type(model).from_pretrained(tmp_path / "saved")  # huggingface_hub's way in
+    assert torch.equal(vitlab.unknown_scores(hub, images)["scores"], ours["scores"])
+    saved.save_pretrained(tmp_path / "again")  # saved from a saved directory: the statistics follow again
+    assert torch.equal(vitlab.unknown_scores(load_model(tmp_path / "again"), images)["scores"], ours["scores"])
+
 @pytest.mark.parametrize("score", ["vim", "mahalanobis", "relative_mahalanobis"])
 @pytest.mark.parametrize("format", ["onnx", "torch-export"])
 def test_an_exported_file_carries_a_feature_score_of_fixed_size_as_vitlab_computes_it(val_run, tiny_imagefolder,

@@ -213,9 +213,9 @@ def _finish_onnx(path: Path, metadata: dict[str, str], quantize: str | None) -> 
             raise ConfigError("--quantize int8 needs onnxruntime: pip install 'vitlab[export]'") from None
         prepared, quantized = (path.with_name(path.stem + suffix + path.suffix) for suffix in (".pre", ".int8"))
         try:
-            # shapes inferred and the graph optimized, as onnxruntime asks; by onnx's shape inference alone: onnxruntime's
-            # symbolic one cannot read a ReduceL2 whose axes are an input (opset 18: ViM's norm), and a plain model's
-            # quantized file gives the same outputs either way
+            # shapes inferred and the graph optimized, as onnxruntime asks; by onnx's shape inference alone:
+            # onnxruntime's symbolic one cannot read a ReduceL2 whose axes are an input (opset 18: ViM's norm), and a
+            # plain model's quantized file gives the same outputs either way
             quant_pre_process(str(path), str(prepared), skip_symbolic_shape=True)
             quantize_dynamic(str(prepared), str(quantized), weight_type=QuantType.QInt8,
                              op_types_to_quantize=["MatMul", "Gemm"])

@@ -33,8 +33,8 @@ from torch import Tensor, nn
 from ..errors import CheckpointError
 
 __all__ = ["HubMixin", "CONFIG_NAME", "WEIGHTS_NAME", "TOKENIZER_NAME", "read_json", "write_json",
-           "strict_json", "calibration_of", "set_calibration", "update_config", "weights_name", "load_tensors",
-           "weights_for_saving", "load_weights", "write_model_files", "load_model_dir",
+           "strict_json", "calibration_of", "set_calibration", "open_set_name", "update_config", "weights_name",
+           "load_tensors", "weights_for_saving", "load_weights", "write_model_files", "load_model_dir",
            "resolve_checkpoint", "OLD_SUFFIX", "image_input_size"]
 
 CONFIG_NAME = "config.json"
@@ -215,15 +215,25 @@ def _meta_of(model: nn.Module) -> dict[str, Any]:
                 "thresholds", "training", "evaluations"):
         if cfg.get(key) is not None:
             meta[key] = list(cfg[key]) if isinstance(cfg[key], tuple) else cfg[key]
+    if cfg.get("unknown"):  # vitlab calibrate --unknown's rule; its statistics, if any, copied beside the weights
+        meta["unknown"] = {**cfg["unknown"], **({"state": open_set_name(WEIGHTS_NAME)} if "state" in cfg["unknown"]
+                                                else {})}
     return meta
 
 
-CALIBRATED = ("temperature", "thresholds")  # what vitlab calibrate fits on a set of weights
+def open_set_name(weights: str) -> str:
+    """The file beside the weights file ``weights`` holding what ``vitlab calibrate --unknown`` fitted on them (a
+    feature score's bank or statistics)."""
+    return f"open_set.{weights}"
+
+
+CALIBRATED = ("temperature", "thresholds", "unknown")  # what vitlab calibrate fits on a set of weights
 
 
 def calibration_of(meta: dict[str, Any], weights: str) -> dict[str, Any]:
     """What ``vitlab calibrate`` fitted on the weights file ``weights`` of a checkpoint (``config.json``'s
-    ``meta``): its ``temperature``, or a multi-label model's ``thresholds``; {} if none was fitted on them. A
+    ``meta``): its ``temperature``, or a multi-label model's ``thresholds``, and the ``unknown`` rule; {} if none was
+    fitted on them. A
     temperature belongs to the weights it was fitted on: the EMA's is not the raw weights'. A checkpoint of
     before ``calibration`` keeps them at the top, fitted on the weights calibrate then read (the EMA's where
     there were)."""
@@ -334,7 +344,13 @@ class HubMixin(PyTorchModelHubMixin, library_name="vitlab", tags=["vitlab"], mod
         from .lora import merged_copy  # LoRA adapters folded into a copy: a plain model any reader loads
 
         write_model_files(merged_copy(self), save_directory, _meta_of(self))
-        tokenizer = (getattr(self, "pretrained_cfg", None) or {}).get("tokenizer")
+        cfg = getattr(self, "pretrained_cfg", None) or {}
+        state = (cfg.get("unknown") or {}).get("state")
+        target = save_directory / open_set_name(WEIGHTS_NAME)
+        source = Path(cfg["checkpoint"]) / state if state else None
+        if source is not None and source.resolve() != target.resolve():
+            shutil.copyfile(source, target)
+        tokenizer = cfg.get("tokenizer")
         if tokenizer and Path(tokenizer).resolve() != (save_directory / TOKENIZER_NAME).resolve():
             shutil.copyfile(tokenizer, save_directory / TOKENIZER_NAME)
 
@@ -359,10 +375,11 @@ class HubMixin(PyTorchModelHubMixin, library_name="vitlab", tags=["vitlab"], mod
             download = dict(repo_id=model_id, revision=revision, cache_dir=cache_dir, force_download=force_download,
                             token=token, local_files_only=local_files_only)
             directory = Path(hf_hub_download(filename=WEIGHTS_NAME, **download)).parent
-            try:
-                hf_hub_download(filename=TOKENIZER_NAME, **download)
-            except EntryNotFoundError:
-                pass  # an image model, or a text model saved without its tokenizer
+            for optional in (TOKENIZER_NAME, open_set_name(WEIGHTS_NAME)):
+                try:
+                    hf_hub_download(filename=optional, **download)
+                except EntryNotFoundError:
+                    pass  # an image model; a text model saved without its tokenizer; no feature score calibrated
         if config is None:
             raise CheckpointError(f"{model_id!r} has no {CONFIG_NAME}; it was not written by save_pretrained")
         return load_model_dir(cls, directory, config, map_location=map_location, **overrides)
