@@ -506,6 +506,39 @@ def test_save_pretrained_carries_the_unknown_threshold_and_its_statistics_as_it_
     saved.save_pretrained(tmp_path / "again")  # saved from a saved directory: the statistics follow again
     assert torch.equal(vitlab.unknown_scores(load_model(tmp_path / "again"), images)["scores"], ours["scores"])
 
+
+def test_a_threshold_whose_fitted_statistics_are_gone_is_one_line_wherever_it_is_read(val_run, tiny_imagefolder,
+                                                                                       tmp_path, capsys):
+    # open_set.<weights> deleted beside a calibrated checkpoint: predict, export and save_pretrained say so in one
+    # line and write nothing; --unknown off predicts as before
+    import shutil
+
+    from vitlab import load_model
+    from vitlab.cli import main
+    from vitlab.errors import CheckpointError
+    from vitlab.export import export_model
+    from vitlab.unknown import calibrate_unknown
+
+    calibrate_unknown(val_run, "vim")
+    copy = tmp_path / "copy"
+    shutil.copytree(val_run / "checkpoints" / "best", copy)
+    (copy / "open_set.model.safetensors").unlink()
+    image = str(next((tiny_imagefolder / "test").rglob("*.png")))
+    said = "needs open_set.model.safetensors beside its weights, and it is missing"
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main(["predict", "--checkpoint", str(copy), "--output", str(tmp_path / "rows.csv"), image])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 1 and said in err and len(err.splitlines()) == 1
+    with pytest.raises(CheckpointError, match=said):
+        export_model(load_model(copy), tmp_path / "m.onnx", with_preprocess=True, check=False)
+    with pytest.raises(CheckpointError, match=said):
+        load_model(copy).save_pretrained(tmp_path / "saved")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["copy"]
+    main(["predict", "--checkpoint", str(copy), "--output", str(tmp_path / "rows.csv"), "--unknown", "off", image])
+    assert len(_csv(tmp_path / "rows.csv")) == 1
+
+
 @pytest.mark.parametrize("score", ["vim", "mahalanobis", "relative_mahalanobis"])
 @pytest.mark.parametrize("format", ["onnx", "torch-export"])
 def test_an_exported_file_carries_a_feature_score_of_fixed_size_as_vitlab_computes_it(val_run, tiny_imagefolder,

@@ -33,8 +33,8 @@ from torch import Tensor, nn
 from ..errors import CheckpointError
 
 __all__ = ["HubMixin", "CONFIG_NAME", "WEIGHTS_NAME", "TOKENIZER_NAME", "read_json", "write_json",
-           "strict_json", "calibration_of", "set_calibration", "open_set_name", "update_config", "weights_name",
-           "load_tensors", "weights_for_saving", "load_weights", "write_model_files", "load_model_dir",
+           "strict_json", "calibration_of", "set_calibration", "open_set_name", "open_set_file", "update_config",
+           "weights_name", "load_tensors", "weights_for_saving", "load_weights", "write_model_files", "load_model_dir",
            "resolve_checkpoint", "OLD_SUFFIX", "image_input_size"]
 
 CONFIG_NAME = "config.json"
@@ -227,6 +227,21 @@ def open_set_name(weights: str) -> str:
     return f"open_set.{weights}"
 
 
+def open_set_file(directory: str | Path, record: dict[str, Any]) -> Path:
+    """The file an ``unknown`` rule's ``record`` (``config.json``'s) names in the checkpoint ``directory``.
+
+    Raises:
+        CheckpointError: one line, if it is not there.
+    """
+    path = Path(directory) / record["state"]
+    if not path.is_file():
+        raise CheckpointError(f"{str(directory)!r}'s unknown threshold ({record['score']}) needs {record['state']} "
+                              f"beside its weights, and it is missing: copy it back or calibrate again (vitlab "
+                              f"calibrate --checkpoint RUN --unknown {record['score']}); predict and serve take "
+                              f"--unknown off")
+    return path
+
+
 CALIBRATED = ("temperature", "thresholds", "unknown")  # what vitlab calibrate fits on a set of weights
 
 
@@ -340,16 +355,23 @@ class HubMixin(PyTorchModelHubMixin, library_name="vitlab", tags=["vitlab"], mod
     model in eval mode; keyword arguments override model arguments (e.g. ``drop_path_rate=0.1``).
     """
 
+    def save_pretrained(self, save_directory: str | Path, *args: Any, **kwargs: Any) -> Any:
+        self._open_set_source()  # one line, before the directory is made, if the unknown rule's file is gone
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
+    def _open_set_source(self) -> Path | None:
+        """The file of what ``vitlab calibrate --unknown`` fitted on these weights (a feature score's), if any."""
+        cfg = getattr(self, "pretrained_cfg", None) or {}
+        return open_set_file(cfg["checkpoint"], cfg["unknown"]) if (cfg.get("unknown") or {}).get("state") else None
+
     def _save_pretrained(self, save_directory: Path) -> None:
         from .lora import merged_copy  # LoRA adapters folded into a copy: a plain model any reader loads
 
+        source, target = self._open_set_source(), save_directory / open_set_name(WEIGHTS_NAME)
         write_model_files(merged_copy(self), save_directory, _meta_of(self))
-        cfg = getattr(self, "pretrained_cfg", None) or {}
-        state = (cfg.get("unknown") or {}).get("state")
-        target = save_directory / open_set_name(WEIGHTS_NAME)
-        source = Path(cfg["checkpoint"]) / state if state else None
         if source is not None and source.resolve() != target.resolve():
             shutil.copyfile(source, target)
+        cfg = getattr(self, "pretrained_cfg", None) or {}
         tokenizer = cfg.get("tokenizer")
         if tokenizer and Path(tokenizer).resolve() != (save_directory / TOKENIZER_NAME).resolve():
             shutil.copyfile(tokenizer, save_directory / TOKENIZER_NAME)
