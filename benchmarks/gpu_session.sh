@@ -45,7 +45,9 @@
 #             6 known classes with 3,000 of their training images held out (data.val_size=3000, as the CPU protocol),
 #             stopped after SECS seconds if not finished; ViM's threshold fitted on the held-out images (vitlab
 #             calibrate --unknown), every score rated on the unknown classes and on the far set (vitlab eval
-#             --unknown-images). Extra key=value arguments go to train.py (a CPU rehearsal: a smaller model)
+#             --unknown-images), then the model exported with its threshold and the file's scores rated by
+#             onnxruntime (benchmarks/unknown_exported.py). Extra key=value arguments go to train.py (a CPU
+#             rehearsal: a smaller model)
 #   The calls: run "bash benchmarks/gpu_session.sh s8a" carrying .whl and .gpu/osr0.webp.0 (timeout_s 260), then at
 #   once "bash benchmarks/gpu_session.sh s8b 480" carrying .gpu/osr0.webp.1 (timeout_s 590; expected about 6 minutes:
 #   the shipped 231 epochs on 27,000 images at session 5's 2.2 s per 50,000 are about 320 s), then give_back.
@@ -369,6 +371,10 @@ step_s8b() {  # seconds [key=value ...]
     --output "$S8/open/eval.json"
   session_step eval_far 120 python3 -c "$CLI" eval --checkpoint $run --unknown-images $W/osr0/far \
     --output "$S8/far/eval.json"
+  # the default's threshold in an exported file, run by onnxruntime: the same AUROC and shares as eval's?
+  session_step export 120 python3 -c "$CLI" export --checkpoint $run --output $W/osr0_vim.onnx --with-preprocess
+  session_step exported 120 python3 benchmarks/unknown_exported.py $W/osr0_vim.onnx $W/osr0/known/test \
+    $W/osr0/unknown
 }
 
 case "${1:-}" in
