@@ -11,7 +11,9 @@ the linear head and the training features' mean or spread, by pytorch-ood's code
 2024: the mean distance to the decision boundaries of the predicted class over the distance to the training features'
 mean, or, as OpenOOD also sweeps, over the feature's norm), DICE (Sun & Li 2022: the energy of a head with the 90% of
 weight x mean-activation contributions that are smallest set to zero) and ViM's residual alone (minus the norm outside
-the principal subspace). AUROC on the run's test
+the principal subspace); and ODIN (Liang et al. 2018: the maximum softmax at temperature 1000 of the image moved
+0.0014 against the gradient of its predicted class's loss, pytorch-ood's preprocessing, OpenOOD's CIFAR values, no
+tuning on unknown images). AUROC on the run's test
 split against a folder of unknown images (the open-set split's 4 classes) and a far-from-the-data folder
 (``make_unknown_images.py``), by its subfolders too. A measurement, not a score of the package (issue 74).
 
@@ -55,14 +57,25 @@ def layer_features(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor
     return torch.cat([logits, pooled, *per_layer], 1).float()
 
 
-def folder(model: torch.nn.Module, model_input: ModelInput, accelerator: Any, root: str
+def odin_score(model: torch.nn.Module, images: torch.Tensor, temperature: float = 1000.0, eps: float = 0.0014
+               ) -> torch.Tensor:
+    """``(B, 1)``: ODIN's maximum softmax at ``temperature`` of the normalized ``images`` moved by pytorch-ood's
+    ``odin_preprocessing`` (``eps`` in the scale of pixels in [0, 1])."""
+    from pytorch_ood.detector.odin import odin_preprocessing
+
+    moved = odin_preprocessing(model, images, eps=eps, temperature=temperature,
+                               norm_std=list(model.pretrained_cfg["std"]))
+    return (model(moved) / temperature).softmax(dim=1).amax(dim=1, keepdim=True).float()
+
+
+def folder(model: torch.nn.Module, model_input: ModelInput, accelerator: Any, root: str, compute: Any = layer_features
            ) -> tuple[torch.Tensor, np.ndarray]:
-    """:func:`layer_features` of the images below ``root`` (read as ``vitlab eval --unknown-images`` reads them) and
-    the name of the folder under ``root`` each lies in."""
+    """``compute`` (:func:`layer_features`) of the images below ``root`` (read as ``vitlab eval --unknown-images``
+    reads them) and the name of the folder under ``root`` each lies in."""
     files = list_images([root])
     groups = np.array([Path(f).relative_to(root).parts[0] for f in files])
     loader = DataLoader(model_dataset(model, files_index(model, files)), batch_size=256)
-    return gathered(model, loader, accelerator, layer_features, model_input)[0], groups
+    return gathered(model, loader, accelerator, compute, model_input)[0], groups
 
 
 def main() -> None:
@@ -78,9 +91,9 @@ def main() -> None:
     info = model.pretrained_cfg
     model_input = ModelInput(info["mean"], info["std"])
 
-    def split(name: str) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    def split(name: str, compute: Any = layer_features) -> tuple[Any, torch.Tensor, torch.Tensor]:
         accelerator, loader, _, _, _ = classifier_split(directory, cfg, model, name, 256)
-        return accelerator, *gathered(model, loader, accelerator, layer_features, model_input)
+        return accelerator, *gathered(model, loader, accelerator, compute, model_input)
 
     (_, train, labels), (_, val, _), (accelerator, test, _) = split("train"), split("val"), split("test")
     unknown, _ = folder(model, model_input, accelerator, args.unknown)
@@ -166,6 +179,15 @@ def main() -> None:
     dice = DICE(None, head.weight, head.bias, p=0.9).fit_features(train_parts["pooled"], labels)
     rate("dice", lambda d: -dice.predict_features(d["pooled"]))
     rate("vim_residual", lambda d: -((d["pooled"].double() - vim.origin) @ vim.residual).norm(dim=1))
+
+    # ODIN needs the images again (a backward pass each), not the features
+    odin = {"test": split("test", odin_score)[1], "unknown": folder(model, model_input, accelerator, args.unknown,
+                                                                     odin_score)[0],
+            "far": folder(model, model_input, accelerator, args.far, odin_score)[0]}
+    odin = {k: v[:, 0] for k, v in odin.items()}
+    results["odin"] = {"open_set": auroc(odin["test"], odin["unknown"]), "far": auroc(odin["test"], odin["far"]),
+                       **{g: auroc(odin["test"], odin["far"][torch.from_numpy(groups == g)])
+                          for g in sorted(set(groups))}}
     for name, row in results.items():
         print(f"{name:28s} " + " ".join(f"{k} {100 * v:6.2f}" for k, v in row.items()))
     args.output.write_text(json.dumps(results, indent=1))
