@@ -248,10 +248,9 @@ CALIBRATED = ("temperature", "thresholds", "unknown")  # what vitlab calibrate f
 def calibration_of(meta: dict[str, Any], weights: str) -> dict[str, Any]:
     """What ``vitlab calibrate`` fitted on the weights file ``weights`` of a checkpoint (``config.json``'s
     ``meta``): its ``temperature``, or a multi-label model's ``thresholds``, and the ``unknown`` rule; {} if none was
-    fitted on them. A
-    temperature belongs to the weights it was fitted on: the EMA's is not the raw weights'. A checkpoint of
-    before ``calibration`` keeps them at the top, fitted on the weights calibrate then read (the EMA's where
-    there were)."""
+    fitted on them. A temperature belongs to the weights it was fitted on: the EMA's is not the raw weights'. A
+    checkpoint of before ``calibration`` (and a ``save_pretrained`` copy) keeps them at the top, fitted on the weights
+    calibrate then read (the EMA's where there were)."""
     kept = (meta.get("calibration") or {}).get(weights)
     if kept is not None:
         return dict(kept)
