@@ -224,6 +224,34 @@ def test_a_pruned_trials_process_is_stopped_and_later_epochs_are_not_reported(tm
     assert 3 <= written < 100 and time.monotonic() - started < 30
 
 
+def test_base_first_asks_the_base_configs_own_values_first_once_and_refuses_a_base_outside_the_space(
+        tiny_imagefolder, tmp_path, monkeypatch, capsys):
+    # --base-first: trial 0 is the recipe the study starts from (optim.lr=3e-3 and embed_dim 32 of the tiny config),
+    # so the study's best is never below it on validation; the sampler's trials follow; a continued study does not
+    # ask it again; a base value outside the space is one line before any trial
+    import vitlab.tuning.study
+
+    monkeypatch.setattr(vitlab.tuning.study, "_command", stand_in())
+    base, space, study = searched(tiny_imagefolder, tmp_path, f"{LR}\nmodel.embed_dim: [16, 32, 64]")
+    tune(base, space, 2, study=study, pruner="none", base_first=True)
+    table = rows(study)
+    assert float(table[0]["optim.lr"]) == 3e-3 and int(table[0]["model.embed_dim"]) == 32
+    assert float(table[1]["optim.lr"]) != 3e-3
+    assert "trial 0 (1/2), the base config: " in capsys.readouterr().out
+    tune(base, space, 4, study=study, pruner="none", base_first=True)  # continued: the base is not asked again
+    table = rows(study)
+    assert len(table) == 4 and sum(float(r["optim.lr"]) == 3e-3 for r in table) == 1
+    for spec, said in ((LR.replace("1.0e-3", "4.0e-3"), r"^--base-first: the base config's optim\.lr=0\.003 lies "
+                        r"outside the space's range \[0\.004, 0\.01\]"),
+                       ("model.embed_dim: [16, 64]", r"^--base-first: the base config's model\.embed_dim=32 is not "
+                        r"among the space's choices \[16, 64\]"),
+                       ("model.mlp_ratio: {low: 2.5, high: 3.0}", r"^--base-first: the base config's "  # the preset's
+                        r"model\.mlp_ratio=2\.0 lies outside the space's range \[2\.5, 3\]")):
+        (tmp_path / "other.yaml").write_text(spec + "\n")
+        with pytest.raises(ConfigError, match=said):
+            tune(base, tmp_path / "other.yaml", 2, study=tmp_path / "other", base_first=True)
+        assert not (tmp_path / "other").exists()
+
 def test_a_study_continued_with_another_space_base_or_metric_and_a_storage_that_cannot_be_opened_are_one_line(
         tiny_imagefolder, tmp_path, monkeypatch):
     import vitlab.tuning.study
@@ -298,12 +326,13 @@ def test_a_study_stopped_or_killed_mid_trial_is_continued_by_the_same_command_an
 def test_two_processes_share_one_study_and_run_its_trials_once_each(tiny_imagefolder, tmp_path):
     # The same command started twice at once on one SQLite study: the 3 trials split between the processes, each run
     # once (a trial one asked after the other had asked the 3rd is recorded as not run, and not counted). The trials
-    # are stand-ins of 2 s (4 epochs of 0.5 s), as long as the tiny run's; the two processes are forked from this one
+    # are stand-ins of 2 s (4 epochs of 0.5 s), as long as the tiny run's; the two processes are forked from this one.
+    # Both ask the base config first (--base-first): it runs once
     import optuna
 
     base, space, study = searched(tiny_imagefolder, tmp_path, LR)
     study.mkdir()
-    command = tune_command(base, space, study, 3, "--pruner", "none", stand_in=(0.5, 4))
+    command = tune_command(base, space, study, 3, "--pruner", "none", "--base-first", stand_in=(0.5, 4))
     both = [forked.start(command, cwd=ROOT) for _ in range(2)]
     outputs = [p.communicate(timeout=600) for p in both]
     assert all(p.returncode == 0 for p in both), [err[-2000:] for _, err in outputs]
@@ -314,6 +343,7 @@ def test_two_processes_share_one_study_and_run_its_trials_once_each(tiny_imagefo
     ran = [out.count("-> val_top1") for out, _ in outputs]
     assert sorted(ran) != [0, 3] and sum(ran) == 3, ran  # both ran trials, 3 in all
     assert all(len((study / f"trial_{t.number:04d}/metrics.jsonl").read_text().splitlines()) == 4 for t in complete)
+    assert sum(t.params["optim.lr"] == 3e-3 for t in complete) == 1
 
 
 def test_without_optuna_the_study_says_which_extra_to_install(tiny_imagefolder, tmp_path, monkeypatch):

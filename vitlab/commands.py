@@ -280,7 +280,8 @@ def _tune(args: argparse.Namespace) -> None:
     from .tuning import tune
 
     tune(args.config, args.space, args.trials, study=args.study, storage=args.storage, pruner=args.pruner,
-         metric=args.metric, timeout_minutes=args.timeout, overrides=args.overrides, seed=args.seed)
+         metric=args.metric, timeout_minutes=args.timeout, overrides=args.overrides, seed=args.seed,
+         base_first=args.base_first)
 
 
 COMMANDS = {"eval": _eval, "calibrate": _calibrate, "predict": _predict, "embed": _embed, "inspect": _inspect,

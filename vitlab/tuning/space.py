@@ -11,6 +11,7 @@ one line each: every range's ends and every choice are loaded into the base conf
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,14 @@ import yaml
 from ..config import load_config
 from ..errors import ConfigError
 
-__all__ = ["Dimension", "read_space", "suggest", "overrides_of"]
+__all__ = ["Dimension", "read_space", "suggest", "overrides_of", "base_values"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Dimension:
-    """One key's range (``low``, ``high``, ``log``, ``step``; ``kind`` 'int' or 'float') or its ``choices``."""
+    """One key's range (``low``, ``high``, ``log``, ``step``; ``kind`` 'int' or 'float') or its ``choices``; ``base``:
+    the value the base config gives the key, its model preset's where it sets none (``has_base`` False where that is
+    not known: a timm model's own defaults)."""
 
     key: str
     kind: str                       # 'int', 'float' or 'choice'
@@ -33,6 +36,8 @@ class Dimension:
     log: bool = False
     step: float | None = None
     choices: tuple[Any, ...] = ()
+    base: Any = None
+    has_base: bool = False
 
     def values_to_check(self) -> list[Any]:
         return list(self.choices) if self.kind == "choice" else [self.low, self.high]
@@ -92,10 +97,12 @@ def read_space(path: str | Path, base: str | Path, overrides: list[str]) -> list
     cfg = load_config(base, overrides)
     dimensions = []
     for key, spec in raw.items():
+        has_base, own = True, None
         try:
-            default = _default(cfg, key)
+            default = own = _default(cfg, key)
         except AttributeError:
             if key.startswith("model.") and key.count(".") == 1:  # a constructor argument of the preset
+                has_base, own = _model_default(cfg.model.name, cfg.model.args, key[6:])
                 default = cfg.model.args.get(key[6:], spec.get("low") if isinstance(spec, dict) else None)
             else:
                 load_config(base, [*overrides, f"{key}={_literal(spec)}"])  # names the keys close to it
@@ -106,8 +113,49 @@ def read_space(path: str | Path, base: str | Path, overrides: list[str]) -> list
                 load_config(base, [*overrides, f"{key}={_literal(value)}"])
             except ConfigError as e:
                 raise ConfigError(f"space: {key}={value!r} is refused by the config: {e}") from None
-        dimensions.append(dimension)
+        dimensions.append(dataclasses.replace(dimension, base=own, has_base=has_base))
     return dimensions
+
+
+def _model_default(name: str, args: dict[str, Any], argument: str) -> tuple[bool, Any]:
+    """What the model preset ``name`` built with ``args`` (the config's) passes as ``argument``: (True, the value),
+    or (False, None) where vitlab does not know it (a timm model's own defaults)."""
+    from ..models.registry import model_args, preset_class
+    from ..models.timm_classifier import TimmClassifier
+
+    if argument in args:
+        return True, args[argument]
+    if preset_class(name) is TimmClassifier:
+        return False, None
+    preset = model_args(name)
+    if argument in preset:
+        return True, preset[argument]
+    parameter = inspect.signature(preset_class(name)).parameters.get(argument)
+    if parameter is None or parameter.default is inspect.Parameter.empty:
+        return False, None
+    return True, parameter.default
+
+
+def base_values(dimensions: list[Dimension]) -> dict[str, Any]:
+    """The base config's own value of each dimension's key, each in its range (on its step) or among its choices:
+    the trial ``vitlab tune --base-first`` asks first. Raises ``ConfigError`` (one line) for one that is not, or whose
+    value is not known (a timm model's own default)."""
+    values = {}
+    for d in dimensions:
+        where = f"--base-first: the base config's {d.key}={d.base!r}"
+        if not d.has_base:
+            raise ConfigError(f"--base-first: the base config's {d.key} is the model's own default, which vitlab "
+                              f"does not know (a timm model's): set it in the config, or drop --base-first")
+        if d.kind == "choice" and d.base not in d.choices:
+            raise ConfigError(f"{where} is not among the space's choices {list(d.choices)}: add it, or drop "
+                              f"--base-first")
+        if d.kind != "choice":
+            steps = (d.base - d.low) / d.step if d.step else 0.0
+            if not d.low <= d.base <= d.high or abs(steps - round(steps)) > 1e-9:
+                raise ConfigError(f"{where} lies outside the space's range [{d.low:g}, {d.high:g}]"
+                                  f"{f' (step {d.step:g})' if d.step else ''}: widen it, or drop --base-first")
+        values[d.key] = d.base
+    return values
 
 
 def _literal(value: Any) -> str:

@@ -28,7 +28,7 @@ from ..checkpoint import read_json
 from ..config.loading import apply_overrides, load_config
 from ..errors import ConfigError
 from ..tasks.registry import get_task
-from .space import overrides_of, read_space, suggest
+from .space import base_values, overrides_of, read_space, suggest
 
 __all__ = ["tune"]
 
@@ -237,12 +237,15 @@ def _command(base: str, overrides: list[str], values: dict[str, Any], run_dir: P
 
 def tune(config: str | Path, space: str | Path, trials: int, study: str | Path | None = None,
          storage: str | None = None, pruner: str = "median", metric: str | None = None,
-         timeout_minutes: float | None = None, overrides: list[str] | tuple[str, ...] = (), seed: int = 0) -> dict:
+         timeout_minutes: float | None = None, overrides: list[str] | tuple[str, ...] = (), seed: int = 0,
+         base_first: bool = False) -> dict:
     """Search ``space`` (:func:`~vitlab.tuning.space.read_space`) over the config ``config`` with ``overrides``:
     ``trials`` trials in all (those run before by the same study counted), each a run in ``study/trial_NNNN/``,
     chosen on ``metric`` (a validation metric; default ``train.best_metric``'s, else ``val_top1`` for a classifier)
     by Optuna's TPE
-    sampler seeded ``seed`` and ``pruner`` ('median', 'hyperband', 'none'), for at most ``timeout_minutes``. Writes
+    sampler seeded ``seed`` and ``pruner`` ('median', 'hyperband', 'none'), for at most ``timeout_minutes``;
+    ``base_first``: the first trial is the base config's own values of the space's keys (Optuna's ``enqueue_trial``,
+    once a study), so that the best is never below the recipe searched from, on validation. Writes
     ``best.yaml`` (a whole config that trains the best trial again), ``trials.csv`` and the study's pictures into
     ``study``. Returns the best trial's number, values and metric.
 
@@ -264,12 +267,15 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
     metric = metric or "val_top1"
     _check(cfg, str(config), metric, pruner, trials)
     dimensions = read_space(space, config, overrides)
+    first = base_values(dimensions) if base_first else None
     study_dir = Path(study or f"runs/tune_{Path(config).stem}")
     study_dir.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     the_study = _open_study(study_dir, storage, _direction(metric, cfg.train.greater_is_better),
                             optuna.samplers.TPESampler(seed=seed), _pruner(pruner, cfg.train.epochs))
     _same_study(the_study, study_dir, _merged(config, overrides), space, metric)
+    if first is not None and not any(t.user_attrs.get("base") for t in the_study.trials):
+        the_study.enqueue_trial(first, user_attrs={"base": True}, skip_if_exists=True)
     stop: dict[str, Any] = {}
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -282,6 +288,11 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
         if shared and _surplus(the_study, trial.number, trials):  # another process sharing it asked the last one
             trial.set_user_attr("surplus", True)
             trial.set_user_attr("reason", f"not run: the study's {trials} trials were asked by its processes")
+            raise TrialFailed(trial.user_attrs["reason"])
+        if trial.user_attrs.get("base") and any(t.user_attrs.get("base") and t.number < trial.number
+                                                for t in the_study.trials):  # two processes asked it at once
+            trial.set_user_attr("surplus", True)
+            trial.set_user_attr("reason", "not run: the base config's trial was asked by another process")
             raise TrialFailed(trial.user_attrs["reason"])
         values = suggest(trial, dimensions)
         run_dir = study_dir / f"trial_{trial.number:04d}"
@@ -318,7 +329,8 @@ def _progress(study: Any, number: int, trials: int, metric: str, start: float, d
         best = f" | best {study.best_value:.4f} (trial {study.best_trial.number})"
     left = f" | {max(0.0, (deadline - time.time()) / 60):.1f} min left" if deadline else ""
     params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.params.items())
-    print(f"trial {last.number} ({_counted(study)}/{trials}): {params} -> {said.get(last.state, last.state.name)}"
+    base = ", the base config" if last.user_attrs.get("base") else ""
+    print(f"trial {last.number} ({_counted(study)}/{trials}){base}: {params} -> {said.get(last.state, last.state.name)}"
           f"{best} | {time.time() - start:.0f} s{left}", flush=True)
 
 
