@@ -187,6 +187,16 @@ def _surplus(study: Any, number: int, trials: int) -> bool:
     return number in ahead[trials:]
 
 
+def _surplus_reason(study: Any, trial: Any, trials: int, shared: bool) -> str | None:
+    """Why ``trial`` is not to be run, if it is not: beyond the study's total, its processes sharing it having asked
+    the last one; or a second copy of the base config's trial, two processes having asked it at once."""
+    if shared and _surplus(study, trial.number, trials):
+        return f"not run: the study's {trials} trials were asked by its processes"
+    if trial.user_attrs.get("base") and any(t.user_attrs.get("base") and t.number < trial.number for t in study.trials):
+        return "not run: the base config's trial was asked by another process"
+    return None
+
+
 def _retry_interrupted(study: Any) -> None:
     """A trial stopped with the study (recorded failed without a reason of its own) is asked again, once."""
     from optuna.trial import TrialState
@@ -274,7 +284,7 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
     the_study = _open_study(study_dir, storage, _direction(metric, cfg.train.greater_is_better),
                             optuna.samplers.TPESampler(seed=seed), _pruner(pruner, cfg.train.epochs))
     _same_study(the_study, study_dir, _merged(config, overrides), space, metric)
-    if first is not None and not any(t.user_attrs.get("base") for t in the_study.trials):
+    if first is not None and not any(t.user_attrs.get("base") for t in the_study.trials):  # once a study
         the_study.enqueue_trial(first, user_attrs={"base": True}, skip_if_exists=True)
     stop: dict[str, Any] = {}
 
@@ -285,15 +295,11 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
 
     def objective(trial: Any) -> float:
         stop["number"] = trial.number  # this process's (the study's last may be another process's)
-        if shared and _surplus(the_study, trial.number, trials):  # another process sharing it asked the last one
+        surplus = _surplus_reason(the_study, trial, trials, shared)
+        if surplus:
             trial.set_user_attr("surplus", True)
-            trial.set_user_attr("reason", f"not run: the study's {trials} trials were asked by its processes")
-            raise TrialFailed(trial.user_attrs["reason"])
-        if trial.user_attrs.get("base") and any(t.user_attrs.get("base") and t.number < trial.number
-                                                for t in the_study.trials):  # two processes asked it at once
-            trial.set_user_attr("surplus", True)
-            trial.set_user_attr("reason", "not run: the base config's trial was asked by another process")
-            raise TrialFailed(trial.user_attrs["reason"])
+            trial.set_user_attr("reason", surplus)
+            raise TrialFailed(surplus)
         values = suggest(trial, dimensions)
         run_dir = study_dir / f"trial_{trial.number:04d}"
         return _run_trial(trial, _command(str(config), overrides, values, run_dir), run_dir, metric, stop)
