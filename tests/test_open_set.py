@@ -507,6 +507,44 @@ def test_save_pretrained_carries_the_unknown_threshold_and_its_statistics_as_it_
     assert torch.equal(vitlab.unknown_scores(load_model(tmp_path / "again"), images)["scores"], ours["scores"])
 
 
+def test_from_pretrained_downloads_the_fitted_statistics_beside_the_weights_when_the_hub_has_them(val_run, tmp_path,
+                                                                                                  monkeypatch):
+    # a stand-in for the Hub: a folder a repository, hf_hub_download copying its files into a cache folder and
+    # saying "not there" (huggingface_hub's EntryNotFoundError) for a file the repository lacks
+    import shutil
+
+    import huggingface_hub.hub_mixin
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    import vitlab
+    import vitlab.models.hub
+    from vitlab import load_model
+    from vitlab.unknown import calibrate_unknown
+
+    def download(repo_id: str, filename: str, **_: object) -> str:
+        source, target = tmp_path / "hub" / repo_id / filename, tmp_path / "cache" / repo_id / filename
+        if not source.is_file():
+            raise LocalEntryNotFoundError(f"{filename} is not in {repo_id}")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+        return str(target)
+
+    monkeypatch.setattr(huggingface_hub.hub_mixin, "hf_hub_download", download)
+    monkeypatch.setattr(vitlab.models.hub, "hf_hub_download", download)
+    calibrate_unknown(val_run, "vim")
+    model = load_model(val_run)
+    model.save_pretrained(tmp_path / "hub" / "someone" / "calibrated")
+    downloaded = type(model).from_pretrained("someone/calibrated")
+    assert (tmp_path / "cache" / "someone" / "calibrated" / "open_set.model.safetensors").is_file()
+    images = torch.from_numpy(np.random.default_rng(6).integers(0, 256, (4, 3, 32, 32), dtype=np.uint8))
+    assert torch.equal(vitlab.unknown_scores(downloaded, images)["scores"],
+                       vitlab.unknown_scores(model, images)["scores"])
+    plain = load_model(val_run)
+    del plain.pretrained_cfg["unknown"]  # a model never calibrated for unknown images: the Hub holds no such file
+    plain.save_pretrained(tmp_path / "hub" / "someone" / "plain")
+    assert "unknown" not in type(model).from_pretrained("someone/plain").pretrained_cfg
+
+
 def test_a_threshold_whose_fitted_statistics_are_gone_is_one_line_wherever_it_is_read(val_run, tiny_imagefolder,
                                                                                        tmp_path, capsys):
     # open_set.<weights> deleted beside a calibrated checkpoint: predict, export and save_pretrained say so in one
