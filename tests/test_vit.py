@@ -230,3 +230,15 @@ def test_drop_path_drops_whole_samples_and_keeps_the_expectation():
     assert torch.equal(y[~kept], torch.zeros_like(y[~kept]))
     assert abs(kept.float().mean().item() - 0.75) < 0.03
     assert torch.equal(layer.eval()(x), x)
+
+
+@pytest.mark.parametrize("argument, overrides", [("mlp_ratio", {}), ("drop_path_rate", {}), ("depth", {"depth": 2}),
+                                                 ("qkv_bias", {})])
+def test_model_argument_is_what_the_built_model_was_given(argument, overrides):
+    # an override, the preset's value or the class's default: the reference is the model create_model builds
+    from vitlab.models.registry import model_argument
+
+    model = vitlab.create_model("vit_cifar_tiny_patch4_32", **overrides)
+    assert model_argument("vit_cifar_tiny_patch4_32", argument, **overrides) == (True, model.config[argument])
+    assert model_argument("vit_cifar_tiny_patch4_32", "no_such_argument") == (False, None)
+    assert model_argument("timm:resnet18", "drop_path_rate") == (False, None)  # timm's own default: not known here

@@ -32,7 +32,7 @@ from .timm_classifier import TIMM_PREFIX, TimmClassifier
 from .transformer import Seq2SeqTransformer
 from .vit import VisionTransformer
 
-__all__ = ["create_model", "list_models", "model_args", "preset_class", "model_class", "load_model"]
+__all__ = ["create_model", "list_models", "model_args", "model_argument", "preset_class", "model_class", "load_model"]
 
 _PRESETS: dict[str, dict[str, Any]] = {
     # timm's ImageNet ViTs (224x224, 16x16 patches, 1000 classes).
@@ -152,6 +152,23 @@ def model_args(name: str, **overrides: Any) -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown model argument(s) {unknown} for {name!r}; {cls.__name__} takes {', '.join(allowed)}")
     return {**_PRESETS[name], **overrides}
+
+
+def model_argument(name: str, argument: str, **overrides: Any) -> tuple[bool, Any]:
+    """What preset ``name`` built with ``overrides`` passes as ``argument`` (an override, the preset's value, else the
+    class's default): ``(True, value)``, or ``(False, None)`` where vitlab does not know it (a timm model's own
+    defaults, or an argument the class does not take)."""
+    if argument in overrides:
+        return True, overrides[argument]
+    cls = preset_class(name)
+    if cls is TimmClassifier:
+        return False, None
+    if argument in _PRESETS[name]:
+        return True, _PRESETS[name][argument]
+    parameter = inspect.signature(cls).parameters.get(argument)
+    if parameter is None or parameter.default is parameter.empty:
+        return False, None
+    return True, parameter.default
 
 
 def create_model(name: str, pretrained: bool = False, **overrides: Any) -> nn.Module:

@@ -11,7 +11,6 @@ one line each: every range's ends and every choice are loaded into the base conf
 from __future__ import annotations
 
 import dataclasses
-import inspect
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import yaml
 
 from ..config import load_config
 from ..errors import ConfigError
+from ..models.registry import model_argument
 
 __all__ = ["Dimension", "read_space", "suggest", "overrides_of", "base_values"]
 
@@ -102,7 +102,7 @@ def read_space(path: str | Path, base: str | Path, overrides: list[str]) -> list
             default = own = _default(cfg, key)
         except AttributeError:
             if key.startswith("model.") and key.count(".") == 1:  # a constructor argument of the preset
-                has_base, own = _model_default(cfg.model.name, cfg.model.args, key[6:])
+                has_base, own = model_argument(cfg.model.name, key[6:], **cfg.model.args)
                 default = cfg.model.args.get(key[6:], spec.get("low") if isinstance(spec, dict) else None)
             else:
                 load_config(base, [*overrides, f"{key}={_literal(spec)}"])  # names the keys close to it
@@ -115,25 +115,6 @@ def read_space(path: str | Path, base: str | Path, overrides: list[str]) -> list
                 raise ConfigError(f"space: {key}={value!r} is refused by the config: {e}") from None
         dimensions.append(dataclasses.replace(dimension, base=own, has_base=has_base))
     return dimensions
-
-
-def _model_default(name: str, args: dict[str, Any], argument: str) -> tuple[bool, Any]:
-    """What the model preset ``name`` built with ``args`` (the config's) passes as ``argument``: (True, the value),
-    or (False, None) where vitlab does not know it (a timm model's own defaults)."""
-    from ..models.registry import model_args, preset_class
-    from ..models.timm_classifier import TimmClassifier
-
-    if argument in args:
-        return True, args[argument]
-    if preset_class(name) is TimmClassifier:
-        return False, None
-    preset = model_args(name)
-    if argument in preset:
-        return True, preset[argument]
-    parameter = inspect.signature(preset_class(name)).parameters.get(argument)
-    if parameter is None or parameter.default is inspect.Parameter.empty:
-        return False, None
-    return True, parameter.default
 
 
 def base_values(dimensions: list[Dimension]) -> dict[str, Any]:
