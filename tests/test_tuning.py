@@ -344,6 +344,9 @@ def test_two_processes_share_one_study_and_run_its_trials_once_each(tiny_imagefo
     assert sorted(ran) != [0, 3] and sum(ran) == 3, ran  # both ran trials, 3 in all
     assert all(len((study / f"trial_{t.number:04d}/metrics.jsonl").read_text().splitlines()) == 4 for t in complete)
     assert sum(t.params["optim.lr"] == 3e-3 for t in complete) == 1
+    # each trial draws its own values: two processes seeded alike (the same command) do not draw the same ones in
+    # turn (Optuna's seeded sampler, one per process, gave trial 2 the values of trial 1: half the study run twice)
+    assert len({t.params["optim.lr"] for t in complete}) == 3, [t.params for t in complete]
 
 
 def test_without_optuna_the_study_says_which_extra_to_install(tiny_imagefolder, tmp_path, monkeypatch):

@@ -305,7 +305,8 @@ def _tune_parser(sub: Any) -> None:
     tu.add_argument("--pruner", default="median", help="median, hyperband or none (default median)")
     tu.add_argument("--metric", help="the validation metric chosen on (default train.best_metric, else val_top1)")
     tu.add_argument("--timeout", type=float, help="minutes after which no trial is started")
-    tu.add_argument("--seed", type=int, default=0, help="the TPE sampler's seed")
+    tu.add_argument("--seed", type=int, default=0, help="the TPE sampler's seed (each trial's draw seeded by it "
+                    "and the trial's number: processes sharing a study draw different values)")
     tu.add_argument("--base-first", action="store_true", help="the first trial is the base config's own values of "
                     "the space's keys (each must lie in the space): the best is then never below the base recipe")
     tu.add_argument("overrides", nargs="*", help="key=value for every trial")

@@ -234,6 +234,16 @@ class _StopNotFailure(logging.Filter):
         return not (record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt))
 
 
+def _sampler(seed: int, number: int | None = None) -> Any:
+    """Optuna's TPE sampler seeded by the study's ``seed`` and the trial's ``number``: each trial draws its own values
+    however many processes share the study (a sampler seeded once a process draws the same values in each process, in
+    turn: two processes started by the same command ran every trial twice)."""
+    import numpy as np
+    import optuna
+
+    return optuna.samplers.TPESampler(seed=int(np.random.SeedSequence([seed, number or 0]).generate_state(1)[0]))
+
+
 def _direction(metric: str, greater_is_better: bool | None) -> str:
     if greater_is_better is not None:
         return "maximize" if greater_is_better else "minimize"
@@ -253,7 +263,7 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
     ``trials`` trials in all (those run before by the same study counted), each a run in ``study/trial_NNNN/``,
     chosen on ``metric`` (a validation metric; default ``train.best_metric``'s, else ``val_top1`` for a classifier)
     by Optuna's TPE
-    sampler seeded ``seed`` and ``pruner`` ('median', 'hyperband', 'none'), for at most ``timeout_minutes``;
+    sampler (each trial's draw seeded by ``seed`` and the trial's number) and ``pruner`` ('median', 'hyperband', 'none'), for at most ``timeout_minutes``;
     ``base_first``: the first trial is the base config's own values of the space's keys (Optuna's ``enqueue_trial``,
     once a study), so that the best is never below the recipe searched from, on validation. Writes
     ``best.yaml`` (a whole config that trains the best trial again), ``trials.csv`` and the study's pictures into
@@ -282,7 +292,7 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
     study_dir.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     the_study = _open_study(study_dir, storage, _direction(metric, cfg.train.greater_is_better),
-                            optuna.samplers.TPESampler(seed=seed), _pruner(pruner, cfg.train.epochs))
+                            _sampler(seed), _pruner(pruner, cfg.train.epochs))
     _same_study(the_study, study_dir, _merged(config, overrides), space, metric)
     if first is not None and not any(t.user_attrs.get("base") for t in the_study.trials):  # once a study
         the_study.enqueue_trial(first, user_attrs={"base": True}, skip_if_exists=True)
@@ -300,6 +310,7 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
             trial.set_user_attr("surplus", True)
             trial.set_user_attr("reason", surplus)
             raise TrialFailed(surplus)
+        the_study.sampler = _sampler(seed, trial.number)  # before its values are drawn
         values = suggest(trial, dimensions)
         run_dir = study_dir / f"trial_{trial.number:04d}"
         return _run_trial(trial, _command(str(config), overrides, values, run_dir), run_dir, metric, stop)
