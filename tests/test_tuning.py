@@ -320,6 +320,7 @@ def test_a_study_stopped_or_killed_mid_trial_is_continued_by_the_same_command_an
     table = rows(study)
     assert [r["state"] for r in table] == ["FAIL", "FAIL", "COMPLETE", "COMPLETE"], table
     assert table[0]["optim.lr"] == table[1]["optim.lr"] == table[2]["optim.lr"]  # asked again with the same values
+    assert table[3]["optim.lr"] != table[0]["optim.lr"]  # a new trial draws new values, not the first trial's again
 
 
 @pytest.mark.slow
