@@ -309,6 +309,9 @@ def _tune_parser(sub: Any) -> None:
                     "and the trial's number: processes sharing a study draw different values)")
     tu.add_argument("--base-first", action="store_true", help="the first trial is the base config's own values of "
                     "the space's keys (each must lie in the space): the best is then never below the base recipe")
+    tu.add_argument("--devices", help="'all' or GPU numbers (0,1): one trial a GPU at once, each GPU's trials in a "
+                    "process of its own sharing the study")
+    tu.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # a process --devices started
     tu.add_argument("overrides", nargs="*", help="key=value for every trial")
 
 

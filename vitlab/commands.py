@@ -281,7 +281,7 @@ def _tune(args: argparse.Namespace) -> None:
 
     tune(args.config, args.space, args.trials, study=args.study, storage=args.storage, pruner=args.pruner,
          metric=args.metric, timeout_minutes=args.timeout, overrides=args.overrides, seed=args.seed,
-         base_first=args.base_first)
+         base_first=args.base_first, devices=args.devices, _worker=args.worker)
 
 
 COMMANDS = {"eval": _eval, "calibrate": _calibrate, "predict": _predict, "embed": _embed, "inspect": _inspect,

@@ -4,7 +4,8 @@ real ones): a trial's process is a few lines of Python that write a run's ``metr
 
 In the test's process: ``monkeypatch.setattr(vitlab.tuning.study, "_command", stand_in(...))``. In a study process of
 its own (a test of signals or of two processes): ``python stand_in_trials.py SECONDS_PER_EPOCH EPOCHS tune ...``
-runs ``vitlab tune ...`` with the stand-in."""
+runs ``vitlab tune ...`` with the stand-in; with ``STAND_IN_GPUS=3,5`` in its environment, ``--devices`` sees those
+GPUs (none here) and starts its processes a GPU as this script, their trials stand-ins too."""
 from __future__ import annotations
 
 import sys
@@ -33,8 +34,14 @@ def stand_in(seconds_per_epoch: float = 0.01, epochs: int = 10) -> Callable[...,
 
 
 if __name__ == "__main__":
+    import os
+
+    import vitlab.tuning.devices
     import vitlab.tuning.study
     from vitlab.cli import main
 
     vitlab.tuning.study._command = stand_in(float(sys.argv[1]), int(sys.argv[2]))
+    if os.environ.get("STAND_IN_GPUS"):
+        vitlab.tuning.devices._visible_gpus = lambda: os.environ["STAND_IN_GPUS"].split(",")
+        vitlab.tuning.devices._program = lambda: [sys.executable, __file__, *sys.argv[1:3]]
     main(sys.argv[3:])

@@ -12,9 +12,9 @@ trials that completed, were pruned or failed for a reason of their own.
 """
 from __future__ import annotations
 
-import csv
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -24,10 +24,11 @@ from typing import Any
 
 import yaml
 
-from ..checkpoint import read_json
-from ..config.loading import apply_overrides, load_config
+from ..config.loading import load_config
 from ..errors import ConfigError
 from ..tasks.registry import get_task
+from .devices import chosen_gpus, run_workers
+from .report import merged, write_report
 from .space import base_values, overrides_of, read_space, suggest
 
 __all__ = ["tune"]
@@ -67,6 +68,24 @@ def _pruner(name: str, epochs: int) -> Any:
     if name == "hyperband":
         return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=max(epochs, 1))
     return optuna.pruners.NopPruner()
+
+
+def _optuna() -> Any:
+    try:
+        import optuna
+    except ImportError:
+        raise ConfigError("vitlab tune needs optuna, which is not installed: pip install 'vitlab[tune]'") from None
+    return optuna
+
+
+def _metric(cfg: Any, metric: str | None) -> str:
+    """The metric chosen on: ``metric``, else ``train.best_metric``'s validation metric, else a classifier's
+    ``val_top1``; one line for another task without one."""
+    if not metric and cfg.train.best_metric:
+        metric = "val_" + cfg.train.best_metric.removeprefix("val_")
+    if not metric and cfg.task != "classification":
+        raise ConfigError(f"--metric: give the validation metric to choose on (task: {cfg.task}), e.g. val_loss")
+    return metric or "val_top1"
 
 
 def _check(cfg: Any, base: str, metric: str, pruner: str, trials: int) -> None:
@@ -189,12 +208,16 @@ def _surplus(study: Any, number: int, trials: int) -> bool:
 
 def _surplus_reason(study: Any, trial: Any, trials: int, shared: bool) -> str | None:
     """Why ``trial`` is not to be run, if it is not: beyond the study's total, its processes sharing it having asked
-    the last one; or a second copy of the base config's trial, two processes having asked it at once."""
+    the last one; or a second copy of the base config's trial or of a stopped trial's retry, two processes having
+    asked it at once (the first asked is the one run)."""
     if shared and _surplus(study, trial.number, trials):
         return f"not run: the study's {trials} trials were asked by its processes"
     if trial.user_attrs.get("base") and any(t.user_attrs.get("base") and t.number < trial.number for t in study.trials):
         return "not run: the base config's trial was asked by another process"
-    return None
+    retry_of = trial.user_attrs.get("retry_of")
+    first = min((t.number for t in study.trials if retry_of is not None and t.user_attrs.get("retry_of") == retry_of),
+                default=trial.number)
+    return f"not run: trial {first} asks trial {retry_of}'s values again" if first < trial.number else None
 
 
 def _retry_interrupted(study: Any) -> None:
@@ -226,12 +249,22 @@ def _open_study(study_dir: Path, storage: str | None, direction: str, sampler: A
             time.sleep(attempt)
 
 
-class _StopNotFailure(logging.Filter):
-    """Leaves out Optuna's record of the trial a stop interrupted (its "failed ... KeyboardInterrupt()" and traceback):
-    the study says it stopped in one line, and asks that trial's values again when continued."""
+class _SaidByTheStudy(logging.Filter):
+    """Leaves out Optuna's two records of a trial that failed (its "failed with parameters ... because of" with the
+    traceback, then "failed with value None") where the study says it itself: a run's one-line error, or a surplus
+    trial, on the trial's progress line; a stop (KeyboardInterrupt) in one line, its values asked again when
+    continued."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.said: set[str] = set()  # the numbers of the trials whose first record was left out
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], KeyboardInterrupt))
+        words = record.getMessage().split(maxsplit=2)
+        if record.exc_info and isinstance(record.exc_info[1], (KeyboardInterrupt, TrialFailed)):
+            self.said.add(words[1])  # "Trial 7 failed with parameters: ..."
+            return False
+        return not (len(words) == 3 and words[1] in self.said and words[2].startswith("failed with value"))
 
 
 def _sampler(seed: int, number: int | None = None) -> Any:
@@ -258,44 +291,44 @@ def _command(base: str, overrides: list[str], values: dict[str, Any], run_dir: P
 def tune(config: str | Path, space: str | Path, trials: int, study: str | Path | None = None,
          storage: str | None = None, pruner: str = "median", metric: str | None = None,
          timeout_minutes: float | None = None, overrides: list[str] | tuple[str, ...] = (), seed: int = 0,
-         base_first: bool = False) -> dict:
+         base_first: bool = False, devices: str | None = None, _worker: bool = False) -> dict:
     """Search ``space`` (:func:`~vitlab.tuning.space.read_space`) over the config ``config`` with ``overrides``:
     ``trials`` trials in all (those run before by the same study counted), each a run in ``study/trial_NNNN/``,
     chosen on ``metric`` (a validation metric; default ``train.best_metric``'s, else ``val_top1`` for a classifier)
-    by Optuna's TPE
-    sampler (each trial's draw seeded by ``seed`` and the trial's number) and ``pruner`` ('median', 'hyperband', 'none'), for at most ``timeout_minutes``;
-    ``base_first``: the first trial is the base config's own values of the space's keys (Optuna's ``enqueue_trial``,
-    once a study), so that the best is never below the recipe searched from, on validation. Writes
-    ``best.yaml`` (a whole config that trains the best trial again), ``trials.csv`` and the study's pictures into
-    ``study``. Returns the best trial's number, values and metric.
+    by Optuna's TPE sampler (each trial's draw seeded by ``seed`` and the trial's number) and ``pruner`` ('median',
+    'hyperband', 'none'), for at most ``timeout_minutes``; ``base_first``: the first trial is the base config's own
+    values of the space's keys (Optuna's ``enqueue_trial``, once a study), so that the best is never below the recipe
+    searched from, on validation; ``devices`` ('all' or GPU numbers, '0,1'): one trial a GPU at once, each GPU's in a
+    process of its own sharing the study (:mod:`vitlab.tuning.devices`). Writes ``best.yaml`` (a whole config that
+    trains the best trial again), ``trials.csv`` and the study's pictures into ``study`` (``_worker``: a process
+    :mod:`~vitlab.tuning.devices` started, which leaves them to the one that started it). Returns the best trial's
+    number, values and metric.
 
     Raises:
         ConfigError: one line, before any trial: Optuna not installed, or what :func:`_check`, :func:`read_space`,
             the storage and :func:`_same_study` refuse.
     """
-    try:
-        import optuna
-    except ImportError:
-        raise ConfigError("vitlab tune needs optuna, which is not installed: pip install 'vitlab[tune]'") from None
-
+    optuna = _optuna()
     overrides = list(overrides)
     cfg = load_config(config, overrides)
-    if not metric and cfg.train.best_metric:
-        metric = "val_" + cfg.train.best_metric.removeprefix("val_")
-    if not metric and cfg.task != "classification":
-        raise ConfigError(f"--metric: give the validation metric to choose on (task: {cfg.task}), e.g. val_loss")
-    metric = metric or "val_top1"
+    metric = _metric(cfg, metric)
     _check(cfg, str(config), metric, pruner, trials)
     dimensions = read_space(space, config, overrides)
     first = base_values(dimensions) if base_first else None
+    gpus = chosen_gpus(devices) if devices else None
     study_dir = Path(study or f"runs/tune_{Path(config).stem}")
     study_dir.mkdir(parents=True, exist_ok=True)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     the_study = _open_study(study_dir, storage, _direction(metric, cfg.train.greater_is_better),
                             _sampler(seed), _pruner(pruner, cfg.train.epochs))
-    _same_study(the_study, study_dir, _merged(config, overrides), space, metric)
+    _same_study(the_study, study_dir, merged(config, overrides), space, metric)
     if first is not None and not any(t.user_attrs.get("base") for t in the_study.trials):  # once a study
         the_study.enqueue_trial(first, user_attrs={"base": True}, skip_if_exists=True)
+    if gpus:
+        run_workers(gpus, {"config": config, "space": space, "trials": trials, "study": study_dir, "storage": storage,
+                           "pruner": pruner, "metric": metric, "timeout": timeout_minutes, "seed": seed,
+                           "base-first": base_first}, overrides)
+        return write_report(the_study, study_dir, config, overrides, metric)
     stop: dict[str, Any] = {}
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -305,6 +338,8 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
 
     def objective(trial: Any) -> float:
         stop["number"] = trial.number  # this process's (the study's last may be another process's)
+        if os.environ.get("CUDA_VISIBLE_DEVICES"):
+            trial.set_user_attr("device", os.environ["CUDA_VISIBLE_DEVICES"])  # the GPUs its run was shown
         surplus = _surplus_reason(the_study, trial, trials, shared)
         if surplus:
             trial.set_user_attr("surplus", True)
@@ -318,7 +353,7 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
     start, deadline = time.time(), time.time() + 60 * timeout_minutes if timeout_minutes else None
     shared = _heartbeat(the_study)  # a running trial is alive (its heartbeat) or failed as stale: it can be counted
     previous = signal.signal(signal.SIGTERM, on_signal)
-    optimize_log, quiet = logging.getLogger("optuna.study._optimize"), _StopNotFailure()  # where Optuna logs it
+    optimize_log, quiet = logging.getLogger("optuna.study._optimize"), _SaidByTheStudy()  # where Optuna logs them
     optimize_log.addFilter(quiet)
     try:
         while _counted(the_study) < trials and (deadline is None or time.time() < deadline):
@@ -332,7 +367,7 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
     finally:
         signal.signal(signal.SIGTERM, previous)
         optimize_log.removeFilter(quiet)
-    return _report(the_study, study_dir, config, overrides, metric)
+    return {} if _worker else write_report(the_study, study_dir, config, overrides, metric)
 
 
 def _progress(study: Any, number: int, trials: int, metric: str, start: float, deadline: float | None) -> None:
@@ -347,46 +382,13 @@ def _progress(study: Any, number: int, trials: int, metric: str, start: float, d
     left = f" | {max(0.0, (deadline - time.time()) / 60):.1f} min left" if deadline else ""
     params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.params.items())
     base = ", the base config" if last.user_attrs.get("base") else ""
-    print(f"trial {last.number} ({_counted(study)}/{trials}){base}: {params} -> {said.get(last.state, last.state.name)}"
+    gpu = f" on GPU {last.user_attrs['device']}" if "device" in last.user_attrs else ""
+    print(f"trial {last.number} ({_counted(study)}/{trials}){gpu}{base}: {params} -> {said.get(last.state, last.state.name)}"
           f"{best} | {time.time() - start:.0f} s{left}", flush=True)
 
 
-def _report(study: Any, study_dir: Path, config: str | Path, overrides: list[str], metric: str) -> dict:
-    from optuna.trial import TrialState
-
-    with open(study_dir / "trials.csv", "w", newline="") as f:
-        keys = sorted({k for t in study.trials for k in t.params})
-        writer = csv.writer(f)
-        writer.writerow(["number", "state", metric, "seconds", *keys, "reason"])
-        for t in study.trials:
-            seconds = (t.datetime_complete - t.datetime_start).total_seconds() \
-                if t.datetime_complete and t.datetime_start else ""
-            writer.writerow([t.number, t.state.name, "" if t.value is None else t.value, seconds,
-                             *(t.params.get(k, "") for k in keys), t.user_attrs.get("reason", "")])
-    if not any(t.state == TrialState.COMPLETE for t in study.trials):
-        print(f"no trial completed: {study_dir / 'trials.csv'} says why", flush=True)
-        return {"best_trial": None}
-    best = study.best_trial
-    pinned = _pinned_length(study_dir / f"trial_{best.number:04d}")
-    whole = _merged(config, [*overrides, *overrides_of(best.params), *pinned, f"train.output_dir={study_dir / 'best'}"])
-    (study_dir / "best.yaml").write_text(
-        f"# vitlab tune: the best of {len(study.trials)} trials on {metric} (trial {best.number}: {best.value:.6g})\n"
-        + (f"# the trial's train.budget_minutes chose its {pinned[0].split('=')[1]} epochs: written here as "
-           f"train.epochs, so that this config trains the same run on any machine\n" if pinned else "")
-        + yaml.safe_dump(whole))
-    _pictures(study, study_dir)
-    print(f"best: trial {best.number}, {metric} {best.value:.4f}, {best.params} | {study_dir / 'best.yaml'} trains it "
-          f"again: train.py --config {study_dir / 'best.yaml'}", flush=True)
-    return {"best_trial": best.number, "best_value": best.value, "best_params": best.params,
-            "best_config": str(study_dir / "best.yaml")}
 
 
-def _pinned_length(run_dir: Path) -> list[str]:
-    """The overrides that fix a trial's length where its ``train.budget_minutes`` chose it
-    (:mod:`vitlab.training.budget`): the epochs its checkpoints keep, the budget off; none for a trial without one."""
-    state = run_dir / "checkpoints" / "last" / "trainer_state.json"
-    chosen = read_json(state).get("budget_epochs") if state.is_file() else None
-    return [f"train.epochs={chosen}", "train.budget_minutes=0"] if chosen else []
 
 
 def _same_study(study: Any, study_dir: Path, base: dict[str, Any], space: str | Path, metric: str) -> None:
@@ -407,31 +409,4 @@ def _same_study(study: Any, study_dir: Path, base: dict[str, Any], space: str | 
                           f"for this search, or the {differ[0]} the study was started with to continue it")
 
 
-def _merged(config: str | Path, overrides: list[str]) -> dict[str, Any]:
-    """The YAML of ``config`` with ``overrides`` written into it, as the trial's command gave them."""
-    return apply_overrides(yaml.safe_load(Path(config).read_text()) or {}, overrides)
 
-
-def _pictures(study: Any, study_dir: Path) -> None:
-    """Optuna's matplotlib plots as PNG: the optimization history, the parameters' importances (two completed
-    trials or more) and the metric against each parameter."""
-    import warnings
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from optuna.visualization import matplotlib as plots
-
-    for name, plot in (("history", plots.plot_optimization_history), ("importances", plots.plot_param_importances),
-                       ("slices", plots.plot_slice)):
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # Optuna marks its matplotlib plots experimental
-                axes = plot(study)
-        except (ValueError, RuntimeError) as e:  # e.g. importances of one completed trial
-            print(f"{name}.png not drawn: {e}", flush=True)
-            continue
-        figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
-        figure.savefig(study_dir / f"{name}.png", dpi=100, bbox_inches="tight")
-        plt.close(figure)
