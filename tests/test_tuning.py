@@ -89,6 +89,7 @@ def test_a_study_trains_its_trials_as_runs_and_best_yaml_trains_the_best_again(t
     written = yaml.safe_load((study / "best.yaml").read_text())
     assert (written["train"]["epochs"], written["train"]["budget_minutes"]) == (2, 0)
     assert "budget_minutes chose its 2 epochs" in (study / "best.yaml").read_text()
+    assert sorted(p.name for p in study.glob(".*")) == []  # each file written beside, then put in its place
     train_main(["--config", str(study / "best.yaml")])  # as train.py runs it, in this process
     reset_accelerate()
     assert last_eval(study / "best")["val_loss"] == float(best["val_loss"])

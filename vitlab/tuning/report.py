@@ -2,9 +2,11 @@
 trains the best trial again) and Optuna's pictures, in the study's directory."""
 from __future__ import annotations
 
+import contextlib
 import csv
+import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import yaml
 
@@ -16,35 +18,51 @@ __all__ = ["write_report", "merged"]
 
 
 def write_report(study: Any, study_dir: Path, config: str | Path, overrides: list[str], metric: str) -> dict:
+    """Write ``trials.csv``, ``best.yaml`` and the pictures of ``study`` (one reading of its trials) into
+    ``study_dir``, each whole or not at all: processes sharing the study's directory may write them at once."""
     from optuna.trial import TrialState
 
-    with open(study_dir / "trials.csv", "w", newline="") as f:
-        keys = sorted({k for t in study.trials for k in t.params})
-        device = ["device"] if any("device" in t.user_attrs for t in study.trials) else []  # the GPUs its run saw
+    trials = study.trials
+    with _replaced(study_dir / "trials.csv") as tmp, open(tmp, "w", newline="") as f:
+        keys = sorted({k for t in trials for k in t.params})
+        device = ["device"] if any("device" in t.user_attrs for t in trials) else []  # the GPUs its run saw
         writer = csv.writer(f)
         writer.writerow(["number", "state", metric, "seconds", *keys, *device, "reason"])
-        for t in study.trials:
+        for t in trials:
             seconds = (t.datetime_complete - t.datetime_start).total_seconds() \
                 if t.datetime_complete and t.datetime_start else ""
             writer.writerow([t.number, t.state.name, "" if t.value is None else t.value, seconds,
                              *(t.params.get(k, "") for k in keys), *(t.user_attrs.get(k, "") for k in device),
                              t.user_attrs.get("reason", "")])
-    if not any(t.state == TrialState.COMPLETE for t in study.trials):
+    complete = [t for t in trials if t.state == TrialState.COMPLETE]
+    if not complete:
         print(f"no trial completed: {study_dir / 'trials.csv'} says why", flush=True)
         return {"best_trial": None}
-    best = study.best_trial
+    best = (max if study.direction.name == "MAXIMIZE" else min)(complete, key=lambda t: t.value)
     pinned = _pinned_length(study_dir / f"trial_{best.number:04d}")
     whole = merged(config, [*overrides, *overrides_of(best.params), *pinned, f"train.output_dir={study_dir / 'best'}"])
-    (study_dir / "best.yaml").write_text(
-        f"# vitlab tune: the best of {len(study.trials)} trials on {metric} (trial {best.number}: {best.value:.6g})\n"
-        + (f"# the trial's train.budget_minutes chose its {pinned[0].split('=')[1]} epochs: written here as "
-           f"train.epochs, so that this config trains the same run on any machine\n" if pinned else "")
-        + yaml.safe_dump(whole))
+    with _replaced(study_dir / "best.yaml") as tmp:
+        tmp.write_text(
+            f"# vitlab tune: the best of {len(trials)} trials on {metric} (trial {best.number}: {best.value:.6g})\n"
+            + (f"# the trial's train.budget_minutes chose its {pinned[0].split('=')[1]} epochs: written here as "
+               f"train.epochs, so that this config trains the same run on any machine\n" if pinned else "")
+            + yaml.safe_dump(whole))
     _pictures(study, study_dir)
     print(f"best: trial {best.number}, {metric} {best.value:.4f}, {best.params} | {study_dir / 'best.yaml'} trains it "
           f"again: train.py --config {study_dir / 'best.yaml'}", flush=True)
     return {"best_trial": best.number, "best_value": best.value, "best_params": best.params,
             "best_config": str(study_dir / "best.yaml")}
+
+
+@contextlib.contextmanager
+def _replaced(path: Path) -> Iterator[Path]:
+    """A file of this process's own beside ``path``, put in its place when written (removed if the writing fails)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _pinned_length(run_dir: Path) -> list[str]:
@@ -81,6 +99,7 @@ def _pictures(study: Any, study_dir: Path) -> None:
             print(f"{name}.png not drawn: {e}", flush=True)
             continue
         figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
-        figure.savefig(study_dir / f"{name}.png", dpi=100, bbox_inches="tight")
+        with _replaced(study_dir / f"{name}.png") as tmp:
+            figure.savefig(tmp, dpi=100, bbox_inches="tight", format="png")
         plt.close(figure)
 
