@@ -10,7 +10,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "vitlab"
 
 # Lowest first. Modules of one room may import each other; a room may import only rooms before it.
 ROOMS: list[tuple[str, set[str]]] = [
-    ("foundation", {"errors", "outputs", "seeding", "progress", "runtime", "schema"}),
+    ("foundation", {"errors", "files", "outputs", "seeding", "progress", "runtime", "schema"}),
     ("attention", {"attention"}),
     ("layers", {"layers"}),
     ("models", {"models", "text"}),

@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from ..errors import DataError
+from ..files import replaced
 from ..progress import Progress
 from .decode import EncodedImage, decode_image
 
@@ -248,9 +249,8 @@ def _indexed_counts(urls: list[str], path: Path | None) -> list[int] | None:
 def write_index(paths: list[Path], counts: list[int], out: Path) -> None:
     """Write ``out``, the wids index of local shards ``paths`` holding ``counts`` samples."""
     shardlist = [{"url": p.name, "nsamples": n, "filesize": p.stat().st_size} for p, n in zip(paths, counts)]
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({"__kind__": INDEX_KIND, "wids_version": 1, "shardlist": shardlist}, indent=1))
-    tmp.rename(out)
+    with replaced(out) as tmp:
+        tmp.write_text(json.dumps({"__kind__": INDEX_KIND, "wids_version": 1, "shardlist": shardlist}, indent=1))
 
 
 def index_shards(root: str | Path, split: str, classes: list[str] | None = None,

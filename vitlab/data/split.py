@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -21,6 +20,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor
 
 from ..errors import DataError
+from ..files import replaced
 from ..progress import Progress
 from .decode import EncodedImage, check_pixels, dct_scale, decode_all, decode_image, decode_region, jpeg_size, \
     pil_to_tensor
@@ -155,9 +155,8 @@ class SplitIndex:
             images = decode_all(lambda i: self.decode(i, size, scaled), index, progress.update)
         if cached is not None:
             cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_name(f"{cached.name}.tmp{os.getpid()}")
-            save_file({"images": images.contiguous()}, str(tmp))
-            os.replace(tmp, cached)
+            with replaced(cached) as tmp:
+                save_file({"images": images.contiguous()}, str(tmp))
             print(f"kept the {len(index):,} decoded images ({self.where}) in {cached} for the next run (data.cache_dir)")
         return ImageData(images, self.labels[index], self.classes, key)
 

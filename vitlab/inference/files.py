@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from ..data.table import label_set_cell
 from ..errors import ConfigError, DataError
+from ..files import replaced
 from ..models.hub import read_json, write_json
 
 __all__ = ["write_eval_predictions", "columns", "rows", "csv_lines", "text_line", "to_parquet", "to_npy", "job_record",
@@ -43,8 +44,7 @@ def write_eval_predictions(path: Path, key: Any, labels: Any, probs: Any, classe
                           f"{len(probs)} were evaluated")
     multi = labels.ndim == 2
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="") as f:
+    with replaced(path) as tmp, tmp.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["image", *(("labels", "predicted") if multi else ("label", "prediction")),
                          *(f"prob_{c}" for c in classes)])
@@ -57,7 +57,6 @@ def write_eval_predictions(path: Path, key: Any, labels: Any, probs: Any, classe
                           probs.tolist())
         for i, (label, predicted, row) in enumerate(columns):
             writer.writerow([key(i), label, predicted, *(f"{p:.9g}" for p in row)])
-    os.replace(tmp, path)
 
 
 def columns(names: list[str], k: int, multi_label: bool, unknown: bool = False) -> list[str]:
@@ -129,9 +128,8 @@ def to_parquet(partial: Path, out: Path) -> None:
     import pyarrow.parquet
 
     table = pyarrow.json.read_json(partial)
-    tmp = out.with_name(out.name + ".tmp")
-    pyarrow.parquet.write_table(table, tmp)
-    os.replace(tmp, out)
+    with replaced(out) as tmp:
+        pyarrow.parquet.write_table(table, tmp)
     partial.unlink()
 
 

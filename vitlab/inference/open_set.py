@@ -27,13 +27,14 @@ them on, kept in a file beside the weights): what ``vitlab predict``, ``vitlab s
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from ..files import replaced
 
 __all__ = ["msp", "max_logit", "energy", "KNNScore", "MahalanobisScore", "ViMScore", "auroc", "fpr_at_tpr",
            "threshold_keeping", "LOGIT_SCORES", "FEATURE_SCORES", "SCORES", "feature_score", "UNKNOWN_MODES",
@@ -286,9 +287,8 @@ class UnknownRule:
         """The fitted bank or statistics to ``path`` (safetensors, written whole, then renamed into place)."""
         from safetensors.torch import save_file
 
-        tmp = path.with_name(path.name + ".tmp")
-        save_file({k: v.detach().cpu().contiguous() for k, v in self.fitted.state().items()}, str(tmp))
-        os.replace(tmp, path)
+        with replaced(path) as tmp:
+            save_file({k: v.detach().cpu().contiguous() for k, v in self.fitted.state().items()}, str(tmp))
 
 
 UNKNOWN_MODES = ("auto", "on", "off")

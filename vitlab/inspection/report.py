@@ -9,6 +9,7 @@ from typing import Any
 
 from torch import Tensor
 
+from ..files import replaced
 from .pixels import PIXEL_KINDS
 
 
@@ -33,12 +34,10 @@ def write_issues(path: Path, rows: list[dict[str, Any]]) -> None:
     """``rows`` (dicts of :data:`COLUMNS`) to ``path``, by kind in :data:`KINDS`' order, each kind's surest first;
     written under a temporary name and renamed into place."""
     rows = sorted(rows, key=lambda r: (list(KINDS).index(r["issue"]), -r["score"]))
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
+    with replaced(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, COLUMNS)
         writer.writeheader()
         writer.writerows({**r, "score": f"{r['score']:.4f}"} for r in rows)
-    os.replace(tmp, path)
 
 
 def draw_grid(path: Path, items: list[tuple[list[Tensor], str]], title: str, columns: int = 4) -> None:
@@ -70,13 +69,11 @@ def write_clean(path: Path, files: list[Path], labels: list[str]) -> None:
     with their ``labels``, a CSV that ``data.dataset=csv`` reads as the split named by ``path``'s stem."""
     path.parent.mkdir(parents=True, exist_ok=True)
     root = path.parent.absolute()  # paths as the listing gave them: through a linked folder, not to its target
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
+    with replaced(path) as tmp, open(tmp, "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["image", "labels"])
         writer.writerows([Path(os.path.relpath(Path(p).absolute(), root)).as_posix(), label]
                          for p, label in zip(files, labels))
-    os.replace(tmp, path)
 
 
 def summary_lines(counts: dict[str, dict[str, int]], balance: dict[str, dict[str, Any]], how: str, output: Path,

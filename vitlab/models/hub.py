@@ -31,6 +31,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from ..errors import CheckpointError
+from ..files import replaced
 
 __all__ = ["HubMixin", "CONFIG_NAME", "WEIGHTS_NAME", "TOKENIZER_NAME", "read_json", "write_json",
            "strict_json", "calibration_of", "set_calibration", "open_set_name", "open_set_file", "update_config",
@@ -269,9 +270,8 @@ def update_config(directory: Path, change: Callable[[dict[str, Any]], None]) -> 
     file, then renamed into place, so that a reader never sees half of it."""
     meta = read_json(directory / CONFIG_NAME)
     change(meta)
-    tmp = directory / (CONFIG_NAME + ".tmp")
-    write_json(tmp, meta)
-    os.replace(tmp, directory / CONFIG_NAME)
+    with replaced(directory / CONFIG_NAME) as tmp:
+        write_json(tmp, meta)
 
 
 def set_calibration(directory: Path, weights: str, **fitted: Any) -> None:

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from ..files import replaced
+
 __all__ = ["busy_machine_advice", "summary_of", "result_line", "read_records", "last_eval", "truncate_lines",
            "plot_curves"]
 
@@ -87,9 +89,8 @@ def truncate_lines(path: Path, keep: int | None) -> int:
         return 0
     lines = path.read_text().splitlines(keepends=True)
     if keep is not None and keep < len(lines):
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(lines[:keep]))
-        os.replace(tmp, path)
+        with replaced(path) as tmp:
+            tmp.write_text("".join(lines[:keep]))
         return keep
     return len(lines)
 

@@ -2,16 +2,16 @@
 trains the best trial again) and Optuna's pictures, in the study's directory."""
 from __future__ import annotations
 
-import contextlib
 import csv
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import yaml
 
 from ..checkpoint import read_json
 from ..config.loading import apply_overrides
+from ..files import replaced
 from .space import overrides_of
 
 __all__ = ["write_report", "merged"]
@@ -23,7 +23,7 @@ def write_report(study: Any, study_dir: Path, config: str | Path, overrides: lis
     from optuna.trial import TrialState
 
     trials = study.trials
-    with _replaced(study_dir / "trials.csv") as tmp, open(tmp, "w", newline="") as f:
+    with replaced(study_dir / "trials.csv") as tmp, open(tmp, "w", newline="") as f:
         keys = sorted({k for t in trials for k in t.params})
         device = ["device"] if any("device" in t.user_attrs for t in trials) else []  # the GPUs its run saw
         writer = csv.writer(f)
@@ -41,7 +41,7 @@ def write_report(study: Any, study_dir: Path, config: str | Path, overrides: lis
     best = (max if study.direction.name == "MAXIMIZE" else min)(complete, key=lambda t: t.value)
     pinned = _pinned_length(study_dir / f"trial_{best.number:04d}")
     whole = merged(config, [*overrides, *overrides_of(best.params), *pinned, f"train.output_dir={study_dir / 'best'}"])
-    with _replaced(study_dir / "best.yaml") as tmp:
+    with replaced(study_dir / "best.yaml") as tmp:
         tmp.write_text(
             f"# vitlab tune: the best of {len(trials)} trials on {metric} (trial {best.number}: {best.value:.6g})\n"
             + (f"# the trial's train.budget_minutes chose its {pinned[0].split('=')[1]} epochs: written here as "
@@ -52,17 +52,6 @@ def write_report(study: Any, study_dir: Path, config: str | Path, overrides: lis
           f"again: train.py --config {study_dir / 'best.yaml'}", flush=True)
     return {"best_trial": best.number, "best_value": best.value, "best_params": best.params,
             "best_config": str(study_dir / "best.yaml")}
-
-
-@contextlib.contextmanager
-def _replaced(path: Path) -> Iterator[Path]:
-    """A file of this process's own beside ``path``, put in its place when written (removed if the writing fails)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _pinned_length(run_dir: Path) -> list[str]:
@@ -99,7 +88,7 @@ def _pictures(study: Any, study_dir: Path) -> None:
             print(f"{name}.png not drawn: {e}", flush=True)
             continue
         figure = (axes.flat[0] if hasattr(axes, "flat") else axes).figure
-        with _replaced(study_dir / f"{name}.png") as tmp:
+        with replaced(study_dir / f"{name}.png") as tmp:
             figure.savefig(tmp, dpi=100, bbox_inches="tight", format="png")
         plt.close(figure)
 
