@@ -91,3 +91,28 @@ def test_a_pretraining_step_with_views_on_the_gpu_never_synchronizes_with_the_ho
                              "train.mixed_precision=bf16", "train.log_every=1000",
                              f"train.output_dir={tmp_path / 'run'}"])
     steps_under_sync_debug(cfg, tmp_path / "run")
+
+
+@pytest.mark.parametrize("score", ["vim", "mahalanobis"])
+def test_a_calibrated_classifier_on_the_gpu_exports_with_its_preprocessing_and_its_score(tiny_imagefolder, tmp_path,
+                                                                                         score):
+    # export_model of a model on the GPU (the Python API; vitlab export loads it on the CPU): the normalization and the
+    # fitted statistics where the weights are (test_open_set checks it on the meta device); the file's scores are those
+    # vitlab.unknown_scores gives on the CPU (to 1e-2, as test_open_set's export)
+    ort = pytest.importorskip("onnxruntime")
+    import vitlab
+    from conftest import train_tiny
+    from vitlab import load_model
+    from vitlab.export import export_model
+    from vitlab.unknown import calibrate_unknown
+
+    run = train_tiny(tiny_imagefolder, tmp_path / "run", "train.epochs=1", "data.val_size=24", "data.loader=torch")
+    calibrate_unknown(run, score)
+    model = load_model(run)
+    size = model.pretrained_cfg["input_size"][1:]
+    images = torch.randint(0, 256, (5, *size, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    expected = vitlab.unknown_scores(model, images.permute(0, 3, 1, 2))["scores"]
+    export_model(model.cuda(), tmp_path / "m.onnx", with_preprocess=True)
+    session = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    _, scores = session.run(None, {"images": images.numpy()})
+    assert torch.allclose(torch.from_numpy(scores), expected, rtol=1e-4, atol=1e-2), (scores, expected)

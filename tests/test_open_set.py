@@ -577,6 +577,23 @@ def test_a_threshold_whose_fitted_statistics_are_gone_is_one_line_wherever_it_is
     assert len(_csv(tmp_path / "rows.csv")) == 1
 
 
+@pytest.mark.parametrize("score", ["vim", "relative_mahalanobis"])
+def test_a_classifier_behind_its_preprocessing_and_score_runs_where_its_model_is(val_run, score):
+    # A model on a GPU exported from Python: the normalization and the fitted statistics were on the CPU, so an export
+    # of a model on a GPU with its preprocessing failed at its first operation. The meta device stands in for the GPU
+    # here (an operation mixing it with the CPU raises, as one mixing CUDA and the CPU does); test_gpu exports there.
+    from vitlab import load_model
+    from vitlab.export import PreprocessedClassifier
+    from vitlab.unknown import calibrate_unknown
+
+    calibrate_unknown(val_run, score)
+    model = load_model(val_run)
+    size, classes = model.pretrained_cfg["input_size"][1:], len(model.pretrained_cfg["label_names"])
+    wrapped = PreprocessedClassifier(model.to("meta")).eval()
+    probs, scores = wrapped(torch.zeros(2, *size, 3, dtype=torch.uint8, device="meta"))
+    assert probs.device.type == scores.device.type == "meta" and probs.shape == (2, classes) and scores.shape == (2,)
+
+
 @pytest.mark.parametrize("score, format", [("vim", "onnx"), ("mahalanobis", "onnx"), ("relative_mahalanobis", "onnx"),
                                            ("vim", "torch-export")])
 def test_an_exported_file_carries_a_feature_score_of_fixed_size_as_vitlab_computes_it(val_run, tiny_imagefolder,

@@ -68,9 +68,13 @@ class PreprocessedClassifier(nn.Module):
         cfg = model.pretrained_cfg
         self.model, self.multi_label = model, bool(cfg.get("multi_label"))
         self.temperature = float(cfg.get("temperature", 1.0))
+        device = next(model.parameters()).device  # what the wrapper adds lives where the weights do
         self.unknown = stored_rule(cfg) if (cfg.get("unknown") or {}).get("score") in GRAPH_SCORES else None
-        self.register_buffer("mean", torch.tensor([v * 255 for v in cfg["mean"]]).view(-1, 1, 1), persistent=False)
-        self.register_buffer("std", torch.tensor([v * 255 for v in cfg["std"]]).view(-1, 1, 1), persistent=False)
+        if self.unknown is not None and self.unknown.fitted is not None:
+            self.unknown.fitted.load_state({k: v.to(device) for k, v in self.unknown.fitted.state().items()})
+        for name in ("mean", "std"):
+            values = torch.tensor([v * 255 for v in cfg[name]], device=device).view(-1, 1, 1)
+            self.register_buffer(name, values, persistent=False)
 
     def forward(self, images: Tensor) -> Tensor | tuple[Tensor, Tensor]:
         x = (images.permute(0, 3, 1, 2).to(torch.float32) - self.mean) / self.std
