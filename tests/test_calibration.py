@@ -182,6 +182,48 @@ def test_a_temperature_belongs_to_the_weights_it_was_fitted_on(tiny_imagefolder,
     assert evaluate_checkpoint(run, use_ema=False)["temperature"] == raw_t
 
 
+def test_a_calibration_belongs_to_the_weights_it_was_fitted_on_not_to_their_file_name(tiny_imagefolder, tmp_path,
+                                                                                      on_cpu, capsys):
+    # Weights changed in Python and saved with save_pretrained, or other weights under the file name the calibration
+    # was kept for, do not take the temperature and unknown threshold fitted on the old ones: they are dropped, in
+    # one line. The same weights keep them (in a save_pretrained copy too).
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from vitlab import load_model
+    from vitlab.checkpoint import resolve_checkpoint
+    from vitlab.cli import main
+    from vitlab.models.hub import read_json, weights_name
+
+    run = tmp_path / "run"
+    train(load_config(None, tiny_overrides(tiny_imagefolder, run, "data.val_size=24", "train.epochs=1")))
+    reset_accelerate()
+    for extra in ([], ["--unknown", "energy"]):
+        main(["calibrate", "--checkpoint", str(run), *extra])
+        reset_accelerate()
+    model = load_model(run)
+    assert {"temperature", "unknown"} <= set(model.pretrained_cfg)
+    model.save_pretrained(tmp_path / "same")
+    assert {"temperature", "unknown"} <= set(load_model(tmp_path / "same").pretrained_cfg)
+    with torch.no_grad():
+        model.head.bias.add_(0.5)  # fine-tuned in Python
+    capsys.readouterr()
+    model.save_pretrained(tmp_path / "changed")
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and "calibrate" in said, said
+    assert not {"temperature", "unknown"} & set(load_model(tmp_path / "changed").pretrained_cfg)
+    directory = resolve_checkpoint(run)
+    weights = directory / weights_name(read_json(directory / "config.json"), True)
+    with safe_open(str(weights), "pt") as f:
+        tensors, metadata = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+    tensors["head.bias"] += 0.5
+    save_file(tensors, str(weights), metadata=metadata)  # other weights under the name calibrate kept them for
+    capsys.readouterr()
+    assert not {"temperature", "unknown"} & set(load_model(run).pretrained_cfg)
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and weights.name in said and "vitlab calibrate" in said, said
+
+
 def test_a_checkpoint_of_before_keeps_its_temperature_for_the_weights_calibrate_read(tmp_path):
     from vitlab.models.hub import calibration_of, set_calibration
 

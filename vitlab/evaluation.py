@@ -18,7 +18,7 @@ from accelerate import PartialState
 from .checkpoint import load_model, read_json, resolve_checkpoint
 from .config import load_config
 from .errors import ConfigError
-from .models.hub import set_calibration, update_config, weights_name
+from .models.hub import set_calibration, update_config, weights_digest, weights_name
 from .tasks.base import EvalRequest
 from .tasks.registry import EVAL_OPTIONS, get_task
 
@@ -108,10 +108,11 @@ def calibrate_checkpoint(checkpoint: str | Path, split: str = "val", overrides: 
     logits, labels = metrics["logits"], metrics["labels"]
     weights = weights_name(read_json(directory / "config.json"), use_ema)  # what is fitted belongs to these weights
     if multi_label:
-        return _choose_thresholds(directory, weights, metrics, split, classes, accelerator.is_main_process)
+        return _choose_thresholds(directory, weights, weights_digest(model), metrics, split, classes,
+                                  accelerator.is_main_process)
     temperature = fit_temperature(logits, labels, objective)
     if accelerator.is_main_process:
-        set_calibration(directory, weights, temperature=temperature)
+        set_calibration(directory, weights, weights_digest(model), temperature=temperature)
         nll = lambda t: F.cross_entropy(logits / t, labels).item()
         ece = lambda t: expected_calibration_error((logits / t).softmax(-1), labels)
         kind = "temperature" if objective == "nll" else "temperature of the least calibration error"
@@ -122,8 +123,8 @@ def calibrate_checkpoint(checkpoint: str | Path, split: str = "val", overrides: 
     return temperature
 
 
-def _choose_thresholds(directory: Path, weights: str, metrics: dict[str, Any], split: str, classes: list[str],
-                       main: bool) -> list[float]:
+def _choose_thresholds(directory: Path, weights: str, digest: str, metrics: dict[str, Any], split: str,
+                       classes: list[str], main: bool) -> list[float]:
     """A multi-label run's thresholds (:func:`calibrate_checkpoint`): chosen on ``metrics``' probabilities,
     kept in ``config.json`` (written whole, then renamed into place)."""
     from .tasks.multilabel import choose_thresholds, f1_scores
@@ -131,7 +132,7 @@ def _choose_thresholds(directory: Path, weights: str, metrics: dict[str, Any], s
     probs, labels = metrics["probs"], metrics["labels"].bool()
     thresholds = choose_thresholds(probs, labels)
     if main:
-        set_calibration(directory, weights, thresholds=thresholds.tolist())
+        set_calibration(directory, weights, digest, thresholds=thresholds.tolist())
         before, after = f1_scores(probs >= 0.5, labels), f1_scores(probs >= thresholds, labels)
         print(f"thresholds of the {len(classes)} classes chosen on the {len(labels)} "
               f"{'validation' if split == 'val' else split} images of {directory} (each its best F1): macro F1 "

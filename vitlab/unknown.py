@@ -25,7 +25,7 @@ from .inference.forward import gathered, logits_and_features, pooled_features
 from .inference.open_set import (FEATURE_SCORES, LOGIT_SCORES, SCORES, KNNScore, MahalanobisScore, UnknownRule,
                                  ViMScore, auroc, feature_score, fpr_at_tpr, stored_rule, threshold_keeping)
 from .inference.view import model_dataset
-from .models.hub import open_set_name, set_calibration, weights_name
+from .models.hub import open_set_name, set_calibration, weights_digest, weights_name
 from .data.shards import ShardIndex
 from .prediction import BatchPredictor, data_split, files_index, list_images
 from .tasks.classification.evaluation import classifier_split
@@ -116,7 +116,7 @@ def calibrate_unknown(checkpoint: str | Path, score: str = "vim", keep: float = 
         state = open_set_name(weights) if rule.needs_features else None
         if state:
             rule.save_state(directory / state)
-        set_calibration(directory, weights, unknown=rule.record(state))
+        set_calibration(directory, weights, weights_digest(model), unknown=rule.record(state))
         kept = float((values >= rule.threshold).double().mean())
         print(f"unknown images by {score}: threshold {rule.threshold:.6g} keeps {100 * kept:.2f}% of the {len(values)} "
               f"validation images of {directory} ({100 * keep:g}% asked); kept in {directory / 'config.json'} for "

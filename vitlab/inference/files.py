@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from ..data.table import label_set_cell
 from ..errors import ConfigError, DataError
 from ..files import replaced
-from ..models.hub import read_json, write_json
+from ..models.hub import read_json, weights_digest, write_json
 
 __all__ = ["write_eval_predictions", "columns", "rows", "csv_lines", "text_line", "to_parquet", "to_npy", "job_record",
            "job_file", "resume_rows", "open_partial"]
@@ -167,13 +167,9 @@ def job_record(model: nn.Module, k: int, tta: str, dtype: torch.dtype | None, em
     (embeddings or predictions, top ``k``), the test-time augmentation, the precision, and a pixel limit where one
     is set (``max_pixels``: which images are rows of an error; absent when 0, as in the records written before it),
     and how rows answer ``unknown`` (``unknown``: the rule and its label, or 'off' for a model that has one)."""
-    weights = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        weights.update(name.encode())
-        weights.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     record = json.dumps(getattr(model, "pretrained_cfg", None) or {}, sort_keys=True, default=str)
     return {"rows": "embeddings" if embed else "predictions", "topk": None if embed else k, "tta": tta,
-            "precision": str(dtype or torch.float32).removeprefix("torch."), "weights": weights.hexdigest(),
+            "precision": str(dtype or torch.float32).removeprefix("torch."), "weights": weights_digest(model),
             "checkpoint record": hashlib.sha256(record.encode()).hexdigest(),
             **({"max_pixels": max_pixels} if max_pixels else {}), **({"unknown": unknown} if unknown else {})}
 

@@ -16,10 +16,12 @@ module knows no model class: the models import it, never the other way.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import shutil
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -246,6 +248,28 @@ def open_set_file(directory: str | Path, record: dict[str, Any]) -> Path:
 CALIBRATED = ("temperature", "thresholds", "unknown")  # what vitlab calibrate fits on a set of weights
 
 
+def weights_digest(model: nn.Module) -> str:
+    """sha256 of ``model``'s weights: each tensor's name and bytes, in name order, whatever file holds them. What a
+    calibration was fitted on, and what a prediction job wrote its rows with."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _still_fitted(fitted: dict[str, Any], model: nn.Module, weights: Path) -> dict[str, Any]:
+    """``fitted`` (:func:`calibration_of`) if the model holds the weights it was fitted on (or it records none: a
+    calibration of before the digest), else {} and one line saying so: the file changed under its name."""
+    kept = fitted.get("weights_sha256")
+    if kept is None or kept == weights_digest(model):
+        return fitted
+    print(f"{weights}: not the weights vitlab calibrate fitted its {', '.join(k for k in CALIBRATED if k in fitted)} "
+          f"on (the file changed since), which are not used: run vitlab calibrate --checkpoint {weights.parent} "
+          f"again", file=sys.stderr)
+    return {}
+
+
 def calibration_of(meta: dict[str, Any], weights: str) -> dict[str, Any]:
     """What ``vitlab calibrate`` fitted on the weights file ``weights`` of a checkpoint (``config.json``'s
     ``meta``): its ``temperature``, or a multi-label model's ``thresholds``, and the ``unknown`` rule; {} if none was
@@ -256,7 +280,8 @@ def calibration_of(meta: dict[str, Any], weights: str) -> dict[str, Any]:
     if kept is not None:
         return dict(kept)
     legacy = weights_name(meta, True)
-    return {k: meta[k] for k in CALIBRATED if meta.get(k) is not None} if weights == legacy else {}
+    return {k: meta[k] for k in (*CALIBRATED, "weights_sha256") if meta.get(k) is not None} \
+        if weights == legacy and any(meta.get(k) is not None for k in CALIBRATED) else {}
 
 
 def weights_name(meta: dict[str, Any], use_ema: bool) -> str:
@@ -274,15 +299,19 @@ def update_config(directory: Path, change: Callable[[dict[str, Any]], None]) -> 
         write_json(tmp, meta)
 
 
-def set_calibration(directory: Path, weights: str, **fitted: Any) -> None:
+def set_calibration(directory: Path, weights: str, digest: str | None = None, **fitted: Any) -> None:
     """Keep ``fitted`` (``temperature=...`` or ``thresholds=[...]``) for the weights file ``weights`` in
-    ``directory``'s ``config.json``, under ``calibration`` (:func:`update_config`)."""
+    ``directory``'s ``config.json``, under ``calibration`` (:func:`update_config`), with ``digest``, the
+    :func:`weights_digest` of the weights it was fitted on: what was kept for other weights under that name goes."""
     def change(meta: dict[str, Any]) -> None:
         calibration = meta.setdefault("calibration", {})
-        legacy = {k: meta.pop(k) for k in CALIBRATED if k in meta}
+        legacy = {k: meta.pop(k) for k in (*CALIBRATED, "weights_sha256") if k in meta}
         if legacy:  # a checkpoint of before: what it kept at the top moves under the weights it was fitted on
             calibration.setdefault(weights_name(meta, True), legacy)
-        calibration[weights] = {**calibration.get(weights, {}), **fitted}
+        kept = calibration.get(weights, {})
+        if digest is not None and kept.get("weights_sha256", digest) != digest:
+            kept = {}  # fitted on other weights kept under this name
+        calibration[weights] = {**kept, **fitted, **({"weights_sha256": digest} if digest else {})}
 
     update_config(directory, change)
 
@@ -325,7 +354,9 @@ def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], 
             cfg["crop_pct"] = meta["crop_pct"]
         if meta.get("exif_transpose") is False:  # trained on photos as stored, not turned upright
             cfg["exif_transpose"] = False
-        fitted = calibration_of(meta, weights.name)  # vitlab calibrate's, on these weights
+        fitted = _still_fitted(calibration_of(meta, weights.name), model, weights)  # vitlab calibrate's, on these
+        if fitted.get("weights_sha256"):
+            cfg["calibrated_on"] = fitted["weights_sha256"]  # save_pretrained keeps it only for the same weights
         if fitted.get("temperature"):  # probabilities are softmax(logits / temperature)
             cfg["temperature"] = float(fitted["temperature"])
         if fitted.get("unknown"):  # vitlab calibrate --unknown: a score and its threshold (open_set.stored_rule)
@@ -367,7 +398,16 @@ class HubMixin(PyTorchModelHubMixin, library_name="vitlab", tags=["vitlab"], mod
         from .lora import merged_copy  # LoRA adapters folded into a copy: a plain model any reader loads
 
         source, target = self._open_set_source(), save_directory / open_set_name(WEIGHTS_NAME)
-        write_model_files(merged_copy(self), save_directory, _meta_of(self))
+        merged, meta = merged_copy(self), _meta_of(self)
+        calibrated_on = (getattr(self, "pretrained_cfg", None) or {}).get("calibrated_on")
+        if calibrated_on is not None and calibrated_on != weights_digest(self):  # changed since, in Python
+            dropped = [k for k in CALIBRATED if meta.pop(k, None) is not None]
+            print(f"{save_directory}: written without the {', '.join(dropped)} vitlab calibrate fitted on these "
+                  f"weights before they changed (they do not hold for the new ones)", file=sys.stderr)
+            source = None
+        elif calibrated_on is not None:
+            meta["weights_sha256"] = weights_digest(merged)  # the copy's, for its calibration
+        write_model_files(merged, save_directory, meta)
         if source is not None and source.resolve() != target.resolve():
             shutil.copyfile(source, target)
         cfg = getattr(self, "pretrained_cfg", None) or {}
