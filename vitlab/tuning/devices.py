@@ -51,7 +51,7 @@ def run_workers(gpus: list[str], options: dict[str, Any], overrides: list[str]) 
     """Run ``vitlab tune`` with ``options`` (``{"trials": 20, "base-first": True, "storage": None, ...}``: ``--trials 20
     --base-first``) and ``overrides`` once a GPU of ``gpus``, each process shown only its GPU, and wait for them all.
     A stop (SIGTERM, Ctrl-C) is passed to each; one line (``SystemExit``) if any of them stopped or failed."""
-    arguments = [a for key, value in options.items() if value not in (None, False)
+    arguments = [a for key, value in options.items() if value is not None and value is not False
                  for a in ((f"--{key}",) if value is True else (f"--{key}", str(value)))]
     workers = [subprocess.Popen([*_program(), "tune", *arguments, "--worker", *overrides],
                                 env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu}) for gpu in gpus]
@@ -71,8 +71,8 @@ def run_workers(gpus: list[str], options: dict[str, Any], overrides: list[str]) 
                 try:
                     codes.append(w.wait())
                     break
-                except KeyboardInterrupt:  # Ctrl-C reached the workers too (one process group): wait for them
-                    stopped.append(signal.SIGINT)
+                except KeyboardInterrupt:  # Ctrl-C (the workers' group may have it too): stop them, wait for them
+                    on_signal(signal.SIGINT, None)
     finally:
         signal.signal(signal.SIGTERM, previous)
     if stopped:

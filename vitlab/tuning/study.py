@@ -306,7 +306,7 @@ def tune(config: str | Path, space: str | Path, trials: int, study: str | Path |
 
     Raises:
         ConfigError: one line, before any trial: Optuna not installed, or what :func:`_check`, :func:`read_space`,
-            the storage and :func:`_same_study` refuse.
+            :func:`~vitlab.tuning.devices.chosen_gpus`, the storage and :func:`_same_study` refuse.
     """
     optuna = _optuna()
     overrides = list(overrides)
