@@ -37,8 +37,8 @@ from ..files import replaced
 
 __all__ = ["HubMixin", "CONFIG_NAME", "WEIGHTS_NAME", "TOKENIZER_NAME", "read_json", "write_json",
            "strict_json", "calibration_of", "set_calibration", "open_set_name", "open_set_file", "update_config",
-           "weights_name", "load_tensors", "weights_for_saving", "load_weights", "write_model_files", "load_model_dir",
-           "resolve_checkpoint", "OLD_SUFFIX", "image_input_size"]
+           "weights_name", "weights_digest", "load_tensors", "weights_for_saving", "load_weights", "write_model_files",
+           "load_model_dir", "resolve_checkpoint", "OLD_SUFFIX", "image_input_size"]
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"

@@ -383,8 +383,8 @@ def _progress(study: Any, number: int, trials: int, metric: str, start: float, d
     params = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in last.params.items())
     base = ", the base config" if last.user_attrs.get("base") else ""
     gpu = f" on GPU {last.user_attrs['device']}" if "device" in last.user_attrs else ""
-    print(f"trial {last.number} ({_counted(study)}/{trials}){gpu}{base}: {params} -> {said.get(last.state, last.state.name)}"
-          f"{best} | {time.time() - start:.0f} s{left}", flush=True)
+    print(f"trial {last.number} ({_counted(study)}/{trials}){gpu}{base}: {params} -> "
+          f"{said.get(last.state, last.state.name)}{best} | {time.time() - start:.0f} s{left}", flush=True)
 
 
 
