@@ -193,7 +193,8 @@ def test_a_calibration_belongs_to_the_weights_it_was_fitted_on_not_to_their_file
     from vitlab import load_model
     from vitlab.checkpoint import resolve_checkpoint
     from vitlab.cli import main
-    from vitlab.models.hub import read_json, weights_name
+    from vitlab.models.calibrated import weights_name
+    from vitlab.models.hub import read_json
 
     run = tmp_path / "run"
     train(load_config(None, tiny_overrides(tiny_imagefolder, run, "data.val_size=24", "train.epochs=1")))
@@ -201,8 +202,20 @@ def test_a_calibration_belongs_to_the_weights_it_was_fitted_on_not_to_their_file
     for extra in ([], ["--unknown", "energy"]):
         main(["calibrate", "--checkpoint", str(run), *extra])
         reset_accelerate()
-    model = load_model(run)
-    assert {"temperature", "unknown"} <= set(model.pretrained_cfg)
+    import shutil
+
+    import vitlab.models.calibrated
+
+    digests = []
+    digest = vitlab.models.calibrated.weights_digest
+    vitlab.models.calibrated.weights_digest = lambda m: digests.append(1) or digest(m)
+    try:
+        model = load_model(run)  # the weights file as calibrate left it (its size and time): not read again
+        assert digests == [] and {"temperature", "unknown"} <= set(model.pretrained_cfg)
+        copied = shutil.copytree(run, tmp_path / "copied", copy_function=shutil.copyfile)  # new times: read, kept
+        assert {"temperature", "unknown"} <= set(load_model(copied).pretrained_cfg) and digests == [1]
+    finally:
+        vitlab.models.calibrated.weights_digest = digest
     model.save_pretrained(tmp_path / "same")
     assert {"temperature", "unknown"} <= set(load_model(tmp_path / "same").pretrained_cfg)
     with torch.no_grad():
@@ -225,7 +238,7 @@ def test_a_calibration_belongs_to_the_weights_it_was_fitted_on_not_to_their_file
 
 
 def test_a_checkpoint_of_before_keeps_its_temperature_for_the_weights_calibrate_read(tmp_path):
-    from vitlab.models.hub import calibration_of, set_calibration
+    from vitlab.models.calibrated import calibration_of, set_calibration
 
     meta = {"has_ema": True, "temperature": 1.7}  # calibrate read the EMA's weights where a run kept them
     assert calibration_of(meta, "ema.safetensors") == {"temperature": 1.7}

@@ -340,7 +340,7 @@ def test_the_page_in_a_real_browser_shows_the_top_1_vitlab_predict_gives(run, ti
         pytest.skip("no Chromium on this machine (Debian: apt install chromium)")
     from vitlab.checkpoint import resolve_checkpoint
     from vitlab.cli import main
-    from vitlab.models.hub import set_calibration
+    from vitlab.models.calibrated import set_calibration
 
     run = Path(shutil.copytree(run, tmp_path / "run"))
     set_calibration(resolve_checkpoint(run), "model.safetensors", unknown={"score": "msp", "threshold": 2.0,

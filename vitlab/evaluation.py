@@ -18,7 +18,7 @@ from accelerate import PartialState
 from .checkpoint import load_model, read_json, resolve_checkpoint
 from .config import load_config
 from .errors import ConfigError
-from .models.hub import set_calibration, update_config, weights_digest, weights_name
+from .models.calibrated import set_calibration, update_config, weights_digest, weights_name
 from .tasks.base import EvalRequest
 from .tasks.registry import EVAL_OPTIONS, get_task
 
@@ -144,7 +144,7 @@ def _choose_thresholds(directory: Path, weights: str, digest: str, metrics: dict
 
 def record_evaluation(directory: Path, split: str, metrics: dict[str, Any], command: str) -> None:
     """Add an evaluation (its scalar metrics and the command) to the checkpoint's ``config.json``, where
-    ``save_pretrained``'s model card lists it (:func:`~vitlab.models.hub.update_config`)."""
+    ``save_pretrained``'s model card lists it (:func:`~vitlab.models.calibrated.update_config`)."""
     scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     update_config(directory, lambda meta: meta.setdefault("evaluations", []).append(
         {"split": split, "metrics": scalars, "command": command}))

@@ -25,7 +25,7 @@ from .inference.forward import gathered, logits_and_features, pooled_features
 from .inference.open_set import (FEATURE_SCORES, LOGIT_SCORES, SCORES, KNNScore, MahalanobisScore, UnknownRule,
                                  ViMScore, auroc, feature_score, fpr_at_tpr, stored_rule, threshold_keeping)
 from .inference.view import model_dataset
-from .models.hub import open_set_name, set_calibration, weights_digest, weights_name
+from .models.calibrated import open_set_name, set_calibration, weights_digest, weights_name
 from .data.shards import ShardIndex
 from .prediction import BatchPredictor, data_split, files_index, list_images
 from .tasks.classification.evaluation import classifier_split

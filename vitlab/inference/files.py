@@ -27,7 +27,8 @@ from torch import Tensor, nn
 from ..data.table import label_set_cell
 from ..errors import ConfigError, DataError
 from ..files import replaced
-from ..models.hub import read_json, weights_digest, write_json
+from ..models.calibrated import weights_digest
+from ..models.hub import read_json, write_json
 
 __all__ = ["write_eval_predictions", "columns", "rows", "csv_lines", "text_line", "to_parquet", "to_npy", "job_record",
            "job_file", "resume_rows", "open_partial"]

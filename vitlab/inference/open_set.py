@@ -314,7 +314,7 @@ def stored_rule(cfg: dict[str, Any], label: str = "unknown", mode: str = "auto")
     if rule.needs_features:
         from safetensors.torch import load_file
 
-        from ..models.hub import open_set_file
+        from ..models.calibrated import open_set_file
 
         state = load_file(str(open_set_file(cfg["checkpoint"], record)))
         rule.fitted = feature_score(rule.score, rule.k).load_state(state)

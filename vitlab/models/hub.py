@@ -16,9 +16,6 @@ module knows no model class: the models import it, never the other way.
 """
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import os
 import shutil
 import sys
@@ -33,15 +30,14 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from ..errors import CheckpointError
-from ..files import replaced
+from .calibrated import CALIBRATED, calibration_of, open_set_file, open_set_name, still_fitted, weights_digest, \
+    weights_name
+from .jsonfile import CONFIG_NAME, WEIGHTS_NAME, read_json, strict_json, write_json
 
 __all__ = ["HubMixin", "CONFIG_NAME", "WEIGHTS_NAME", "TOKENIZER_NAME", "read_json", "write_json",
-           "strict_json", "calibration_of", "set_calibration", "open_set_name", "open_set_file", "update_config",
-           "weights_name", "weights_digest", "load_tensors", "weights_for_saving", "load_weights", "write_model_files",
-           "load_model_dir", "resolve_checkpoint", "OLD_SUFFIX", "image_input_size"]
+           "strict_json", "load_tensors", "weights_for_saving", "load_weights", "write_model_files", "load_model_dir",
+           "resolve_checkpoint", "OLD_SUFFIX", "image_input_size"]
 
-CONFIG_NAME = "config.json"
-WEIGHTS_NAME = "model.safetensors"
 TOKENIZER_NAME = "tokenizer.json"
 OLD_SUFFIX = ".old"  # a directory being replaced (vitlab.checkpoint.replace_dir); still a good checkpoint
 
@@ -79,33 +75,6 @@ steps) in {{ "%.0f" | format(training.wall_time) }} s of wall time:
 {% for e in evaluations %}{% for name, value in e.metrics.items() %}| {{ e.split }} | {{ name }} | {{ "%.4f" | format(value) if value is float else value }} | `{{ e.command }}` |
 {% endfor %}{% endfor %}
 {% endif %}"""
-
-
-def strict_json(obj: Any) -> Any:
-    """``obj`` with every float that JSON has no literal for (NaN, infinities; Python writes them as ``NaN``,
-    which strict parsers such as JavaScript's ``JSON.parse`` and Go's reject) made ``None`` (``null``): the
-    average precision of a class without positives, say, is undefined, not a number."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: strict_json(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [strict_json(v) for v in obj]
-    return obj
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """``obj`` as strict JSON (:func:`strict_json`), indented."""
-    path.write_text(json.dumps(strict_json(obj), indent=2, allow_nan=False) + "\n")
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"checkpoint file {str(path)!r} is missing; the checkpoint is incomplete") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"checkpoint file {str(path)!r} is corrupt: {e}") from None
 
 
 def load_tensors(path: Path) -> dict[str, Tensor]:
@@ -224,98 +193,6 @@ def _meta_of(model: nn.Module) -> dict[str, Any]:
     return meta
 
 
-def open_set_name(weights: str) -> str:
-    """The file beside the weights file ``weights`` holding what ``vitlab calibrate --unknown`` fitted on them (a
-    feature score's bank or statistics)."""
-    return f"open_set.{weights}"
-
-
-def open_set_file(directory: str | Path, record: dict[str, Any]) -> Path:
-    """The file an ``unknown`` rule's ``record`` (``config.json``'s) names in the checkpoint ``directory``.
-
-    Raises:
-        CheckpointError: one line, if it is not there.
-    """
-    path = Path(directory) / record["state"]
-    if not path.is_file():
-        raise CheckpointError(f"{str(directory)!r}'s unknown threshold ({record['score']}) needs {record['state']} "
-                              f"beside its weights, and it is missing: copy it back or calibrate again (vitlab "
-                              f"calibrate --checkpoint RUN --unknown {record['score']}); predict and serve take "
-                              f"--unknown off")
-    return path
-
-
-CALIBRATED = ("temperature", "thresholds", "unknown")  # what vitlab calibrate fits on a set of weights
-
-
-def weights_digest(model: nn.Module) -> str:
-    """sha256 of ``model``'s weights: each tensor's name and bytes, in name order, whatever file holds them. What a
-    calibration was fitted on, and what a prediction job wrote its rows with."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def _still_fitted(fitted: dict[str, Any], model: nn.Module, weights: Path) -> dict[str, Any]:
-    """``fitted`` (:func:`calibration_of`) if the model holds the weights it was fitted on (or it records none: a
-    calibration of before the digest), else {} and one line saying so: the file changed under its name."""
-    kept = fitted.get("weights_sha256")
-    if kept is None or kept == weights_digest(model):
-        return fitted
-    print(f"{weights}: not the weights vitlab calibrate fitted its {', '.join(k for k in CALIBRATED if k in fitted)} "
-          f"on (the file changed since), which are not used: run vitlab calibrate --checkpoint {weights.parent} "
-          f"again", file=sys.stderr)
-    return {}
-
-
-def calibration_of(meta: dict[str, Any], weights: str) -> dict[str, Any]:
-    """What ``vitlab calibrate`` fitted on the weights file ``weights`` of a checkpoint (``config.json``'s
-    ``meta``): its ``temperature``, or a multi-label model's ``thresholds``, and the ``unknown`` rule; {} if none was
-    fitted on them. A temperature belongs to the weights it was fitted on: the EMA's is not the raw weights'. A
-    checkpoint of before ``calibration`` (and a ``save_pretrained`` copy) keeps them at the top, fitted on the weights
-    calibrate then read (the EMA's where there were)."""
-    kept = (meta.get("calibration") or {}).get(weights)
-    if kept is not None:
-        return dict(kept)
-    legacy = weights_name(meta, True)
-    return {k: meta[k] for k in (*CALIBRATED, "weights_sha256") if meta.get(k) is not None} \
-        if weights == legacy and any(meta.get(k) is not None for k in CALIBRATED) else {}
-
-
-def weights_name(meta: dict[str, Any], use_ema: bool) -> str:
-    """The weights file a checkpoint (``config.json``'s ``meta``) is loaded from: the EMA's where asked for and
-    kept, else the model's."""
-    return "ema.safetensors" if use_ema and meta.get("has_ema") else WEIGHTS_NAME
-
-
-def update_config(directory: Path, change: Callable[[dict[str, Any]], None]) -> None:
-    """Rewrite ``directory``'s ``config.json`` after ``change(meta)`` (in place): written whole to a temporary
-    file, then renamed into place, so that a reader never sees half of it."""
-    meta = read_json(directory / CONFIG_NAME)
-    change(meta)
-    with replaced(directory / CONFIG_NAME) as tmp:
-        write_json(tmp, meta)
-
-
-def set_calibration(directory: Path, weights: str, digest: str | None = None, **fitted: Any) -> None:
-    """Keep ``fitted`` (``temperature=...`` or ``thresholds=[...]``) for the weights file ``weights`` in
-    ``directory``'s ``config.json``, under ``calibration`` (:func:`update_config`), with ``digest``, the
-    :func:`weights_digest` of the weights it was fitted on: what was kept for other weights under that name goes."""
-    def change(meta: dict[str, Any]) -> None:
-        calibration = meta.setdefault("calibration", {})
-        legacy = {k: meta.pop(k) for k in (*CALIBRATED, "weights_sha256") if k in meta}
-        if legacy:  # a checkpoint of before: what it kept at the top moves under the weights it was fitted on
-            calibration.setdefault(weights_name(meta, True), legacy)
-        kept = calibration.get(weights, {})
-        if digest is not None and kept.get("weights_sha256", digest) != digest:
-            kept = {}  # fitted on other weights kept under this name
-        calibration[weights] = {**kept, **fitted, **({"weights_sha256": digest} if digest else {})}
-
-    update_config(directory, change)
-
-
 def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], use_ema: bool = False,
                    map_location: str | torch.device = "cpu",
                    before_weights: Callable[[nn.Module], set[str]] | None = None, **overrides: Any) -> nn.Module:
@@ -354,7 +231,7 @@ def load_model_dir(cls: type[nn.Module], directory: Path, meta: dict[str, Any], 
             cfg["crop_pct"] = meta["crop_pct"]
         if meta.get("exif_transpose") is False:  # trained on photos as stored, not turned upright
             cfg["exif_transpose"] = False
-        fitted = _still_fitted(calibration_of(meta, weights.name), model, weights)  # vitlab calibrate's, on these
+        fitted = still_fitted(calibration_of(meta, weights.name), model, weights)  # vitlab calibrate's, on these
         if fitted.get("weights_sha256"):
             cfg["calibrated_on"] = fitted["weights_sha256"]  # save_pretrained keeps it only for the same weights
         if fitted.get("temperature"):  # probabilities are softmax(logits / temperature)
@@ -400,13 +277,14 @@ class HubMixin(PyTorchModelHubMixin, library_name="vitlab", tags=["vitlab"], mod
         source, target = self._open_set_source(), save_directory / open_set_name(WEIGHTS_NAME)
         merged, meta = merged_copy(self), _meta_of(self)
         calibrated_on = (getattr(self, "pretrained_cfg", None) or {}).get("calibrated_on")
-        if calibrated_on is not None and calibrated_on != weights_digest(self):  # changed since, in Python
+        now = weights_digest(self) if calibrated_on is not None else None
+        if calibrated_on is not None and calibrated_on != now:  # changed since, in Python
             dropped = [k for k in CALIBRATED if meta.pop(k, None) is not None]
             print(f"{save_directory}: written without the {', '.join(dropped)} vitlab calibrate fitted on these "
                   f"weights before they changed (they do not hold for the new ones)", file=sys.stderr)
             source = None
         elif calibrated_on is not None:
-            meta["weights_sha256"] = weights_digest(merged)  # the copy's, for its calibration
+            meta["weights_sha256"] = now if merged is self else weights_digest(merged)  # the copy's (LoRA merged)
         write_model_files(merged, save_directory, meta)
         if source is not None and source.resolve() != target.resolve():
             shutil.copyfile(source, target)
